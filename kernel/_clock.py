@@ -1,0 +1,123 @@
+"""Clocks: real time for running, virtual time for testing.
+
+Simulated devices "spend" device time by sleeping on a :class:`Clock`. With
+:class:`WallClock` that is a real sleep (no host CPU used). With
+:class:`VirtualClock` nothing really sleeps: time jumps to the next deadline as
+soon as every task of the event loop is blocked, the way trio's autojump clock
+does, but on asyncio too. Tests therefore run instantly and give the same
+timings on every run and every machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from typing import Protocol
+
+import anyio
+import sniffio
+
+__all__ = ["Clock", "VirtualClock", "WallClock"]
+
+
+class Clock(Protocol):
+    """Where device time comes from."""
+
+    def now(self) -> float:
+        """Seconds since an arbitrary, fixed origin."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` of this clock's time pass."""
+        ...
+
+
+class WallClock:
+    """Real monotonic time; ``sleep`` is a real (CPU-free) sleep."""
+
+    def __init__(self) -> None:
+        self._origin = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self._origin
+
+    async def sleep(self, seconds: float) -> None:
+        await anyio.sleep(max(0.0, seconds))
+
+
+class VirtualClock:
+    """Deterministic time that jumps whenever the event loop is idle.
+
+    Start :meth:`run` in a task group (an :class:`ActorSystem` does it for
+    you). Sleepers wake in deadline order, ties in the order they slept.
+    Caveat: a task blocked on real I/O also counts as idle, so use this clock
+    for in-process simulation, not across real sockets.
+    """
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._seq = itertools.count()
+        self._sleepers: list[tuple[float, int, anyio.Event]] = []
+        self._wakeup: anyio.Event | None = None
+        self.jumps = 0
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await anyio.lowlevel.checkpoint()
+            return
+        event = anyio.Event()
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), event))
+        if self._wakeup is not None:
+            self._wakeup.set()
+        await event.wait()
+
+    async def run(self) -> None:
+        """Drive the clock forever (until cancelled)."""
+        while True:
+            if not self._sleepers:
+                self._wakeup = anyio.Event()
+                await self._wakeup.wait()
+                self._wakeup = None
+            await wait_idle()
+            if self._sleepers:
+                self._advance()
+
+    def _advance(self) -> None:
+        deadline = self._sleepers[0][0]
+        self._now = max(self._now, deadline)
+        self.jumps += 1
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            heapq.heappop(self._sleepers)[2].set()
+
+
+async def wait_idle() -> None:
+    """Return once every other task of this event loop is blocked."""
+    if sniffio.current_async_library() == "trio":
+        import trio.testing
+
+        await trio.testing.wait_all_tasks_blocked()
+        return
+    await _asyncio_wait_idle()
+
+
+async def _asyncio_wait_idle() -> None:
+    loop = asyncio.get_running_loop()
+    me = asyncio.current_task()
+    calm = 0
+    while calm < 2:
+        await asyncio.sleep(0)
+        ready = len(loop._ready)  # type: ignore[attr-defined]
+        busy = ready > 0 or any(
+            _runnable(task) for task in asyncio.all_tasks(loop) if task is not me
+        )
+        calm = 0 if busy else calm + 1
+
+
+def _runnable(task: asyncio.Task[object]) -> bool:
+    waiter = task._fut_waiter  # type: ignore[attr-defined]
+    return waiter is None or bool(waiter.done())

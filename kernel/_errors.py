@@ -1,0 +1,135 @@
+"""The one error hierarchy of atoll.
+
+Every error atoll raises on purpose derives from :class:`AtollError`, so an
+application can catch "anything atoll said" in one ``except`` clause. Errors
+that cross an actor boundary are *boxed*: the caller never sees the remote
+exception object itself (it may not even be importable on the caller's side),
+but a :class:`RemoteActorError` naming the actor, the endpoint, the remote
+exception type and its traceback as text.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorCancelled",
+    "ActorFailed",
+    "ActorStopped",
+    "AtollError",
+    "BadCall",
+    "CallCancelled",
+    "MailboxFull",
+    "NoSuchEndpoint",
+    "RemoteActorError",
+    "TransportError",
+]
+
+
+class AtollError(Exception):
+    """Base class of every error atoll raises on purpose."""
+
+
+class BadCall(AtollError, TypeError):
+    """A call did not match the endpoint's signature; nothing was sent."""
+
+
+class NoSuchEndpoint(AtollError, AttributeError):
+    """The target actor has no endpoint of that name."""
+
+    def __init__(self, actor: str, endpoint: str) -> None:
+        super().__init__(f"actor {actor!r} has no endpoint {endpoint!r}")
+        self.actor = actor
+        self.endpoint = endpoint
+
+
+class MailboxFull(AtollError):
+    """A synchronous call found the target's mailbox and its slack full.
+
+    Nothing was enqueued. Use ``await ref.endpoint.send(...)`` to wait for room
+    instead of failing.
+    """
+
+    def __init__(self, actor: str, capacity: int) -> None:
+        super().__init__(
+            f"mailbox of {actor!r} is full ({capacity} messages); "
+            "use `await ref.<endpoint>.send(...)` to wait for room"
+        )
+        self.actor = actor
+        self.capacity = capacity
+
+
+class ActorStopped(AtollError):
+    """The actor stopped before (or while) handling this call."""
+
+    def __init__(self, actor: str, reason: str = "stopped") -> None:
+        super().__init__(f"actor {actor!r} is no longer running: {reason}")
+        self.actor = actor
+        self.reason = reason
+
+
+class ActorCancelled(ActorStopped):
+    """The actor was cancelled while handling this call."""
+
+
+class CallCancelled(AtollError):
+    """The caller cancelled this call with :meth:`Promise.cancel`."""
+
+    def __init__(self, actor: str, endpoint: str, reason: str) -> None:
+        super().__init__(f"call {actor}.{endpoint} cancelled: {reason}")
+        self.actor = actor
+        self.endpoint = endpoint
+        self.reason = reason
+
+
+class RemoteActorError(AtollError):
+    """An endpoint raised; this box carries what happened, as text.
+
+    Attributes:
+        actor: the name of the actor that raised.
+        endpoint: the endpoint that was running.
+        exc_type: the qualified name of the original exception type.
+        message: ``str()`` of the original exception.
+        remote_traceback: the formatted traceback, taken where it was raised.
+    """
+
+    def __init__(
+        self,
+        actor: str,
+        endpoint: str,
+        exc_type: str,
+        message: str,
+        remote_traceback: str,
+    ) -> None:
+        super().__init__(f"{actor}.{endpoint} raised {exc_type}: {message}")
+        self.actor = actor
+        self.endpoint = endpoint
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        head = super().__str__()
+        return f"{head}\n--- remote traceback ---\n{self.remote_traceback.rstrip()}"
+
+    def __reduce__(self) -> tuple[type[RemoteActorError], tuple[str, str, str, str, str]]:
+        return (
+            RemoteActorError,
+            (self.actor, self.endpoint, self.exc_type, self.message, self.remote_traceback),
+        )
+
+
+class ActorFailed(AtollError):
+    """An actor failed as a whole (not just one call), and supervision saw it.
+
+    ``__cause__`` holds what made it fail; a parent's
+    :meth:`Actor.on_child_failed` receives one of these.
+    """
+
+    def __init__(self, actor: str, error: BaseException) -> None:
+        super().__init__(f"actor {actor!r} failed: {type(error).__name__}: {error}")
+        self.actor = actor
+        self.error = error
+        self.__cause__ = error
+
+
+class TransportError(AtollError):
+    """A transport could not deliver a message or reach an address."""

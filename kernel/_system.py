@@ -1,0 +1,523 @@
+"""The actor runtime of one process: cells, supervision and the system.
+
+An :class:`ActorSystem` owns an anyio task group. Every actor runs as one task
+in it (its *cell*): the task builds the actor, runs ``on_start``, then takes
+messages from the mailbox one at a time. A message's promise arguments are
+awaited in the cell before the handler runs, which is how promises are
+"resolved on the receiving side".
+
+Failure handling follows a supervision tree. When an actor fails (its
+``on_start`` raised, or an endpoint raised with ``fail_on_error``), its parent's
+synchronous ``on_child_failed`` picks a :class:`Directive`: restart the child in
+place (same mailbox, same references), stop it, or escalate, in which case the
+parent fails too. Failures that reach the top are recorded in
+``system.failures`` and logged.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import logging
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import anyio
+import numpy as np
+from anyio.abc import TaskGroup
+
+from ._actor import Actor, ActorRef, Call, Directive, EndpointSpec
+from ._clock import Clock, VirtualClock, WallClock
+from ._errors import (
+    ActorCancelled,
+    ActorFailed,
+    ActorStopped,
+    AtollError,
+    CallCancelled,
+    NoSuchEndpoint,
+    RemoteActorError,
+)
+from ._mailbox import Mailbox
+from ._promise import Promise
+
+__all__ = ["ActorContext", "ActorSystem"]
+
+A = TypeVar("A", bound=Actor)
+_log = logging.getLogger("atoll.kernel")
+_current_cell: contextvars.ContextVar[_Cell | None] = contextvars.ContextVar(
+    "atoll_current_cell", default=None
+)
+
+
+class _Failure(Exception):
+    """Internal: unwinds a cell's message loop when the actor fails."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class ActorContext:
+    """What a running actor knows about its place in the system."""
+
+    def __init__(self, cell: _Cell) -> None:
+        self._cell = cell
+
+    @property
+    def ref(self) -> ActorRef[Any]:
+        """This actor's own reference (to hand out to others)."""
+        return self._cell.ref
+
+    @property
+    def name(self) -> str:
+        return self._cell.actor_name
+
+    @property
+    def parent(self) -> ActorRef[Any] | None:
+        return self._cell.parent.ref if self._cell.parent is not None else None
+
+    @property
+    def system(self) -> ActorSystem:
+        return self._cell.system
+
+    @property
+    def clock(self) -> Clock:
+        return self._cell.system.clock
+
+    @property
+    def children(self) -> list[ActorRef[Any]]:
+        return [child.ref for child in self._cell.children]
+
+    @property
+    def restarts(self) -> int:
+        """How many times this actor has been restarted so far."""
+        return self._cell.restarts
+
+    def spawn(self, cls: type[A], *args: Any, name: str | None = None, **kwargs: Any) -> ActorRef[A]:
+        """Start a child actor supervised by this one; returns at once."""
+        return self._cell.system._spawn(cls, args, kwargs, name, parent=self._cell)
+
+
+class _Cell:
+    """The runtime side of one actor; also its in-process :class:`Channel`."""
+
+    def __init__(
+        self,
+        system: ActorSystem,
+        cls: type[Actor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str,
+        parent: _Cell | None,
+    ) -> None:
+        self.system = system
+        self.cls = cls
+        self._args = args
+        self._kwargs = kwargs
+        self.actor_id = f"{system.name}/{name}"
+        self.actor_name = name
+        self.parent = parent
+        self.children: list[_Cell] = []
+        self.mailbox: Mailbox[Call] = Mailbox(name, cls.mailbox_capacity, cls.mailbox_slack)
+        self.ref: ActorRef[Any] = ActorRef(self)
+        self.instance: Actor | None = None
+        self.restarts = 0
+        self.handled = 0
+        self._current: Call | None = None
+        self._call_scope: anyio.CancelScope | None = None
+        self._life_scope: anyio.CancelScope | None = None
+        self._end_error: AtollError | None = None
+        self._outside_failure: BaseException | None = None
+        self._done = anyio.Event()
+
+    # -- Channel --------------------------------------------------------
+    @property
+    def endpoints(self) -> Mapping[str, EndpointSpec]:
+        return self.cls.__endpoints__
+
+    def submit(self, call: Call) -> None:
+        self._prepare(call)
+        try:
+            self.mailbox.put_nowait(call)
+        except ActorStopped as exc:
+            call.promise._reject(exc)
+
+    async def submit_wait(self, call: Call) -> None:
+        self._prepare(call)
+        try:
+            await self.mailbox.put(call)
+        except ActorStopped as exc:
+            call.promise._reject(exc)
+
+    def _prepare(self, call: Call) -> None:
+        call.args = tuple(_share(a) for a in call.args)
+        call.kwargs = {k: _share(v) for k, v in call.kwargs.items()}
+        call.promise._canceller = lambda reason: self._cancel_call(call, reason)
+
+    async def stop(self, grace: float | None) -> None:
+        self._close(ActorStopped(self.actor_name, "stopped"))
+        if _current_cell.get() is self:
+            return  # an actor stopping itself: it ends after this call
+        if grace is None:
+            await self._done.wait()
+            return
+        with anyio.move_on_after(grace):
+            await self._done.wait()
+        if not self._done.is_set():
+            await self.cancel(f"did not stop within {grace} s")
+
+    async def cancel(self, reason: str) -> None:
+        self._terminate(ActorCancelled(self.actor_name, reason))
+        if _current_cell.get() is not self:
+            await self._done.wait()
+
+    # -- stopping -------------------------------------------------------
+    def _close(self, error: AtollError) -> None:
+        if self._end_error is None:
+            self._end_error = error
+        for call in self.mailbox.close(str(error)):
+            call.promise._reject(error)
+
+    def _terminate(self, error: AtollError, failure: BaseException | None = None) -> None:
+        """Close the mailbox and cancel whatever the actor is doing now."""
+        self._close(error)
+        if failure is not None and self._outside_failure is None:
+            self._outside_failure = failure
+        if self._life_scope is not None:
+            self._life_scope.cancel()
+
+    def _cancel_call(self, call: Call, reason: str) -> bool:
+        if call.promise.done():
+            return False
+        if call is self._current and self._call_scope is not None:
+            call.cancelled = reason
+            self._call_scope.cancel()
+            return True
+        call.cancelled = reason
+        call.promise._reject(CallCancelled(self.actor_name, call.endpoint, reason))
+        return True
+
+    # -- the cell's task ------------------------------------------------
+    async def main(self) -> None:
+        _current_cell.set(self)
+        try:
+            while True:
+                restart = False
+                with anyio.CancelScope() as life:
+                    self._life_scope = life
+                    restart = await self._incarnation()
+                self._life_scope = None
+                if not restart:
+                    break
+                self.restarts += 1
+        finally:
+            self._life_scope = None
+            self._finish()
+
+    async def _incarnation(self) -> bool:
+        """Run one instance; return True if it must be restarted."""
+        error: BaseException | None = None
+        instance: Actor | None = None
+        try:
+            instance = self.cls(*self._args, **self._kwargs)
+            instance._atoll_ctx = ActorContext(self)
+            self.instance = instance
+            await instance.on_start()
+            await self._serve(instance)
+        except _Failure as failure:
+            error = failure.error
+        except Exception as exc:  # on_start or the constructor raised
+            error = exc
+        except anyio.get_cancelled_exc_class():
+            await self._teardown(instance)
+            if self._outside_failure is None:
+                raise
+            error = self._outside_failure
+            return self._supervise(error)
+        await self._teardown(instance)
+        return error is not None and self._supervise(error)
+
+    async def _serve(self, instance: Actor) -> None:
+        while True:
+            try:
+                call = await self.mailbox.get()
+            except ActorStopped:
+                return
+            if call.cancelled is None:
+                await self._handle(instance, call)
+
+    async def _handle(self, instance: Actor, call: Call) -> None:
+        self._current = call
+        failure: BaseException | None = None
+        try:
+            with anyio.CancelScope() as scope:
+                self._call_scope = scope
+                failure = await self._invoke(instance, call)
+            if scope.cancelled_caught:
+                reason = call.cancelled or "cancelled"
+                call.promise._reject(CallCancelled(self.actor_name, call.endpoint, reason))
+        except anyio.get_cancelled_exc_class():
+            call.promise._reject(self._end_error or ActorCancelled(self.actor_name, "cancelled"))
+            raise
+        finally:
+            self._current = None
+            self._call_scope = None
+            self.handled += 1
+        if failure is not None:
+            raise _Failure(failure)
+
+    async def _invoke(self, instance: Actor, call: Call) -> BaseException | None:
+        """Run one call; settle its promise; return an error that fails the actor."""
+        spec = self.cls.__endpoints__.get(call.endpoint)
+        if spec is None:
+            call.promise._reject(NoSuchEndpoint(self.actor_name, call.endpoint))
+            return None
+        args, kwargs = call.args, call.kwargs
+        if spec.resolve_args:
+            try:
+                args, kwargs = await _resolve_all(args, kwargs)
+            except Exception as exc:  # an input promise failed: so does this call
+                call.promise._reject(exc)
+                return None
+        try:
+            result = getattr(instance, call.endpoint)(*args, **kwargs)
+            if _is_awaitable(result) and not isinstance(result, Promise):
+                result = await result
+        except Exception as exc:
+            call.promise._reject(self._box(call.endpoint, exc))
+            return exc if self.cls.fail_on_error else None
+        if isinstance(result, Promise):  # forwarded: settle later, don't block
+            call.promise._follow(result)
+        else:
+            call.promise._resolve(result)
+        return None
+
+    def _box(self, endpoint: str, exc: Exception) -> RemoteActorError:
+        kind = type(exc)
+        return RemoteActorError(
+            self.actor_name,
+            endpoint,
+            f"{kind.__module__}.{kind.__qualname__}",
+            str(exc),
+            "".join(traceback.format_exception(exc)),
+        )
+
+    async def _teardown(self, instance: Actor | None) -> None:
+        """Stop the children and run ``on_stop``; immune to cancellation."""
+        with anyio.CancelScope(shield=True):
+            for child in list(self.children):
+                await child.cancel(f"parent {self.actor_name} stopped")
+            if instance is not None:
+                try:
+                    await instance.on_stop()
+                except Exception:
+                    _log.exception("%s.on_stop raised", self.actor_name)
+
+    def _supervise(self, error: BaseException) -> bool:
+        """Ask the parent what to do about ``error``; True means restart."""
+        failed = ActorFailed(self.actor_name, error)
+        directive = self._ask_parent(failed)
+        if directive is Directive.RESTART and self.restarts >= self.cls.max_restarts:
+            directive = Directive.ESCALATE
+        if directive is Directive.RESTART:
+            self._outside_failure = None
+            return True
+        self._close(ActorStopped(self.actor_name, f"failed: {error!r}"))
+        if directive is Directive.ESCALATE:
+            if self.parent is not None:
+                self.parent._terminate(
+                    ActorStopped(self.parent.actor_name, f"child {self.actor_name} failed"),
+                    failure=failed,
+                )
+            else:
+                self.system._record_failure(failed)
+        return False
+
+    def _ask_parent(self, failed: ActorFailed) -> Directive:
+        parent = self.parent
+        if parent is None:
+            return self.system.supervise(self.ref, failed)
+        if parent.instance is None or parent._end_error is not None:
+            return Directive.STOP
+        try:
+            return parent.instance.on_child_failed(self.ref, failed)
+        except Exception:
+            _log.exception("%s.on_child_failed raised", parent.actor_name)
+            return Directive.ESCALATE
+
+    def _finish(self) -> None:
+        self._close(self._end_error or ActorStopped(self.actor_name, "stopped"))
+        self.instance = None
+        if self.parent is not None and self in self.parent.children:
+            self.parent.children.remove(self)
+        self.system._cells.pop(self.actor_id, None)
+        self._done.set()
+
+
+class ActorSystem:
+    """All actors of one process, and the task group they run in.
+
+    Use it as an async context manager. Leaving the block cancels every actor
+    that is still running (their pending calls fail with ``ActorStopped``);
+    call :meth:`shutdown` first to let them finish their current call.
+
+    Args:
+        name: prefix of actor ids; unique per process is enough.
+        clock: device time source; ``VirtualClock`` is driven automatically.
+        supervise: decides about top-level actors that fail; the default
+            stops them and records the failure in ``failures``.
+    """
+
+    def __init__(
+        self,
+        name: str = "local",
+        *,
+        clock: Clock | None = None,
+        supervise: Callable[[ActorRef[Any], ActorFailed], Directive] | None = None,
+    ) -> None:
+        self.name = name
+        self.clock: Clock = clock if clock is not None else WallClock()
+        self.failures: list[ActorFailed] = []
+        self._supervise = supervise
+        self._cells: dict[str, _Cell] = {}
+        self._ids = itertools.count()
+        self._tg: TaskGroup | None = None
+
+    async def __aenter__(self) -> ActorSystem:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        if isinstance(self.clock, VirtualClock):
+            self._tg.start_soon(self.clock.run, name="atoll-virtual-clock")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> bool | None:
+        assert self._tg is not None
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.shutdown(grace=0)
+            self._tg.cancel_scope.cancel()
+        finally:
+            tg, self._tg = self._tg, None
+            result = await tg.__aexit__(*exc_info)  # type: ignore[arg-type]
+        return result
+
+    def spawn(self, cls: type[A], *args: Any, name: str | None = None, **kwargs: Any) -> ActorRef[A]:
+        """Start a top-level actor; returns its reference at once."""
+        return self._spawn(cls, args, kwargs, name, parent=None)
+
+    def _spawn(
+        self,
+        cls: type[A],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        name: str | None,
+        parent: _Cell | None,
+    ) -> ActorRef[A]:
+        if self._tg is None:
+            raise AtollError("the ActorSystem is not running (use `async with`)")
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise TypeError(f"spawn needs an Actor subclass, got {cls!r}")
+        number = next(self._ids)
+        name = name or f"{cls.__name__}-{number}"
+        if parent is not None:
+            name = f"{parent.actor_name}/{name}"
+        cell = _Cell(self, cls, args, kwargs, name, parent)
+        if cell.actor_id in self._cells:
+            raise AtollError(f"an actor named {name!r} is already running")
+        self._cells[cell.actor_id] = cell
+        if parent is not None:
+            parent.children.append(cell)
+        self._tg.start_soon(cell.main, name=f"actor:{name}")
+        return cell.ref
+
+    def lookup(self, name: str) -> ActorRef[Any]:
+        """The reference of a running actor, by name."""
+        cell = self._cells.get(f"{self.name}/{name}")
+        if cell is None:
+            raise AtollError(f"no running actor named {name!r}")
+        return cell.ref
+
+    def stats(self, ref: ActorRef[Any]) -> dict[str, int]:
+        """Mailbox and restart counters of a local actor (for tests and tools)."""
+        cell = self._cells.get(ref.id)
+        if cell is None:
+            raise AtollError(f"{ref.name} is not running here")
+        return {
+            "queued": len(cell.mailbox),
+            "handled": cell.handled,
+            "restarts": cell.restarts,
+            "blocked_puts": cell.mailbox.blocked_puts,
+        }
+
+    async def shutdown(self, grace: float | None = 0) -> None:
+        """Stop every top-level actor (children go with their parents)."""
+        tops = [cell for cell in self._cells.values() if cell.parent is None]
+        for cell in tops:
+            if grace == 0:
+                await cell.cancel("actor system shut down")
+            else:
+                await cell.stop(grace)
+
+    def supervise(self, ref: ActorRef[Any], failed: ActorFailed) -> Directive:
+        """The top of the supervision tree; override by passing ``supervise=``."""
+        if self._supervise is not None:
+            return self._supervise(ref, failed)
+        return Directive.ESCALATE
+
+    def _record_failure(self, failed: ActorFailed) -> None:
+        self.failures.append(failed)
+        _log.error("top-level actor failed: %s", failed)
+
+
+def _share(value: Any) -> Any:
+    """Pass numpy arrays by reference, as read-only views (no copy)."""
+    if isinstance(value, np.ndarray) and value.flags.writeable:
+        view = value.view()
+        view.flags.writeable = False
+        return view
+    if isinstance(value, list):
+        return [_share(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_share(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _share(v) for k, v in value.items()}
+    return value
+
+
+async def _resolve_all(
+    args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if not any(_has_promise(a) for a in args) and not any(
+        _has_promise(v) for v in kwargs.values()
+    ):
+        return args, kwargs
+    new_args = tuple([await _resolve(a) for a in args])
+    new_kwargs = {k: await _resolve(v) for k, v in kwargs.items()}
+    return new_args, new_kwargs
+
+
+def _has_promise(value: Any) -> bool:
+    if isinstance(value, Promise):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_has_promise(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_promise(v) for v in value.values())
+    return False
+
+
+async def _resolve(value: Any) -> Any:
+    if isinstance(value, Promise):
+        return await value
+    if isinstance(value, list):
+        return [await _resolve(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple([await _resolve(v) for v in value])
+    if isinstance(value, dict):
+        return {k: await _resolve(v) for k, v in value.items()}
+    return value
+
+
+def _is_awaitable(value: object) -> bool:
+    return hasattr(value, "__await__")
