@@ -51,7 +51,8 @@ class VirtualClock:
     """Deterministic time that jumps whenever the event loop is idle.
 
     Start :meth:`run` in a task group (an :class:`ActorSystem` does it for
-    you). Sleepers wake in deadline order, ties in the order they slept.
+    you). Sleepers wake in deadline order; ties wake together, in the
+    backend's order (trio deliberately shuffles it).
     Caveat: a task blocked on real I/O also counts as idle, so use this clock
     for in-process simulation, not across real sockets.
     """

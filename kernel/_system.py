@@ -128,6 +128,7 @@ class _Cell:
         self._call_scope: anyio.CancelScope | None = None
         self._life_scope: anyio.CancelScope | None = None
         self._end_error: AtollError | None = None
+        self._kill_error: AtollError | None = None
         self._outside_failure: BaseException | None = None
         self._done = anyio.Event()
 
@@ -182,6 +183,7 @@ class _Cell:
     def _terminate(self, error: AtollError, failure: BaseException | None = None) -> None:
         """Close the mailbox and cancel whatever the actor is doing now."""
         self._close(error)
+        self._kill_error = self._kill_error or error
         if failure is not None and self._outside_failure is None:
             self._outside_failure = failure
         if self._life_scope is not None:
@@ -236,6 +238,7 @@ class _Cell:
             error = self._outside_failure
             return self._supervise(error)
         await self._teardown(instance)
+        error = error or self._outside_failure  # closed under us by a failure
         return error is not None and self._supervise(error)
 
     async def _serve(self, instance: Actor) -> None:
@@ -258,7 +261,8 @@ class _Cell:
                 reason = call.cancelled or "cancelled"
                 call.promise._reject(CallCancelled(self.actor_name, call.endpoint, reason))
         except anyio.get_cancelled_exc_class():
-            call.promise._reject(self._end_error or ActorCancelled(self.actor_name, "cancelled"))
+            error = self._kill_error or ActorCancelled(self.actor_name, "cancelled")
+            call.promise._reject(error)
             raise
         finally:
             self._current = None
@@ -399,7 +403,12 @@ class ActorSystem:
             self._tg.cancel_scope.cancel()
         finally:
             tg, self._tg = self._tg, None
-            result = await tg.__aexit__(*exc_info)  # type: ignore[arg-type]
+            try:
+                result = await tg.__aexit__(*exc_info)  # type: ignore[arg-type]
+            except BaseExceptionGroup as group:
+                if _only(group, exc_info[1]):
+                    return False  # the body's own error: let it through unwrapped
+                raise
         return result
 
     def spawn(self, cls: type[A], *args: Any, name: str | None = None, **kwargs: Any) -> ActorRef[A]:
@@ -468,6 +477,10 @@ class ActorSystem:
     def _record_failure(self, failed: ActorFailed) -> None:
         self.failures.append(failed)
         _log.error("top-level actor failed: %s", failed)
+
+
+def _only(group: BaseExceptionGroup[BaseException], error: object) -> bool:
+    return error is not None and len(group.exceptions) == 1 and group.exceptions[0] is error
 
 
 def _share(value: Any) -> Any:

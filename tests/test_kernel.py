@@ -1,0 +1,416 @@
+"""The kernel on its own: lifecycle, supervision, promises, back-pressure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from atoll.kernel import (
+    Actor,
+    ActorCancelled,
+    ActorFailed,
+    ActorRef,
+    ActorStopped,
+    ActorSystem,
+    AtollError,
+    BadCall,
+    Directive,
+    MailboxFull,
+    Promise,
+    RemoteActorError,
+    VirtualClock,
+    count_waits,
+    endpoint,
+    wait_idle,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+class Store(Actor):
+    def __init__(self) -> None:
+        self.value: Any = None
+
+    @endpoint
+    def put(self, value: Any) -> None:
+        self.value = value
+
+    @endpoint
+    def get(self) -> Any:
+        return self.value
+
+    @endpoint
+    def plus(self, a: int, b: int = 0) -> int:
+        return a + b
+
+
+class Gate(Actor):
+    """Holds calls open until ``open`` is called, without blocking itself."""
+
+    def __init__(self) -> None:
+        self.waiters: list[Promise[None]] = []
+
+    @endpoint
+    def wait(self) -> Promise[None]:
+        promise: Promise[None] = Promise("gate")
+        self.waiters.append(promise)
+        return promise
+
+    @endpoint
+    def open(self) -> None:
+        for promise in self.waiters:
+            promise.set_result(None)
+
+
+class Blocker(Actor):
+    mailbox_capacity = 2
+    mailbox_slack = 0
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @endpoint
+    async def hold(self, gate: ActorRef[Gate]) -> str:
+        await gate.wait()
+        return "released"
+
+    @endpoint
+    def note(self, i: int) -> None:
+        self.seen.append(i)
+
+    @endpoint
+    def get_seen(self) -> list[int]:
+        return self.seen
+
+
+# -- lifecycle, stop and cancel ------------------------------------------------
+class Hanging(Actor):
+    @endpoint
+    async def forever(self) -> None:
+        await anyio.sleep_forever()
+
+
+class SlowStart(Actor):
+    async def on_start(self) -> None:
+        await anyio.sleep_forever()
+
+    @endpoint
+    def hello(self) -> str:
+        return "hi"
+
+
+async def test_stop_never_hangs_on_a_stuck_handler() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Hanging)
+        stuck = ref.forever()
+        queued = ref.forever()
+        await wait_idle()
+        with anyio.fail_after(5):
+            await ref.stop(grace=0.01)
+        with pytest.raises(ActorCancelled):
+            await stuck
+        with pytest.raises(ActorStopped):
+            await queued
+
+
+async def test_cancel_during_on_start() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(SlowStart)
+        pending = ref.hello()
+        await wait_idle()
+        with anyio.fail_after(5):
+            await ref.cancel("enough")
+        error = await _raises(ActorStopped, pending)
+        assert "enough" in str(error)
+
+
+async def test_leaving_the_system_fails_pending_calls() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Hanging)
+        pending = ref.forever()
+        await wait_idle()
+    assert isinstance(pending.exception(), ActorStopped)
+
+
+async def test_actor_can_stop_itself() -> None:
+    class Quitter(Actor):
+        @endpoint
+        async def quit(self) -> str:
+            await self.ctx.ref.stop()
+            return "bye"
+
+    async with ActorSystem() as system:
+        ref = system.spawn(Quitter)
+        assert await ref.quit() == "bye"
+        await _raises(ActorStopped, ref.quit())
+
+
+async def test_lifecycle_hooks_run_in_order() -> None:
+    events: list[str] = []
+
+    class Hooks(Actor):
+        async def on_start(self) -> None:
+            events.append("start")
+
+        async def on_stop(self) -> None:
+            events.append("stop")
+
+        @endpoint
+        def work(self) -> None:
+            events.append("work")
+
+    async with ActorSystem() as system:
+        ref = system.spawn(Hooks)
+        await ref.work()
+        await ref.stop()
+    assert events == ["start", "work", "stop"]
+
+
+# -- calls ---------------------------------------------------------------------
+async def test_bad_calls_fail_before_sending() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Store)
+        with pytest.raises(BadCall):
+            ref.plus(1, 2, 3)
+        with pytest.raises(AttributeError):
+            ref.nothing_here()
+        assert await ref.plus(1, b=2) == 3
+        with pytest.raises(TypeError):
+            system.spawn(int)  # type: ignore[type-var]
+
+
+async def test_numpy_arrays_are_shared_not_copied() -> None:
+    big = np.ones((1024, 1024), dtype=np.float32)  # 4 MiB
+    async with ActorSystem() as system:
+        ref = system.spawn(Store)
+        await ref.put(big)
+        held = await ref.get()
+    assert np.shares_memory(held, big)
+    assert not held.flags.writeable  # a receiver cannot scribble on the sender
+    assert big.flags.writeable
+
+
+async def test_promise_argument_is_resolved_by_the_receiver() -> None:
+    async with ActorSystem() as system:
+        gate, blocker, store = system.spawn(Gate), system.spawn(Blocker), system.spawn(Store)
+        with count_waits() as waits:
+            held = blocker.hold(gate)
+            stored = store.put(held)  # the caller does not wait for `held`
+            await wait_idle()
+            assert not stored.done() and not held.done()
+            gate.open()
+            await stored
+            assert await store.get() == "released"
+        assert waits.waits == 2  # one for `stored`, one for the final get
+
+
+async def test_pipelined_chain_costs_one_wait_and_three_messages() -> None:
+    class Link(Actor):
+        def __init__(self, depth: int) -> None:
+            self.depth = depth
+
+        @endpoint
+        def child(self) -> ActorRef[Link]:
+            return self.ctx.spawn(Link, self.depth + 1)
+
+        @endpoint
+        def get_depth(self) -> int:
+            return self.depth
+
+    async with ActorSystem() as system:
+        root = system.spawn(Link, 0)
+        with count_waits() as waits:
+            result = root.child().child().get_depth()
+            assert system.stats(root)["queued"] == 1  # only the first hop sent
+            assert await result == 2
+        assert waits.waits == 1
+
+
+async def test_an_endpoint_can_answer_with_a_promise() -> None:
+    async with ActorSystem() as system:
+        gate = system.spawn(Gate)
+        waiting = gate.wait()
+        await wait_idle()
+        assert not waiting.done()
+        await gate.open()  # the gate was not blocked by its pending answer
+        assert waiting.done() and await waiting is None
+
+
+# -- back-pressure -------------------------------------------------------------
+async def test_bounded_mailbox_blocks_sender_then_resumes() -> None:
+    async with ActorSystem() as system:
+        gate, blocker = system.spawn(Gate), system.spawn(Blocker)
+        held = blocker.hold(gate)
+        await wait_idle()
+        progress: list[int] = []
+
+        async def flood() -> None:
+            for i in range(10):
+                await blocker.note.send(i)
+                progress.append(i)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flood)
+            await wait_idle()
+            assert progress == [0, 1]  # capacity 2: the third send waits
+            assert system.stats(blocker)["blocked_puts"] == 1
+            with pytest.raises(MailboxFull):
+                blocker.note(99)  # no slack: a sync call is refused at once
+            gate.open()
+        assert await held == "released"
+        assert progress == list(range(10))
+        assert await (await blocker.get_seen.send()) == list(range(10))
+
+
+# -- supervision ---------------------------------------------------------------
+class Flaky(Actor):
+    fail_on_error = True
+    max_restarts = 2
+    starts = 0
+
+    def __init__(self) -> None:
+        type(self).starts += 1
+        self.count = 0
+
+    @endpoint
+    def bump(self) -> int:
+        self.count += 1
+        return self.count
+
+    @endpoint
+    def crash(self) -> None:
+        raise RuntimeError("crashed on purpose")
+
+
+class Parent(Actor):
+    def __init__(self, directive: Directive) -> None:
+        self.directive = directive
+        self.failures: list[BaseException] = []
+
+    @endpoint
+    def make_child(self) -> ActorRef[Flaky]:
+        return self.ctx.spawn(Flaky, name="child")
+
+    @endpoint
+    def failures_seen(self) -> list[str]:
+        return [str(f) for f in self.failures]
+
+    def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> Directive:
+        self.failures.append(error)
+        return self.directive
+
+
+async def test_restart_keeps_ref_and_mailbox_but_resets_state() -> None:
+    Flaky.starts = 0
+    async with ActorSystem() as system:
+        parent = system.spawn(Parent, Directive.RESTART)
+        child = await parent.make_child()
+        assert await child.bump() == 1
+        await _raises(RemoteActorError, child.crash())
+        assert await child.bump() == 1  # a fresh instance, same reference
+        assert Flaky.starts == 2
+        assert len(await parent.failures_seen()) == 1
+        assert system.stats(child)["restarts"] == 1
+
+
+async def test_stop_directive_fails_later_calls() -> None:
+    async with ActorSystem() as system:
+        parent = system.spawn(Parent, Directive.STOP)
+        child = await parent.make_child()
+        await _raises(RemoteActorError, child.crash())
+        await _raises(ActorStopped, child.bump())
+        assert await parent.failures_seen()  # the parent lives on
+
+
+async def test_escalation_fails_the_parent_up_to_the_top() -> None:
+    async with ActorSystem() as system:
+        parent = system.spawn(Parent, Directive.ESCALATE)
+        child = await parent.make_child()
+        await _raises(RemoteActorError, child.crash())
+        await wait_idle()
+        await _raises(ActorStopped, parent.failures_seen())
+        await _raises(ActorStopped, child.bump())
+        assert len(system.failures) == 1
+        failed = system.failures[0]
+        assert isinstance(failed, ActorFailed) and "Parent" in failed.actor
+        assert isinstance(failed.error, ActorFailed) and "child" in failed.error.actor
+
+
+async def test_too_many_restarts_escalate() -> None:
+    async with ActorSystem() as system:
+        parent = system.spawn(Parent, Directive.RESTART)
+        child = await parent.make_child()
+        for _ in range(Flaky.max_restarts + 1):
+            await _raises(RemoteActorError, child.crash())
+        await wait_idle()
+        assert len(system.failures) == 1
+        await _raises(ActorStopped, child.bump())
+
+
+async def test_failing_on_start_is_supervised() -> None:
+    class BadStart(Actor):
+        async def on_start(self) -> None:
+            raise OSError("no device")
+
+        @endpoint
+        def hello(self) -> str:
+            return "hi"
+
+    seen: list[ActorFailed] = []
+
+    def supervise(ref: ActorRef[Any], failed: ActorFailed) -> Directive:
+        seen.append(failed)
+        return Directive.STOP
+
+    async with ActorSystem(supervise=supervise) as system:
+        ref = system.spawn(BadStart)
+        error = await _raises(ActorStopped, ref.hello())
+        assert "no device" in str(error)
+    assert len(seen) == 1 and isinstance(seen[0].error, OSError)
+
+
+async def test_children_stop_with_their_parent() -> None:
+    async with ActorSystem() as system:
+        parent = system.spawn(Parent, Directive.STOP)
+        child = await parent.make_child()
+        await parent.stop()
+        await _raises(ActorStopped, child.bump())
+
+
+# -- clocks --------------------------------------------------------------------
+async def test_virtual_clock_jumps_deterministically() -> None:
+    clock = VirtualClock()
+    order: list[tuple[str, float]] = []
+
+    async def sleeper(name: str, delay: float) -> None:
+        await clock.sleep(delay)
+        order.append((name, clock.now()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(clock.run)
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as sleepers:
+                for name, delay in [("c", 3.0), ("a", 1.0), ("b", 2.0), ("a2", 1.0)]:
+                    sleepers.start_soon(sleeper, name, delay)
+        tg.cancel_scope.cancel()
+    # trio shuffles tasks that become ready together, so ties have no order
+    assert sorted(order, key=lambda o: (o[1], o[0])) == [
+        ("a", 1.0), ("a2", 1.0), ("b", 2.0), ("c", 3.0)
+    ]
+    assert [t for _, t in order] == [1.0, 1.0, 2.0, 3.0]
+    assert clock.jumps == 3
+
+
+async def test_system_is_required_for_spawning() -> None:
+    system = ActorSystem()
+    with pytest.raises(AtollError):
+        system.spawn(Store)
+
+
+async def _raises(kind: type[BaseException], awaitable: Any) -> BaseException:
+    with pytest.raises(kind) as info:
+        await awaitable
+    return info.value
