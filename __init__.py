@@ -7,6 +7,8 @@ device actors (:mod:`atoll.devices`). :func:`local_cluster` starts a whole
 cluster in one process, which is the embedded default.
 """
 
+from ._cluster import Cluster as Cluster
+from ._cluster import local_cluster as local_cluster
 from .kernel import Actor as Actor
 from .kernel import ActorRef as ActorRef
 from .kernel import ActorStopped as ActorStopped
@@ -27,6 +29,7 @@ __all__ = [
     "ActorStopped",
     "ActorSystem",
     "AtollError",
+    "Cluster",
     "Directive",
     "Promise",
     "RemoteActorError",
@@ -34,4 +37,5 @@ __all__ = [
     "WallClock",
     "__version__",
     "endpoint",
+    "local_cluster",
 ]

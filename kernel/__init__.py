@@ -31,6 +31,8 @@ from ._node import resolve_actor_class as resolve_actor_class
 from ._promise import Promise as Promise
 from ._promise import WaitCounter as WaitCounter
 from ._promise import count_waits as count_waits
+from ._store import BufferMissing as BufferMissing
+from ._store import ObjectStore as ObjectStore
 from ._system import ActorContext as ActorContext
 from ._system import ActorSystem as ActorSystem
 
@@ -44,6 +46,7 @@ __all__ = [
     "ActorSystem",
     "AtollError",
     "BadCall",
+    "BufferMissing",
     "Call",
     "CallCancelled",
     "Channel",
@@ -55,6 +58,7 @@ __all__ = [
     "MailboxFull",
     "NoSuchEndpoint",
     "NodeActor",
+    "ObjectStore",
     "Promise",
     "RemoteActorError",
     "TransportError",

@@ -94,7 +94,9 @@ class ActorContext:
         """How many times this actor has been restarted so far."""
         return self._cell.restarts
 
-    def spawn(self, cls: type[A], *args: Any, name: str | None = None, **kwargs: Any) -> ActorRef[A]:
+    def spawn(
+        self, cls: type[A], *args: Any, name: str | None = None, **kwargs: Any
+    ) -> ActorRef[A]:
         """Start a child actor supervised by this one; returns at once."""
         return self._cell.system._spawn(cls, args, kwargs, name, parent=self._cell)
 
@@ -124,6 +126,7 @@ class _Cell:
         self.instance: Actor | None = None
         self.restarts = 0
         self.handled = 0
+        self.received = 0
         self._current: Call | None = None
         self._call_scope: anyio.CancelScope | None = None
         self._life_scope: anyio.CancelScope | None = None
@@ -143,6 +146,8 @@ class _Cell:
             self.mailbox.put_nowait(call)
         except ActorStopped as exc:
             call.promise._reject(exc)
+        else:
+            self.received += 1
 
     async def submit_wait(self, call: Call) -> None:
         self._prepare(call)
@@ -150,6 +155,8 @@ class _Cell:
             await self.mailbox.put(call)
         except ActorStopped as exc:
             call.promise._reject(exc)
+        else:
+            self.received += 1
 
     def _prepare(self, call: Call) -> None:
         call.args = tuple(_share(a) for a in call.args)
@@ -411,7 +418,9 @@ class ActorSystem:
                 raise
         return result
 
-    def spawn(self, cls: type[A], *args: Any, name: str | None = None, **kwargs: Any) -> ActorRef[A]:
+    def spawn(
+        self, cls: type[A], *args: Any, name: str | None = None, **kwargs: Any
+    ) -> ActorRef[A]:
         """Start a top-level actor; returns its reference at once."""
         return self._spawn(cls, args, kwargs, name, parent=None)
 
@@ -453,6 +462,7 @@ class ActorSystem:
         if cell is None:
             raise AtollError(f"{ref.name} is not running here")
         return {
+            "received": cell.received,
             "queued": len(cell.mailbox),
             "handled": cell.handled,
             "restarts": cell.restarts,
@@ -501,9 +511,7 @@ def _share(value: Any) -> Any:
 async def _resolve_all(
     args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    if not any(_has_promise(a) for a in args) and not any(
-        _has_promise(v) for v in kwargs.values()
-    ):
+    if not any(_has_promise(a) for a in args) and not any(_has_promise(v) for v in kwargs.values()):
         return args, kwargs
     new_args = tuple([await _resolve(a) for a in args])
     new_kwargs = {k: await _resolve(v) for k, v in kwargs.items()}

@@ -25,7 +25,5 @@ async def inproc_harness() -> AsyncIterator[Harness]:
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
-async def test_inproc(
-    inproc_harness: Harness, check: Callable[[Harness], Awaitable[None]]
-) -> None:
+async def test_inproc(inproc_harness: Harness, check: Callable[[Harness], Awaitable[None]]) -> None:
     await check(inproc_harness)

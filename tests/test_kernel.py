@@ -398,7 +398,10 @@ async def test_virtual_clock_jumps_deterministically() -> None:
         tg.cancel_scope.cancel()
     # trio shuffles tasks that become ready together, so ties have no order
     assert sorted(order, key=lambda o: (o[1], o[0])) == [
-        ("a", 1.0), ("a2", 1.0), ("b", 2.0), ("c", 3.0)
+        ("a", 1.0),
+        ("a2", 1.0),
+        ("b", 2.0),
+        ("c", 3.0),
     ]
     assert [t for _, t in order] == [1.0, 1.0, 2.0, 3.0]
     assert clock.jumps == 3

@@ -1,0 +1,244 @@
+"""The device protocol: buffers by handle, computations, and the host around them.
+
+A *device actor* owns one accelerator (real or simulated). It runs
+computations strictly in the order its mailbox delivers them, which is the
+order its island scheduler decided. Outputs go into the *host's* object store;
+the device hands back a :class:`BufferHandle`, a small value that can travel
+anywhere and names the host that holds the bytes.
+
+A device reads an input on its own host straight from the store. An input
+held on another host is fetched from that host's :class:`Host` actor, never
+through the controller. The host actor never blocks, so a device waiting for
+data cannot deadlock with a device whose data it needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..kernel import Actor, ActorRef, Clock, ObjectStore, endpoint
+
+__all__ = [
+    "BufferHandle",
+    "Computation",
+    "CostModel",
+    "Device",
+    "DeviceStats",
+    "Host",
+]
+
+
+@dataclass(frozen=True)
+class BufferHandle:
+    """Where a buffer lives: its id in the store of ``host``, and its type."""
+
+    id: str
+    host: ActorRef[Host]
+    host_id: int
+    device_id: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Computation:
+    """A function to run on a device, with the work it represents.
+
+    ``fn`` maps numpy inputs to one numpy output. ``flops`` is what the cost
+    model turns into device time (simulated devices spend exactly that).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    flops: float = 0.0
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """How long things take on a simulated device.
+
+    compute time = flops / flops_per_s; a transfer between hosts takes
+    link_latency_s + bytes / link_bytes_per_s; on one host it is free.
+    """
+
+    flops_per_s: float = 1e12
+    link_bytes_per_s: float = 10e9
+    link_latency_s: float = 20e-6
+
+    def compute_time(self, flops: float) -> float:
+        return flops / self.flops_per_s
+
+    def transfer_time(self, nbytes: int) -> float:
+        return self.link_latency_s + nbytes / self.link_bytes_per_s
+
+
+@dataclass(frozen=True)
+class DeviceStats:
+    """How busy a device was: busy time over the time since it started."""
+
+    device_id: int
+    host_id: int
+    island: int
+    computations: int
+    busy_s: float
+    transfer_s: float
+    elapsed_s: float
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+class Device(Actor):
+    """Base of device actors: stores, handles, transfers and accounting.
+
+    Subclasses implement :meth:`execute`, which runs one computation and
+    returns its output and the device seconds it took.
+    """
+
+    def __init__(
+        self,
+        device_id: int,
+        host_id: int,
+        island: int,
+        store: ObjectStore,
+        host: ActorRef[Host],
+        cost: CostModel,
+    ) -> None:
+        self.device_id = device_id
+        self.host_id = host_id
+        self.island = island
+        self.store = store
+        self.host = host
+        self.cost = cost
+        self.computations = 0
+        self.busy_s = 0.0
+        self.transfer_s = 0.0
+        self.started_at = 0.0
+
+    @property
+    def clock(self) -> Clock:
+        return self.ctx.clock
+
+    async def on_start(self) -> None:
+        self.started_at = self.clock.now()
+
+    async def execute(self, computation: Computation, inputs: list[np.ndarray]) -> np.ndarray:
+        """Run ``computation``; must account its device time in ``busy_s``."""
+        raise NotImplementedError
+
+    @endpoint
+    async def put(self, array: np.ndarray, owner: str = "") -> BufferHandle:
+        """Place a host array on this device (its host's store)."""
+        array = np.asarray(array)
+        await self.store.reserve(array.nbytes)
+        return self._handle(self.store.put(array, owner, reserved=True), array)
+
+    @endpoint
+    async def run(
+        self, computation: Computation, inputs: Sequence[BufferHandle], owner: str = ""
+    ) -> BufferHandle:
+        """Run after every input is here; returns the output's handle."""
+        arrays = [await self._read(handle) for handle in inputs]
+        out = np.asarray(await self.execute(computation, arrays))
+        await self.store.reserve(out.nbytes)
+        self.computations += 1
+        return self._handle(self.store.put(out, owner, reserved=True), out)
+
+    @endpoint
+    def stats(self) -> DeviceStats:
+        return DeviceStats(
+            self.device_id,
+            self.host_id,
+            self.island,
+            self.computations,
+            self.busy_s,
+            self.transfer_s,
+            self.clock.now() - self.started_at,
+        )
+
+    async def _read(self, handle: BufferHandle) -> np.ndarray:
+        if handle.host_id == self.host_id:
+            return self.store.get(handle.id)
+        array: np.ndarray = await handle.host.fetch(handle.id)
+        seconds = self.cost.transfer_time(handle.nbytes)
+        await self.clock.sleep(seconds)
+        self.transfer_s += seconds
+        return array
+
+    def _handle(self, buffer_id: str, array: np.ndarray) -> BufferHandle:
+        return BufferHandle(
+            buffer_id,
+            self.host,
+            self.host_id,
+            self.device_id,
+            tuple(array.shape),
+            str(array.dtype),
+            int(array.nbytes),
+        )
+
+
+class Host(Actor):
+    """One host: its object store and its device actors (as children).
+
+    Its endpoints never block, so remote devices can always fetch from it.
+    """
+
+    def __init__(
+        self,
+        host_id: int,
+        island: int,
+        device_ids: Sequence[int],
+        device_cls: type[Device],
+        cost: CostModel,
+        store_bytes: int | None = None,
+    ) -> None:
+        self.host_id = host_id
+        self.island = island
+        self.device_ids = list(device_ids)
+        self.device_cls = device_cls
+        self.cost = cost
+        self.store = ObjectStore(f"host{host_id}", store_bytes)
+        self.device_refs: list[ActorRef[Device]] = []
+
+    async def on_start(self) -> None:
+        self.device_refs = [
+            self.ctx.spawn(
+                self.device_cls,
+                device_id,
+                self.host_id,
+                self.island,
+                self.store,
+                self.ctx.ref,
+                self.cost,
+                name=f"device{device_id}",
+            )
+            for device_id in self.device_ids
+        ]
+
+    @endpoint
+    def devices(self) -> list[ActorRef[Device]]:
+        return list(self.device_refs)
+
+    @endpoint
+    def fetch(self, buffer_id: str) -> np.ndarray:
+        """The bytes of a buffer held here (read-only)."""
+        return self.store.get(buffer_id)
+
+    @endpoint
+    def free(self, buffer_id: str) -> bool:
+        """Drop one reference; True if the buffer was freed."""
+        return self.store.decref(buffer_id)
+
+    @endpoint
+    def free_owner(self, owner: str) -> int:
+        return self.store.free_owner(owner)
+
+    @endpoint
+    def store_usage(self) -> dict[str, int]:
+        return {"buffers": len(self.store), "bytes": self.store.used_bytes}

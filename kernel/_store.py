@@ -1,0 +1,114 @@
+"""A host's object store: buffers by handle, reference-counted, owner-labelled.
+
+Each host keeps the outputs of its devices here, under an opaque id. Readers
+on the same host take the array directly; readers elsewhere fetch it through
+the host actor. Every buffer carries an owner label (a client or program) so
+that everything a client owned can be freed at once when it goes away.
+
+The store is bounded: :meth:`ObjectStore.reserve` waits while the bytes in use
+plus the request would exceed the capacity. That wait is the back-pressure that
+stalls new work instead of running out of memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass
+
+import anyio
+import numpy as np
+
+from ._errors import AtollError
+
+__all__ = ["BufferMissing", "ObjectStore"]
+
+
+class BufferMissing(AtollError, KeyError):
+    """No buffer with that id (never stored, or already freed)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "buffer missing"
+
+
+@dataclass
+class _Entry:
+    array: np.ndarray
+    owner: str
+    refs: int
+
+
+class ObjectStore:
+    """Buffers of one host; see the module docstring. Not an actor: the host
+    actor and its device actors (same process) share one instance."""
+
+    def __init__(self, name: str, capacity_bytes: int | None = None) -> None:
+        self.name = name
+        self.capacity_bytes = capacity_bytes
+        self.used_bytes = 0
+        self.reserved_bytes = 0
+        self._entries: dict[str, _Entry] = {}
+        self._ids = itertools.count()
+        self._room: deque[anyio.Event] = deque()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def reserve(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more fit; then hold them for a :meth:`put`."""
+        cap = self.capacity_bytes
+        if cap is not None and nbytes > cap:
+            raise AtollError(f"{nbytes} bytes can never fit in store {self.name} ({cap} bytes)")
+        while cap is not None and self.used_bytes + self.reserved_bytes + nbytes > cap:
+            event = anyio.Event()
+            self._room.append(event)
+            await event.wait()
+        self.reserved_bytes += nbytes
+
+    def put(self, array: np.ndarray, owner: str = "", *, reserved: bool = False) -> str:
+        """Store ``array`` (read-only from now on) and return its id."""
+        view = array.view()
+        view.flags.writeable = False
+        if reserved:
+            self.reserved_bytes -= array.nbytes
+        buffer_id = f"{self.name}:{next(self._ids)}"
+        self._entries[buffer_id] = _Entry(view, owner, 1)
+        self.used_bytes += array.nbytes
+        return buffer_id
+
+    def get(self, buffer_id: str) -> np.ndarray:
+        try:
+            return self._entries[buffer_id].array
+        except KeyError:
+            raise BufferMissing(f"no buffer {buffer_id!r} in store {self.name}") from None
+
+    def incref(self, buffer_id: str) -> None:
+        self._entry(buffer_id).refs += 1
+
+    def decref(self, buffer_id: str) -> bool:
+        """Drop one reference; free the buffer at zero. True if it was freed."""
+        entry = self._entry(buffer_id)
+        entry.refs -= 1
+        if entry.refs > 0:
+            return False
+        self._drop(buffer_id)
+        return True
+
+    def free_owner(self, owner: str) -> int:
+        """Free every buffer labelled ``owner``; return how many."""
+        doomed = [bid for bid, e in self._entries.items() if e.owner == owner]
+        for buffer_id in doomed:
+            self._drop(buffer_id)
+        return len(doomed)
+
+    def _entry(self, buffer_id: str) -> _Entry:
+        try:
+            return self._entries[buffer_id]
+        except KeyError:
+            raise BufferMissing(f"no buffer {buffer_id!r} in store {self.name}") from None
+
+    def _drop(self, buffer_id: str) -> None:
+        entry = self._entries.pop(buffer_id)
+        self.used_bytes -= entry.array.nbytes
+        while self._room:
+            self._room.popleft().set()

@@ -1,0 +1,52 @@
+"""The host object store: refcounts, owners and back-pressure."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+
+from atoll.kernel import AtollError, BufferMissing, ObjectStore, wait_idle
+
+pytestmark = pytest.mark.anyio
+
+
+def test_refcounts_and_owners() -> None:
+    store = ObjectStore("h0")
+    a = store.put(np.ones(4, np.float32), owner="alice")
+    b = store.put(np.ones(2, np.float64), owner="bob")
+    assert store.used_bytes == 32
+    store.incref(a)
+    assert not store.decref(a)
+    assert store.decref(a)
+    with pytest.raises(BufferMissing):
+        store.get(a)
+    assert store.free_owner("bob") == 1 and store.used_bytes == 0
+    with pytest.raises(BufferMissing):
+        store.decref(b)
+
+
+def test_stored_arrays_are_read_only() -> None:
+    store = ObjectStore("h0")
+    source = np.zeros(3)
+    held = store.get(store.put(source))
+    assert np.shares_memory(held, source) and not held.flags.writeable
+
+
+async def test_reserve_waits_for_room_then_resumes() -> None:
+    store = ObjectStore("h0", capacity_bytes=64)
+    first = store.put(np.zeros(8))  # 64 bytes: full
+    admitted: list[str] = []
+
+    async def writer() -> None:
+        await store.reserve(32)
+        admitted.append(store.put(np.zeros(4), reserved=True))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer)
+        await wait_idle()
+        assert admitted == []  # blocked: the store is full
+        store.decref(first)
+    assert len(admitted) == 1 and store.used_bytes == 32
+    with pytest.raises(AtollError, match="never fit"):
+        await store.reserve(65)
