@@ -1,8 +1,13 @@
-"""The transport conformance suite, run over every transport available here."""
+"""The transport conformance suite, run over every transport available here.
+
+Each entry of ``HARNESSES`` builds a :class:`Harness` on one transport; every
+check of the suite runs against each of them, unchanged.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
 
@@ -13,7 +18,7 @@ from atoll.transports.conformance import CHECKS, Harness
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
+@asynccontextmanager
 async def inproc_harness() -> AsyncIterator[Harness]:
     transport = get_transport("inproc")
     async with ActorSystem("server") as server, ActorSystem("client") as client:
@@ -24,6 +29,19 @@ async def inproc_harness() -> AsyncIterator[Harness]:
         await listener.aclose()
 
 
+HARNESSES: dict[str, Callable[[], AbstractAsyncContextManager[Harness]]] = {
+    "inproc": inproc_harness,
+}
+
+
+@pytest.fixture(params=sorted(HARNESSES))
+async def harness(request: pytest.FixtureRequest) -> AsyncIterator[Harness]:
+    async with HARNESSES[request.param]() as built:
+        yield built
+
+
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
-async def test_inproc(inproc_harness: Harness, check: Callable[[Harness], Awaitable[None]]) -> None:
-    await check(inproc_harness)
+async def test_transport_conforms(
+    harness: Harness, check: Callable[[Harness], Awaitable[None]]
+) -> None:
+    await check(harness)
