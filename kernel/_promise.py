@@ -29,7 +29,7 @@ import anyio
 from ._errors import AtollError
 
 if TYPE_CHECKING:
-    from ._actor import ActorRef
+    from ._actor import ActorRef, Channel
 
 __all__ = ["Promise", "WaitCounter", "count_waits"]
 
@@ -74,7 +74,17 @@ class Promise(Generic[T]):
     right then, in the order they were added.
     """
 
-    __slots__ = ("_callbacks", "_canceller", "_error", "_event", "_label", "_value")
+    __slots__ = (
+        "__weakref__",
+        "_callbacks",
+        "_canceller",
+        "_error",
+        "_event",
+        "_label",
+        "_pipe",
+        "_value",
+        "_wire",
+    )
 
     def __init__(self, label: str = "") -> None:
         self._label = label
@@ -83,6 +93,11 @@ class Promise(Generic[T]):
         self._event: anyio.Event | None = None
         self._callbacks: list[Callable[[Promise[T]], None]] | None = None
         self._canceller: Callable[[str], bool] | None = None
+        # Set by network transports: a channel to the promised actor, usable
+        # before resolution (native pipelining), and the transport's own handle
+        # on the pending result (so it can be passed on without a round trip).
+        self._pipe: Callable[[], Channel] | None = None
+        self._wire: object | None = None
 
     # -- inspection -----------------------------------------------------
     def done(self) -> bool:
@@ -142,6 +157,8 @@ class Promise(Generic[T]):
 
     def _settle(self) -> None:
         self._canceller = None
+        self._pipe = None
+        self._wire = None
         if self._event is not None:
             self._event.set()
         callbacks, self._callbacks = self._callbacks, None
@@ -207,7 +224,15 @@ class PipelinedEndpoint:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Promise[Any]:
         result: Promise[Any] = Promise(f"{self._target._label}.{self._name}")
-        result._canceller = None
+        pipe = self._target._pipe
+        if pipe is not None and not self._target.done():
+            from ._actor import ActorRef  # the transport pipelines natively
+
+            inner: Promise[Any] = Promise(result._label)
+            _forward_to(ActorRef(pipe()), self._name, args, kwargs, inner)
+            result._canceller = inner.cancel
+            inner.add_done_callback(lambda done: _settle_pipelined(self._target, done, result))
+            return result
         self._target.add_done_callback(
             lambda target: _forward(target, self._name, args, kwargs, result)
         )
@@ -250,6 +275,15 @@ def _forward_to(
         return
     result._canceller = inner.cancel
     result._follow(inner)
+
+
+def _settle_pipelined(target: Promise[Any], inner: Promise[Any], result: Promise[Any]) -> None:
+    """A natively pipelined call failed or not; if its target failed, that error wins."""
+    if inner._error is None:
+        result._resolve(inner._value)
+        return
+    error = inner._error
+    target.add_done_callback(lambda t: result._reject(t._error if t._error is not None else error))
 
 
 def _run_callback(callback: Callable[[Promise[Any]], None], promise: Promise[Any]) -> None:

@@ -1,0 +1,257 @@
+"""Python values to and from ``Value`` structs of ``atoll.capnp``.
+
+Encoding is synchronous. Decoding is synchronous too, but some values arrive
+later: a ``promise`` (a ``Later`` capability) and a ``buffer`` (an array that
+must be pulled in chunks) decode to a kernel :class:`Promise`, which the
+receiving actor resolves before its handler runs, like any promise argument.
+
+All capnp objects stay on the event-loop thread, and every capability a
+decoded value holds is registered with its :class:`Peer`, which drops them all
+when the connection closes (a capnp object collected after its loop is gone
+aborts the process).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...kernel import (
+    ActorCancelled,
+    ActorRef,
+    ActorStopped,
+    AtollError,
+    BadCall,
+    CallCancelled,
+    MailboxFull,
+    NoSuchEndpoint,
+    Promise,
+    RemoteActorError,
+)
+
+if TYPE_CHECKING:
+    from ._peer import Peer
+
+__all__ = [
+    "INLINE_LIMIT",
+    "decode",
+    "decode_error",
+    "encode",
+    "encode_actor",
+    "encode_error",
+]
+
+INLINE_LIMIT = 1 << 20  # arrays above this many bytes are pulled in chunks
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def encode(peer: Peer, builder: Any, value: Any) -> None:
+    """Fill the ``Value`` ``builder`` with ``value``."""
+    if value is None:
+        builder.none = None
+    elif isinstance(value, bool):
+        builder.bool = value
+    elif isinstance(value, int) and _INT64[0] <= value <= _INT64[1]:
+        builder.int = value
+    elif isinstance(value, float):
+        builder.float = value
+    elif isinstance(value, str):
+        builder.text = value
+    elif isinstance(value, bytes | bytearray | memoryview):
+        builder.bytes = bytes(value)
+    elif isinstance(value, list | tuple) and type(value) in (list, tuple):
+        items = builder.init("list" if isinstance(value, list) else "tuple", len(value))
+        for item_builder, item in zip(items, value, strict=True):
+            encode(peer, item_builder, item)
+    elif type(value) is dict:
+        entries = builder.init("map", len(value))
+        for entry, (key, item) in zip(entries, value.items(), strict=True):
+            encode(peer, entry.key, key)
+            encode(peer, entry.value, item)
+    elif type(value) is np.ndarray and value.dtype.kind in "biufcmM" and not value.dtype.fields:
+        _encode_array(peer, builder, value)
+    elif isinstance(value, ActorRef):
+        encode_actor(peer, builder.init("actor"), value)
+    elif isinstance(value, Promise):
+        _encode_promise(peer, builder, value)
+    else:
+        _encode_pickled(peer, builder.init("pickled"), value)
+
+
+def _encode_array(peer: Peer, builder: Any, array: np.ndarray) -> None:
+    array = np.ascontiguousarray(array)
+    if array.nbytes <= INLINE_LIMIT:
+        out = builder.init("array")
+        out.dtype = array.dtype.str
+        out.shape = list(array.shape)
+        out.data = array.tobytes()
+        return
+    out = builder.init("buffer")
+    out.dtype = array.dtype.str
+    out.shape = list(array.shape)
+    out.nbytes = array.nbytes
+    out.source = peer.serve_buffer(array)
+
+
+def encode_actor(peer: Peer, builder: Any, ref: ActorRef[Any]) -> None:
+    """Fill an ``ActorRef`` struct: the capability and what identifies it."""
+    builder.cap = peer.actor_cap(ref)
+    builder.id = ref.id
+    builder.name = ref.name
+    endpoints = ref._channel.endpoints
+    builder.endpoints = sorted(endpoints) if endpoints is not None else []
+
+
+def _encode_promise(peer: Peer, builder: Any, promise: Promise[Any]) -> None:
+    if promise.done():
+        error = promise.exception()
+        if error is not None:
+            encode_error(builder.init("error"), error)
+        else:
+            encode(peer, builder, promise.result())
+        return
+    builder.promise = peer.later_cap(promise)
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles with actors and promises kept aside, to travel as capabilities."""
+
+    def __init__(self, file: io.BytesIO, buffers: list[Any]) -> None:
+        super().__init__(file, protocol=5, buffer_callback=buffers.append)
+        self._caps: list[Any] = []
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if isinstance(obj, ActorRef | Promise):
+            self._caps.append(obj)
+            return len(self._caps) - 1
+        return None
+
+
+def _encode_pickled(peer: Peer, builder: Any, value: Any) -> None:
+    buffers: list[pickle.PickleBuffer] = []
+    data = io.BytesIO()
+    pickler = _Pickler(data, buffers)
+    try:
+        pickler.dump(value)
+    except Exception as exc:
+        raise BadCall(f"cannot send a {type(value).__name__} over the wire: {exc}") from None
+    builder.data = data.getvalue()
+    caps = builder.init("caps", len(pickler._caps))
+    for cap_builder, obj in zip(caps, pickler._caps, strict=True):
+        encode(peer, cap_builder, obj)
+    raw = builder.init("buffers", len(buffers))
+    for i, buffer in enumerate(buffers):
+        raw[i] = buffer.raw().tobytes()
+
+
+def decode(peer: Peer, reader: Any) -> Any:
+    """The Python value of a ``Value`` reader (promises for late parts)."""
+    which = reader.which()
+    if which == "none":
+        return None
+    if which in ("bool", "int", "float", "text"):
+        return getattr(reader, which)
+    if which == "bytes":
+        return bytes(reader.bytes)
+    if which == "list":
+        return [decode(peer, item) for item in reader.list]
+    if which == "tuple":
+        return tuple(decode(peer, item) for item in reader.tuple)
+    if which == "map":
+        return {decode(peer, e.key): decode(peer, e.value) for e in reader.map}
+    if which == "array":
+        return _decode_array(reader.array)
+    if which == "buffer":
+        return peer.pull_buffer(reader.buffer)
+    if which == "actor":
+        return peer.remote_ref(reader.actor)
+    if which == "promise":
+        return peer.remote_promise(reader.promise)
+    if which == "error":
+        return decode_error(reader.error)
+    if which == "pickled":
+        return _decode_pickled(peer, reader.pickled)
+    raise AtollError(f"unknown Value kind {which!r}")
+
+
+def _decode_array(reader: Any) -> np.ndarray:
+    shape = tuple(int(n) for n in reader.shape)
+    data = bytes(reader.data)  # copy: the message may not outlive the loop
+    array = np.frombuffer(data, dtype=np.dtype(reader.dtype)).reshape(shape)
+    array.flags.writeable = False
+    return array
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, caps: list[Any], buffers: list[bytes]) -> None:
+        super().__init__(file, buffers=buffers)
+        self._caps = caps
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._caps[int(pid)]
+
+
+def _decode_pickled(peer: Peer, reader: Any) -> Any:
+    caps = [decode(peer, cap) for cap in reader.caps]
+    buffers = [bytes(b) for b in reader.buffers]
+    return _Unpickler(io.BytesIO(bytes(reader.data)), caps, buffers).load()
+
+
+# -- errors --------------------------------------------------------------------
+def encode_error(builder: Any, error: BaseException) -> None:
+    """Describe ``error`` in an ``Error`` struct builder."""
+    builder.kind, builder.message = _kind(error), str(error)
+    if isinstance(error, RemoteActorError):
+        builder.actor, builder.endpoint = error.actor, error.endpoint
+        builder.excType, builder.traceback = error.exc_type, error.remote_traceback
+        builder.message = error.message
+    elif isinstance(error, CallCancelled):
+        builder.actor, builder.endpoint, builder.message = error.actor, error.endpoint, error.reason
+    elif isinstance(error, ActorStopped):
+        builder.actor, builder.message = error.actor, error.reason
+    elif isinstance(error, MailboxFull):
+        builder.actor, builder.message = error.actor, str(error.capacity)
+    elif isinstance(error, NoSuchEndpoint):
+        builder.actor, builder.endpoint = error.actor, error.endpoint
+    else:
+        builder.excType = f"{type(error).__module__}.{type(error).__qualname__}"
+
+
+def _kind(error: BaseException) -> str:
+    kinds: list[tuple[type[BaseException], str]] = [
+        (RemoteActorError, "remote"),
+        (ActorCancelled, "cancelled"),
+        (ActorStopped, "stopped"),
+        (CallCancelled, "call_cancelled"),
+        (MailboxFull, "mailbox_full"),
+        (NoSuchEndpoint, "no_such_endpoint"),
+        (BadCall, "bad_call"),
+    ]
+    for cls, kind in kinds:
+        if isinstance(error, cls):
+            return kind
+    return "atoll"
+
+
+def decode_error(reader: Any) -> AtollError:
+    """The exception an ``Error`` struct describes."""
+    kind, actor, endpoint = reader.kind, reader.actor, reader.endpoint
+    message = reader.message
+    if kind == "remote":
+        return RemoteActorError(actor, endpoint, reader.excType, message, reader.traceback)
+    if kind == "cancelled":
+        return ActorCancelled(actor, message)
+    if kind == "stopped":
+        return ActorStopped(actor, message)
+    if kind == "call_cancelled":
+        return CallCancelled(actor, endpoint, message)
+    if kind == "mailbox_full":
+        return MailboxFull(actor, int(message or 0))
+    if kind == "no_such_endpoint":
+        return NoSuchEndpoint(actor, endpoint)
+    if kind == "bad_call":
+        return BadCall(message)
+    return AtollError(message)

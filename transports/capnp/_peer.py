@@ -1,0 +1,368 @@
+"""One Cap'n Proto connection's worth of atoll: servers, remote channels, tasks.
+
+A :class:`Peer` exists on each end of a connection. It turns local actors
+and promises into capabilities (:class:`ActorServer`, :class:`LaterServer`,
+:class:`BufferServer`) and remote capabilities into kernel objects
+(:class:`RemoteChannel` behind an ``ActorRef``; kernel promises settled by a
+task awaiting the capnp answer).
+
+Everything here runs on the one asyncio thread that runs capnp's loop. When the
+connection ends, :meth:`Peer.close` fails what is still pending with
+``HostLost`` and drops every capnp object it handed out, so none is collected
+after the loop is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import weakref
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+import capnp
+import numpy as np
+
+from ...kernel import (
+    ActorRef,
+    AtollError,
+    Call,
+    CallCancelled,
+    EndpointSpec,
+    Promise,
+    TransportError,
+)
+from ...kernel._system import _resolve
+from ._codec import decode, decode_error, encode, encode_actor, encode_error
+from ._schema import schema
+
+__all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel"]
+
+CHUNK = 1 << 20
+IN_FLIGHT = 4
+
+
+class HostLost(TransportError):
+    """The connection to a peer broke while calls were pending on it."""
+
+
+class Peer:
+    """What one end of a connection knows; see the module docstring."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.closed: str | None = None
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._pending: weakref.WeakSet[Promise[Any]] = weakref.WeakSet()
+        self._holders: weakref.WeakSet[RemoteChannel] = weakref.WeakSet()
+
+    # -- local things out ------------------------------------------------
+    def actor_cap(self, ref: ActorRef[Any]) -> Any:
+        channel = ref._channel
+        if isinstance(channel, RemoteChannel) and channel.cap is not None:
+            return channel.cap
+        return ActorServer(channel, self)
+
+    def later_cap(self, promise: Promise[Any]) -> Any:
+        wire = promise._wire
+        return wire if wire is not None else LaterServer(promise, self)
+
+    def serve_buffer(self, array: np.ndarray) -> Any:
+        return BufferServer(array)
+
+    # -- remote things in ------------------------------------------------
+    def remote_ref(self, reader: Any) -> ActorRef[Any]:
+        names = list(reader.endpoints)
+        endpoints: dict[str, EndpointSpec | None] | None = dict.fromkeys(names) if names else None
+        channel = RemoteChannel(self, reader.cap, reader.id, reader.name, endpoints)
+        return ActorRef(channel)
+
+    def remote_promise(self, later: Any) -> Promise[Any]:
+        promise: Promise[Any] = Promise("remote")
+        answer = later.get()
+        promise._wire = later
+        promise._pipe = functools.partial(RemoteChannel.promised, self, answer)
+        self.settle_later(answer, promise)
+        return promise
+
+    def pull_buffer(self, reader: Any) -> Promise[np.ndarray]:
+        promise: Promise[np.ndarray] = Promise("buffer")
+        self._pending.add(promise)
+        shape = tuple(int(n) for n in reader.shape)
+        self.spawn(_pull(reader.source, reader.dtype, shape, int(reader.nbytes), promise))
+        return promise
+
+    # -- answers -------------------------------------------------------------
+    def settle_later(self, answer: Any, promise: Promise[Any]) -> asyncio.Future[Any]:
+        """Resolve ``promise`` from a capnp answer carrying a ``result`` Value."""
+        self._pending.add(promise)
+        return self.spawn(self._settle(answer, promise))
+
+    async def _settle(self, answer: Any, promise: Promise[Any]) -> None:
+        try:
+            response = await answer
+        except capnp.KjException as exc:
+            promise._reject(self._lost(exc))
+            return
+        reader = response.result
+        if reader.which() == "error":
+            promise._reject(decode_error(reader.error))
+            return
+        try:
+            value = await _resolve(decode(self, reader))
+        except Exception as exc:
+            promise._reject(exc)
+            return
+        promise._resolve(value)
+
+    def _lost(self, exc: BaseException) -> AtollError:
+        """The atoll error for a capnp failure: ``HostLost`` if the link broke."""
+        if self.closed is not None:
+            return HostLost(f"connection to {self.label} lost: {self.closed}")
+        kind = str(getattr(exc, "type", ""))
+        description = str(getattr(exc, "description", exc)).splitlines()[0]
+        if "DISCONNECTED" in kind:
+            return HostLost(f"connection to {self.label} lost: {description}")
+        return TransportError(f"call to {self.label} failed: {description}")
+
+    # -- lifecycle -----------------------------------------------------------
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def close(self, reason: str) -> None:
+        """Fail what is pending and drop every capnp object (loop thread only)."""
+        if self.closed is not None:
+            return
+        self.closed = reason
+        for task in list(self._tasks):
+            task.cancel()
+        for promise in list(self._pending):
+            promise._reject(HostLost(f"connection to {self.label} lost: {reason}"))
+            promise._wire = promise._pipe = None
+        for channel in list(self._holders):
+            channel.cap = None
+
+
+async def _pull(
+    source: Any, dtype: str, shape: tuple[int, ...], nbytes: int, promise: Promise[np.ndarray]
+) -> None:
+    out = np.empty(nbytes, dtype=np.uint8)
+    offsets = list(range(0, nbytes, CHUNK))
+
+    async def fetch(offset: int) -> None:
+        length = min(CHUNK, nbytes - offset)
+        response = await source.read(offset=offset, length=length)
+        out[offset : offset + length] = np.frombuffer(response.data, dtype=np.uint8)
+
+    try:
+        for start in range(0, len(offsets), IN_FLIGHT):
+            await asyncio.gather(*(fetch(o) for o in offsets[start : start + IN_FLIGHT]))
+    except capnp.KjException as exc:
+        promise._reject(HostLost(f"buffer transfer failed: {exc}"))
+        return
+    array = out.view(np.dtype(dtype)).reshape(shape)
+    array.flags.writeable = False
+    promise._resolve(array)
+
+
+class RemoteChannel:
+    """A kernel :class:`Channel` whose actor lives at the other end of a Peer."""
+
+    def __init__(
+        self,
+        peer: Peer,
+        cap: Any,
+        actor_id: str,
+        name: str,
+        endpoints: Mapping[str, EndpointSpec | None] | None,
+    ) -> None:
+        self.peer = peer
+        self.cap = cap
+        self._id = actor_id
+        self._name = name
+        self._endpoints = endpoints
+        peer._holders.add(self)
+
+    @classmethod
+    def promised(cls, peer: Peer, answer: Any) -> RemoteChannel:
+        """The actor a pending answer will hold, usable now (pipelining)."""
+        return cls(peer, answer.actor, f"promised@{id(answer):x}", "<promised actor>", None)
+
+    @property
+    def actor_id(self) -> str:
+        return self._id
+
+    @property
+    def actor_name(self) -> str:
+        return self._name
+
+    @property
+    def endpoints(self) -> Mapping[str, EndpointSpec | None] | None:
+        """Endpoint names only (None values): calls are checked by name here."""
+        return self._endpoints
+
+    def _request(self, method: str, call: Call) -> Any:
+        if self.cap is None:
+            raise HostLost(f"connection to {self.peer.label} is closed")
+        request = getattr(self.cap, f"{method}_request")()
+        request.endpoint = call.endpoint
+        for builder, arg in zip(request.init("args", len(call.args)), call.args, strict=True):
+            encode(self.peer, builder, arg)
+        entries = request.init("kwargs", len(call.kwargs))
+        for entry, (key, value) in zip(entries, call.kwargs.items(), strict=True):
+            entry.key.text = key
+            encode(self.peer, entry.value, value)
+        return request
+
+    def submit(self, call: Call) -> None:
+        try:
+            answer = self._request("call", call).send()
+        except HostLost as exc:
+            call.promise._reject(exc)
+            return
+        self._track(call, answer, answer.later)
+
+    async def submit_wait(self, call: Call) -> None:
+        try:
+            response = await self._request("send", call).send()
+        except HostLost as exc:
+            call.promise._reject(exc)
+            return
+        except capnp.KjException as exc:
+            call.promise._reject(self.peer._lost(exc))
+            return
+        later = response.later
+        self._track(call, later.get(), later)
+
+    def _track(self, call: Call, answer: Any, later: Any) -> None:
+        promise = call.promise
+        promise._wire = later
+        promise._pipe = functools.partial(RemoteChannel.promised, self.peer, answer)
+        task = self.peer.settle_later(answer, promise)
+        promise._canceller = functools.partial(_cancel_remote, task, call)
+
+    async def stop(self, grace: float | None) -> None:
+        await self._control(self.cap.stop(grace=-1.0 if grace is None else grace))
+
+    async def cancel(self, reason: str) -> None:
+        await self._control(self.cap.cancel(reason=reason))
+
+    async def _control(self, answer: Any) -> None:
+        try:
+            await answer
+        except capnp.KjException as exc:
+            raise self.peer._lost(exc) from None
+
+
+def _cancel_remote(task: asyncio.Future[Any], call: Call, reason: str) -> bool:
+    """Drop the capnp answer (capnp then cancels the remote call)."""
+    if task.done() or call.promise.done():
+        return False
+    task.cancel()
+    call.promise._reject(CallCancelled("<remote>", call.endpoint, reason))
+    return True
+
+
+# -- capnp servers ---------------------------------------------------------------
+class ActorServer(schema.Actor.Server):  # type: ignore[misc]
+    """Exposes one local actor (its kernel channel) as an ``Actor`` capability."""
+
+    def __init__(self, channel: Any, peer: Peer) -> None:
+        self._ref: ActorRef[Any] = ActorRef(channel)
+        self._peer = peer
+
+    def _prepare(
+        self, endpoint: str, args: Any, kwargs: Any
+    ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+        target = getattr(self._ref, endpoint)
+        values = tuple(decode(self._peer, a) for a in args)
+        named = {e.key.text: decode(self._peer, e.value) for e in kwargs}
+        return target, values, named
+
+    async def call(self, endpoint: str, args: Any, kwargs: Any, _context: Any, **_: Any) -> None:
+        results = _context.results
+        try:
+            target, values, named = self._prepare(endpoint, args, kwargs)
+            promise: Promise[Any] = target(*values, **named)
+        except AtollError as exc:
+            encode_error(results.result.init("error"), exc)
+            return
+        results.later = LaterServer(promise, self._peer)
+        await _answer(self._peer, promise, results)
+
+    async def send(self, endpoint: str, args: Any, kwargs: Any, _context: Any, **_: Any) -> None:
+        try:
+            target, values, named = self._prepare(endpoint, args, kwargs)
+            promise: Promise[Any] = await target.send(*values, **named)
+        except AtollError as exc:
+            promise = Promise("refused")
+            promise._reject(exc)
+        _context.results.later = LaterServer(promise, self._peer)
+
+    async def stop(self, grace: float, _context: Any, **_: Any) -> None:
+        await self._ref.stop(None if grace < 0 else grace)
+
+    async def cancel(self, reason: str, _context: Any, **_: Any) -> None:
+        await self._ref.cancel(reason)
+
+
+class LaterServer(schema.Later.Server):  # type: ignore[misc]
+    """A kernel promise as a ``Later`` capability."""
+
+    def __init__(self, promise: Promise[Any], peer: Peer) -> None:
+        self._promise = promise
+        self._peer = peer
+
+    async def get(self, _context: Any, **_: Any) -> None:
+        await _answer(self._peer, self._promise, _context.results)
+
+
+async def _answer(peer: Peer, promise: Promise[Any], results: Any) -> None:
+    """Wait for ``promise`` and write it into ``results`` (result, actor)."""
+    try:
+        value = await promise
+    except asyncio.CancelledError:
+        promise.cancel("cancelled by the remote caller")
+        raise
+    except Exception as exc:
+        encode_error(results.result.init("error"), exc)
+        return
+    encode(peer, results.result, value)
+    if isinstance(value, ActorRef):
+        results.actor = peer.actor_cap(value)
+
+
+class BufferServer(schema.Buffer.Server):  # type: ignore[misc]
+    """An array's bytes, readable in chunks."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array  # keeps the memory alive while the reader pulls
+        self._bytes = np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+
+    async def read(self, offset: int, length: int, _context: Any, **_: Any) -> None:
+        if offset > len(self._bytes):
+            raise ValueError(f"offset {offset} beyond {len(self._bytes)} bytes")
+        _context.results.data = self._bytes[offset : offset + length]
+
+
+class GateServer(schema.Gate.Server):  # type: ignore[misc]
+    """Hands out the node only to a peer that shows the cluster token."""
+
+    def __init__(self, token: bytes, node: ActorRef[Any], peer: Peer, on_refused: Any) -> None:
+        self._token = token
+        self._node = node
+        self._peer = peer
+        self._on_refused = on_refused
+        self.logged_in = asyncio.Event()
+
+    async def login(self, token: bytes, _context: Any, **_: Any) -> None:
+        import hmac
+
+        if not hmac.compare_digest(bytes(token), self._token):
+            self._on_refused("wrong token")
+            raise PermissionError("wrong cluster token")
+        self.logged_in.set()
+        encode_actor(self._peer, _context.results.node, self._node)

@@ -1,0 +1,193 @@
+"""The Cap'n Proto transport: serve an actor system over TCP, connect to one.
+
+Use it inside :func:`capnp_runtime` (asyncio only: pycapnp's RPC runs on
+asyncio). Every connection starts at a ``Gate``: the client must log in with
+the cluster token before it gets any capability; a wrong token, or no login
+within ``login_timeout`` seconds, closes the connection.
+
+Addresses look like ``capnp://127.0.0.1:7000``; serving on port 0 picks a free
+port, and the listener's ``address`` tells which. The default host is
+127.0.0.1: nothing listens beyond this machine unless asked to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import os
+import secrets
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import Any
+
+import capnp
+
+from ...kernel import ActorRef, ActorSystem, NodeActor, TransportError
+from ._peer import GateServer, HostLost, Peer
+from ._schema import schema
+
+__all__ = ["CapnpConnection", "CapnpListener", "CapnpTransport", "capnp_runtime", "parse_address"]
+
+_in_runtime: contextvars.ContextVar[bool] = contextvars.ContextVar("atoll_capnp", default=False)
+_nodes = itertools.count()
+
+
+@asynccontextmanager
+async def capnp_runtime() -> AsyncIterator[None]:
+    """Run capnp's event loop on this asyncio loop for the block (re-entrant).
+
+    Close every connection and listener before the block ends: capnp objects
+    must not outlive the loop that made them.
+    """
+    if _in_runtime.get():
+        yield
+        return
+    async with capnp.kj_loop():
+        token = _in_runtime.set(True)
+        try:
+            yield
+        finally:
+            _in_runtime.reset(token)
+
+
+def _require_runtime() -> None:
+    if not _in_runtime.get():
+        raise TransportError(
+            "the capnp transport needs `async with atoll.transports.capnp.capnp_runtime():` "
+            "around it (asyncio only; trio apps go through atoll's bridge)"
+        )
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``capnp://host:port`` (or ``host:port``) to ``(host, port)``."""
+    rest = address.removeprefix("capnp://")
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise TransportError(f"bad capnp address {address!r}: expected capnp://HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def default_token() -> bytes:
+    """The cluster token from ``ATOLL_TOKEN`` (hex), or a fresh random one."""
+    text = os.environ.get("ATOLL_TOKEN")
+    return bytes.fromhex(text) if text else secrets.token_bytes(32)
+
+
+class CapnpListener:
+    """A served actor system; ``address`` and ``token`` are what clients need."""
+
+    def __init__(self, address: str, token: bytes, node: ActorRef[NodeActor]) -> None:
+        self.address = address
+        self.token = token
+        self.node = node
+        self.server: asyncio.base_events.Server | None = None
+        self._streams: dict[Peer, Any] = {}
+
+    async def aclose(self) -> None:
+        """Stop accepting, drop every connection, stop the node actor."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        for peer, stream in list(self._streams.items()):
+            peer.close("server closed")
+            stream.close()
+        self._streams.clear()
+        await self.node.stop(grace=0)
+
+    async def _on_connection(self, stream: Any, login_timeout: float) -> None:
+        peer = Peer(f"client of {self.address}")
+        loop = asyncio.get_running_loop()
+        gate = GateServer(self.token, self.node, peer, lambda _: loop.call_soon(stream.close))
+        server = capnp.TwoPartyServer(stream, bootstrap=gate)
+        self._streams[peer] = stream
+        try:
+            gone = asyncio.ensure_future(server.on_disconnect())
+            login = asyncio.ensure_future(gate.logged_in.wait())
+            await asyncio.wait(
+                {gone, login}, timeout=login_timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not login.done():
+                login.cancel()
+                stream.close()
+            await gone
+        finally:
+            peer.close("peer disconnected")
+            self._streams.pop(peer, None)
+
+
+class CapnpConnection:
+    """A logged-in link to a served actor system; ``node`` is its node actor."""
+
+    def __init__(self, node: ActorRef[NodeActor], peer: Peer, client: Any) -> None:
+        self.node = node
+        self.peer = peer
+        self._client = client
+        self._watch = asyncio.ensure_future(self._watch_disconnect())
+
+    async def _watch_disconnect(self) -> None:
+        with suppress(Exception):
+            await self._client.on_disconnect()
+        self.peer.close("disconnected")
+
+    async def aclose(self) -> None:
+        """Fail pending calls with ``HostLost`` and close the socket."""
+        self.peer.close("connection closed by this side")
+        self._watch.cancel()
+        self._client.close()
+        self._client = None
+
+
+class CapnpTransport:
+    """Registered as ``capnp``. One instance holds one cluster token."""
+
+    scheme = "capnp"
+
+    def __init__(self, token: bytes | None = None, login_timeout: float = 10.0) -> None:
+        self.token = token if token is not None else default_token()
+        self.login_timeout = login_timeout
+
+    async def serve(self, system: ActorSystem, address: str | None = None) -> CapnpListener:
+        _require_runtime()
+        host, port = parse_address(address or "capnp://127.0.0.1:0")
+        node = system.spawn(NodeActor, f"{host}:{port}", name=f"capnp-node-{next(_nodes)}")
+        listener = CapnpListener("", self.token, node)
+
+        async def handler(stream: Any) -> None:
+            await listener._on_connection(stream, self.login_timeout)
+
+        try:
+            server = await capnp.AsyncIoStream.create_server(handler, host, port)
+        except OSError as exc:
+            await node.stop(grace=0)
+            raise TransportError(f"cannot listen on {host}:{port}: {exc}") from None
+        bound = server.sockets[0].getsockname()
+        listener.server = server
+        listener.address = f"capnp://{host}:{bound[1]}"
+        return listener
+
+    async def connect(
+        self, address: str, system: ActorSystem | None = None, token: bytes | None = None
+    ) -> CapnpConnection:
+        """Connect and log in; raises ``TransportError`` if either fails."""
+        _require_runtime()
+        host, port = parse_address(address)
+        try:
+            stream = await capnp.AsyncIoStream.create_connection(host=host, port=port)
+        except OSError as exc:
+            raise TransportError(f"cannot reach {address}: {exc}") from None
+        client = capnp.TwoPartyClient(stream)
+        peer = Peer(address)
+        gate = client.bootstrap().cast_as(schema.Gate)
+        try:
+            response = await gate.login(token=token if token is not None else self.token)
+            node = peer.remote_ref(response.node)
+        except capnp.KjException as exc:
+            peer.close("login refused")
+            client.close()
+            raise TransportError(f"login to {address} refused: {exc.description}") from None
+        del gate, response
+        return CapnpConnection(node, peer, client)
+
+
+__all__ += ["HostLost", "default_token"]
