@@ -1,14 +1,15 @@
 """The ``atoll`` command line.
 
-Subcommands so far: ``demo`` runs the main demo on an in-process cluster;
-``version`` prints the version. Later work adds cluster, partition, bench and
-trace commands here.
+Subcommands: ``demo`` runs the main demo on an in-process cluster; ``bench
+NAME`` runs a benchmark; ``node`` serves one node over Cap'n Proto;
+``version`` prints the version.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import sys
 from collections.abc import Sequence
 
@@ -35,8 +36,29 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--step-ms", type=float, default=2.0, help="device time per step")
     demo.add_argument("--virtual-clock", action="store_true", help="simulate time, no sleeping")
     demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    bench = sub.add_parser("bench", help="run a benchmark (args after the name go to it)")
+    bench.add_argument("name", choices=sorted(BENCHMARKS))
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    node = sub.add_parser("node", help="serve one node over Cap'n Proto (token: ATOLL_TOKEN)")
+    node.add_argument("--listen", default="capnp://127.0.0.1:0")
+    node.add_argument("--login-timeout", type=float, default=10.0)
     sub.add_parser("version", help="print the version")
     return parser
+
+
+BENCHMARKS = {"transport": "atoll.transports.capnp.bench"}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    module = importlib.import_module(BENCHMARKS[args.name])
+    code: int = module.main(args.args)
+    return code
+
+
+def _node(args: argparse.Namespace) -> int:
+    from .transports.capnp._process import main as node_main
+
+    return node_main(["--listen", args.listen, "--login-timeout", str(args.login_timeout)])
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -63,6 +85,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "demo":
         return _demo(args)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "node":
+        return _node(args)
     from . import __version__
 
     print(__version__)

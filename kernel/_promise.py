@@ -66,6 +66,15 @@ def count_waits() -> Iterator[WaitCounter]:
         _counter.reset(token)
 
 
+def detach_wait_counter() -> None:
+    """Stop counting waits in this task (for tasks that inherited a counter).
+
+    Transports call it in the tasks they start, so that their internal waits
+    are not billed to the application task that happened to trigger them.
+    """
+    _counter.set(None)
+
+
 class Promise(Generic[T]):
     """A value that will arrive; see the module docstring.
 
@@ -231,6 +240,7 @@ class PipelinedEndpoint:
             inner: Promise[Any] = Promise(result._label)
             _forward_to(ActorRef(pipe()), self._name, args, kwargs, inner)
             result._canceller = inner.cancel
+            result._pipe, result._wire = inner._pipe, inner._wire
             inner.add_done_callback(lambda done: _settle_pipelined(self._target, done, result))
             return result
         self._target.add_done_callback(
@@ -274,6 +284,7 @@ def _forward_to(
         result._reject(exc)
         return
     result._canceller = inner.cancel
+    result._pipe, result._wire = inner._pipe, inner._wire  # keep pipelining natively
     result._follow(inner)
 
 

@@ -124,8 +124,9 @@ class _Pickler(pickle.Pickler):
         self._caps: list[Any] = []
 
     def persistent_id(self, obj: Any) -> int | None:
-        if isinstance(obj, ActorRef | Promise):
-            self._caps.append(obj)
+        big_array = type(obj) is np.ndarray and obj.nbytes > INLINE_LIMIT
+        if isinstance(obj, ActorRef | Promise) or big_array:
+            self._caps.append(obj)  # travels as a capability (or a pulled buffer)
             return len(self._caps) - 1
         return None
 
@@ -197,7 +198,23 @@ class _Unpickler(pickle.Unpickler):
 def _decode_pickled(peer: Peer, reader: Any) -> Any:
     caps = [decode(peer, cap) for cap in reader.caps]
     buffers = [bytes(b) for b in reader.buffers]
-    return _Unpickler(io.BytesIO(bytes(reader.data)), caps, buffers).load()
+    data = bytes(reader.data)
+    pulls = [i for i, cap in enumerate(reader.caps) if cap.which() == "buffer"]
+    if not pulls:
+        return _Unpickler(io.BytesIO(data), caps, buffers).load()
+    # big arrays inside the object are still being pulled: unpickle once here
+    result: Promise[Any] = Promise("pickled")
+
+    async def finish() -> None:
+        try:
+            for i in pulls:
+                caps[i] = await caps[i]
+            result._resolve(_Unpickler(io.BytesIO(data), caps, buffers).load())
+        except Exception as exc:
+            result._reject(exc)
+
+    peer.spawn(finish())
+    return result
 
 
 # -- errors --------------------------------------------------------------------

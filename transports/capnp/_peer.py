@@ -15,6 +15,7 @@ after the loop is gone.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import weakref
 from collections.abc import Coroutine, Mapping
@@ -32,6 +33,7 @@ from ...kernel import (
     Promise,
     TransportError,
 )
+from ...kernel._promise import detach_wait_counter
 from ...kernel._system import _resolve
 from ._codec import decode, decode_error, encode, encode_actor, encode_error
 from ._schema import schema
@@ -127,7 +129,10 @@ class Peer:
 
     # -- lifecycle -----------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[Any]:
-        task = asyncio.ensure_future(coro)
+        """Run ``coro`` as a task owned by this peer (cancelled at close)."""
+        context = contextvars.copy_context()
+        context.run(detach_wait_counter)  # its waits are not the app's waits
+        task = asyncio.get_running_loop().create_task(coro, context=context)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -155,11 +160,18 @@ async def _pull(
     async def fetch(offset: int) -> None:
         length = min(CHUNK, nbytes - offset)
         response = await source.read(offset=offset, length=length)
-        out[offset : offset + length] = np.frombuffer(response.data, dtype=np.uint8)
+        chunk = response.get_data_as_view("data")  # no copy: straight into `out`
+        out[offset : offset + length] = np.frombuffer(chunk, dtype=np.uint8)
+        del chunk, response
+
+    window = asyncio.Semaphore(IN_FLIGHT)  # a sliding window of chunks in flight
+
+    async def windowed(offset: int) -> None:
+        async with window:
+            await fetch(offset)
 
     try:
-        for start in range(0, len(offsets), IN_FLIGHT):
-            await asyncio.gather(*(fetch(o) for o in offsets[start : start + IN_FLIGHT]))
+        await asyncio.gather(*(windowed(o) for o in offsets))
     except capnp.KjException as exc:
         promise._reject(HostLost(f"buffer transfer failed: {exc}"))
         return
@@ -322,6 +334,7 @@ class LaterServer(schema.Later.Server):  # type: ignore[misc]
 
 async def _answer(peer: Peer, promise: Promise[Any], results: Any) -> None:
     """Wait for ``promise`` and write it into ``results`` (result, actor)."""
+    detach_wait_counter()
     try:
         value = await promise
     except asyncio.CancelledError:

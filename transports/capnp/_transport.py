@@ -117,25 +117,58 @@ class CapnpListener:
 
 
 class CapnpConnection:
-    """A logged-in link to a served actor system; ``node`` is its node actor."""
+    """A logged-in link to a served actor system; ``node`` is its node actor.
 
-    def __init__(self, node: ActorRef[NodeActor], peer: Peer, client: Any) -> None:
+    A heartbeat pings the node every ``heartbeat_s``; if no answer comes within
+    ``heartbeat_timeout_s`` the link counts as lost even though TCP did not say
+    so (a frozen host, a cut cable), and pending calls fail with ``HostLost``.
+    """
+
+    def __init__(
+        self,
+        node: ActorRef[NodeActor],
+        peer: Peer,
+        client: Any,
+        heartbeat_s: float = 2.0,
+        heartbeat_timeout_s: float = 6.0,
+    ) -> None:
         self.node = node
         self.peer = peer
         self._client = client
         self._watch = asyncio.ensure_future(self._watch_disconnect())
+        self._beat = asyncio.ensure_future(self._heartbeat(heartbeat_s, heartbeat_timeout_s))
 
     async def _watch_disconnect(self) -> None:
         with suppress(Exception):
             await self._client.on_disconnect()
-        self.peer.close("disconnected")
+        self._lose("disconnected")
+
+    async def _heartbeat(self, every: float, timeout: float) -> None:
+        while self.peer.closed is None:
+            await asyncio.sleep(every)
+            try:
+                await asyncio.wait_for(_ping(self.node), timeout)
+            except TimeoutError:
+                self._lose(f"no heartbeat answer within {timeout} s")
+                return
+            except Exception:
+                return  # the link failed: the watcher reports it
+
+    def _lose(self, reason: str) -> None:
+        self.peer.close(reason)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     async def aclose(self) -> None:
         """Fail pending calls with ``HostLost`` and close the socket."""
-        self.peer.close("connection closed by this side")
         self._watch.cancel()
-        self._client.close()
-        self._client = None
+        self._beat.cancel()
+        self._lose("connection closed by this side")
+
+
+async def _ping(node: ActorRef[NodeActor]) -> None:
+    await node.ping()
 
 
 class CapnpTransport:
@@ -143,9 +176,16 @@ class CapnpTransport:
 
     scheme = "capnp"
 
-    def __init__(self, token: bytes | None = None, login_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        token: bytes | None = None,
+        login_timeout: float = 10.0,
+        heartbeat_s: float = 2.0,
+        heartbeat_timeout_s: float = 6.0,
+    ) -> None:
         self.token = token if token is not None else default_token()
         self.login_timeout = login_timeout
+        self.heartbeat = (heartbeat_s, heartbeat_timeout_s)
 
     async def serve(self, system: ActorSystem, address: str | None = None) -> CapnpListener:
         _require_runtime()
@@ -187,7 +227,7 @@ class CapnpTransport:
             client.close()
             raise TransportError(f"login to {address} refused: {exc.description}") from None
         del gate, response
-        return CapnpConnection(node, peer, client)
+        return CapnpConnection(node, peer, client, *self.heartbeat)
 
 
 __all__ += ["HostLost", "default_token"]

@@ -1,0 +1,131 @@
+"""A node process: an actor system served over Cap'n Proto until told to stop.
+
+``python -m atoll.transports.capnp.node --listen capnp://127.0.0.1:0`` starts
+one. It reads the cluster token from ``ATOLL_TOKEN`` (hex), prints one line,
+``ATOLL-NODE <address>``, once it accepts connections, and exits cleanly on
+SIGTERM or SIGINT (connections closed, actors stopped). Tests and ``atoll up``
+start these; peers reach them with :class:`CapnpTransport.connect`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+
+from ...kernel import ActorSystem, TransportError
+from ._transport import CapnpTransport, capnp_runtime, default_token
+
+__all__ = ["READY_PREFIX", "NodeProcess", "main", "serve_node"]
+
+READY_PREFIX = "ATOLL-NODE "
+
+
+async def serve_node(address: str, token: bytes, login_timeout: float = 10.0) -> None:
+    """Serve a fresh actor system at ``address`` until SIGTERM/SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    transport = CapnpTransport(token, login_timeout=login_timeout)
+    async with capnp_runtime(), ActorSystem("node") as system:
+        listener = await transport.serve(system, address)
+        print(f"{READY_PREFIX}{listener.address}", flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await listener.aclose()
+
+
+class NodeProcess:
+    """A node started as a child process; ``address`` once it is ready.
+
+    ``stop()`` asks it to exit (SIGTERM) and waits; ``kill()`` is the hard way.
+    """
+
+    def __init__(
+        self,
+        token: bytes,
+        listen: str = "capnp://127.0.0.1:0",
+        timeout: float = 60.0,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        env = dict(os.environ, ATOLL_TOKEN=token.hex())
+        command = [sys.executable, "-m", "atoll.transports.capnp.node", "--listen", listen]
+        command += list(extra_args)
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives with the process)
+        self._stderr_text = ""
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True
+        )
+        self.address = self._wait_ready(timeout)
+
+    def _wait_ready(self, timeout: float) -> str:
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.process.stdout.readline()
+            if line.startswith(READY_PREFIX):
+                return line[len(READY_PREFIX) :].strip()
+            if not line and self.process.poll() is not None:
+                break
+        self.kill()
+        raise TransportError(f"node process did not start: {self.stderr()[-2000:]}")
+
+    def stderr(self) -> str:
+        """What the process wrote to its standard error so far."""
+        if self._stderr.closed:
+            return self._stderr_text
+        self._stderr.seek(0)
+        return self._stderr.read()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, then wait; returns the exit code (kills after ``timeout``)."""
+        if self.alive():
+            self.process.terminate()
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = self.process.wait(10)
+        self._close_pipes()
+        return code
+
+    def kill(self) -> None:
+        if self.alive():
+            self.process.kill()
+            self.process.wait(10)
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        if self.process.stdout is not None and not self.process.stdout.closed:
+            self.process.stdout.close()
+        if not self._stderr.closed:
+            self._stderr_text = self.stderr()
+            self._stderr.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="atoll-node", description=__doc__.splitlines()[0])
+    parser.add_argument("--listen", default="capnp://127.0.0.1:0")
+    parser.add_argument("--login-timeout", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    asyncio.run(serve_node(args.listen, default_token(), args.login_timeout))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
