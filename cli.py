@@ -42,8 +42,52 @@ def _parser() -> argparse.ArgumentParser:
     node = sub.add_parser("node", help="serve one node over Cap'n Proto (token: ATOLL_TOKEN)")
     node.add_argument("--listen", default="capnp://127.0.0.1:0")
     node.add_argument("--login-timeout", type=float, default=10.0)
+    node.add_argument("--cluster-file", help="write address and token here, for atoll.connect")
+    up = sub.add_parser("up", help="start a controller and host processes on this machine")
+    up.add_argument("--hosts", type=_positive, default=2)
+    up.add_argument("--islands", type=_positive, default=1)
+    up.add_argument("--devices-per-host", type=_positive, default=4)
+    up.add_argument("--device", choices=["sim"], default="sim")
+    up.add_argument("--port", type=int, default=0, help="controller port (0: any free one)")
+    up.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    up.add_argument("--scheduler", default="fifo")
+    up.add_argument("--cluster-file", default="atoll-cluster.json")
+    host = sub.add_parser("host", help="join a host to a running cluster")
+    host.add_argument("--join", required=True, help="controller address, capnp://HOST:PORT")
+    host.add_argument("--cluster-file", help="take the token from this file")
     sub.add_parser("version", help="print the version")
     return parser
+
+
+def _up(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ._distributed import run_up
+
+    asyncio.run(
+        run_up(
+            args.hosts,
+            args.islands,
+            args.devices_per_host,
+            args.port,
+            args.cluster_file,
+            args.scheduler,
+            args.host,
+        )
+    )
+    return 0
+
+
+def _host(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from ._connect import ClusterFile
+    from ._distributed import run_host
+    from .transports.capnp import default_token
+
+    token = ClusterFile.read(args.cluster_file).token if args.cluster_file else default_token()
+    asyncio.run(run_host(args.join, token))
+    return 0
 
 
 BENCHMARKS = {"transport": "atoll.transports.capnp.bench"}
@@ -58,7 +102,10 @@ def _bench(args: argparse.Namespace) -> int:
 def _node(args: argparse.Namespace) -> int:
     from .transports.capnp._process import main as node_main
 
-    return node_main(["--listen", args.listen, "--login-timeout", str(args.login_timeout)])
+    argv = ["--listen", args.listen, "--login-timeout", str(args.login_timeout)]
+    if args.cluster_file:
+        argv += ["--cluster-file", args.cluster_file]
+    return node_main(argv)
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -89,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _bench(args)
     if args.command == "node":
         return _node(args)
+    if args.command == "up":
+        return _up(args)
+    if args.command == "host":
+        return _host(args)
     from . import __version__
 
     print(__version__)

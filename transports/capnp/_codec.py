@@ -30,7 +30,9 @@ from ...kernel import (
     NoSuchEndpoint,
     Promise,
     RemoteActorError,
+    TransportError,
 )
+from ._errors import HostLost
 
 if TYPE_CHECKING:
     from ._peer import Peer
@@ -246,6 +248,8 @@ def _kind(error: BaseException) -> str:
         (MailboxFull, "mailbox_full"),
         (NoSuchEndpoint, "no_such_endpoint"),
         (BadCall, "bad_call"),
+        (HostLost, "host_lost"),
+        (TransportError, "transport"),
     ]
     for cls, kind in kinds:
         if isinstance(error, cls):
@@ -271,4 +275,8 @@ def decode_error(reader: Any) -> AtollError:
         return NoSuchEndpoint(actor, endpoint)
     if kind == "bad_call":
         return BadCall(message)
+    if kind == "host_lost":
+        return HostLost(message)
+    if kind == "transport":
+        return TransportError(message)
     return AtollError(message)

@@ -36,16 +36,13 @@ from ...kernel import (
 from ...kernel._promise import detach_wait_counter
 from ...kernel._system import _resolve
 from ._codec import decode, decode_error, encode, encode_actor, encode_error
+from ._errors import HostLost
 from ._schema import schema
 
 __all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel"]
 
 CHUNK = 1 << 20
 IN_FLIGHT = 4
-
-
-class HostLost(TransportError):
-    """The connection to a peer broke while calls were pending on it."""
 
 
 class Peer:

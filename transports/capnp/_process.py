@@ -27,8 +27,14 @@ __all__ = ["READY_PREFIX", "NodeProcess", "main", "serve_node"]
 READY_PREFIX = "ATOLL-NODE "
 
 
-async def serve_node(address: str, token: bytes, login_timeout: float = 10.0) -> None:
-    """Serve a fresh actor system at ``address`` until SIGTERM/SIGINT."""
+async def serve_node(
+    address: str, token: bytes, login_timeout: float = 10.0, cluster_file: str | None = None
+) -> None:
+    """Serve a fresh actor system at ``address`` until SIGTERM/SIGINT.
+
+    With ``cluster_file``, also write the address and token there (mode 0600)
+    for ``atoll.connect``.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -36,6 +42,10 @@ async def serve_node(address: str, token: bytes, login_timeout: float = 10.0) ->
     transport = CapnpTransport(token, login_timeout=login_timeout)
     async with capnp_runtime(), ActorSystem("node") as system:
         listener = await transport.serve(system, address)
+        if cluster_file:
+            from ..._connect import ClusterFile
+
+            ClusterFile(listener.address, token).write(cluster_file)
         print(f"{READY_PREFIX}{listener.address}", flush=True)
         try:
             await stop.wait()
@@ -122,8 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="atoll-node", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", default="capnp://127.0.0.1:0")
     parser.add_argument("--login-timeout", type=float, default=10.0)
+    parser.add_argument("--cluster-file", help="write address and token here (mode 0600)")
     args = parser.parse_args(argv)
-    asyncio.run(serve_node(args.listen, default_token(), args.login_timeout))
+    asyncio.run(serve_node(args.listen, default_token(), args.login_timeout, args.cluster_file))
     return 0
 
 

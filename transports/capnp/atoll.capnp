@@ -74,7 +74,8 @@ struct ActorRef {
 struct Error {
   # kind: "remote" (the endpoint raised), "stopped", "cancelled" (the actor was
   # cancelled), "call_cancelled", "mailbox_full", "no_such_endpoint",
-  # "bad_call", "atoll" (any other atoll error).
+  # "bad_call", "host_lost" (a host further along broke away), "transport",
+  # "atoll" (any other atoll error).
   kind @0 :Text;
   actor @1 :Text;
   endpoint @2 :Text;

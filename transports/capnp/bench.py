@@ -297,7 +297,7 @@ def _find_ray_python(explicit: str | None) -> str | None:
         if candidate and Path(candidate).exists():
             probe = subprocess.run([candidate, "-c", "import ray"], capture_output=True)
             if probe.returncode == 0:
-                return candidate
+                return os.path.abspath(candidate)  # not resolve(): keep the venv's python
     return None
 
 

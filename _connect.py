@@ -1,0 +1,103 @@
+"""``atoll.connect``: reach a running atoll node or cluster from user code.
+
+A *cluster file* is the JSON that ``atoll up`` (or ``atoll node
+--cluster-file``) writes: the controller's address and the cluster token. It is
+written readable by its owner only, since the token is the key to the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .kernel import ActorRef, ActorSystem, AtollError, NodeActor
+from .transports.capnp import CapnpTransport, capnp_runtime
+
+if TYPE_CHECKING:
+    from ._client import Cluster
+
+__all__ = ["Client", "ClusterFile", "connect"]
+
+
+@dataclass(frozen=True)
+class ClusterFile:
+    """Where a cluster listens and the token that opens it."""
+
+    address: str
+    token: bytes
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """Write it readable by the owner only (it holds the secret)."""
+        data = json.dumps({"address": self.address, "token": self.token.hex()}, indent=1)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(data + "\n")
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str]) -> ClusterFile:
+        try:
+            data = json.loads(Path(path).read_text())
+            return cls(str(data["address"]), bytes.fromhex(data["token"]))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise AtollError(f"cannot read cluster file {os.fspath(path)!r}: {exc}") from None
+
+
+@dataclass
+class Client:
+    """A connection from user code: the remote node, and a local actor system."""
+
+    node: ActorRef[NodeActor]
+    system: ActorSystem
+    address: str
+
+    def spawn(self, target: str, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
+        """Start an actor on the remote node (``"module:Class"``); a promise."""
+        return self.node.spawn(target, *args, name=name, **kwargs)
+
+    def lookup(self, name: str) -> Any:
+        """A named actor on the remote node; a promise."""
+        return self.node.lookup(name)
+
+    async def cluster(self, owner: str = "client0") -> Cluster:
+        """The cluster this node controls (started by ``atoll up``)."""
+        from ._client import Cluster
+
+        builder = await self.node.lookup("cluster")
+        info = await builder.cluster()
+        return Cluster(self.system, info.controller, info.topology, info.devices, info.hosts, owner)
+
+    async def status(self) -> list[dict[str, Any]]:
+        """The cluster's hosts and whether each still answers."""
+        builder = await self.node.lookup("cluster")
+        report: list[dict[str, Any]] = await builder.status()
+        return report
+
+
+@asynccontextmanager
+async def connect(
+    target: str | os.PathLike[str], *, token: bytes | None = None
+) -> AsyncIterator[Client]:
+    """Connect to ``capnp://HOST:PORT`` or to the cluster a cluster file names.
+
+    An async context manager (asyncio; trio apps use
+    ``atoll.transports.capnp.bridge``). The token comes from the cluster
+    file, else ``token=``, else the ``ATOLL_TOKEN`` environment variable.
+    """
+    text = os.fspath(target)
+    if text.startswith("capnp://"):
+        address, found = text, token
+    else:
+        spec = ClusterFile.read(text)
+        address, found = spec.address, token or spec.token
+    transport = CapnpTransport(found)
+    async with capnp_runtime(), ActorSystem("client") as system:
+        connection = await transport.connect(address, system)
+        try:
+            yield Client(connection.node, system, address)
+        finally:
+            await connection.aclose()

@@ -1,0 +1,61 @@
+"""``atoll.connect`` against a node process started from the command line."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atoll._connect import ClusterFile, connect
+from atoll.kernel import AtollError, TransportError
+from atoll.transports.capnp._process import READY_PREFIX
+
+pytestmark = pytest.mark.anyio
+CONF = "atoll.transports.conformance"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+async def test_a_second_process_reaches_a_node_through_its_cluster_file(tmp_path: Path) -> None:
+    cluster_file = tmp_path / "cluster.json"
+    env = dict(os.environ, ATOLL_TOKEN="ab" * 16)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "atoll.cli", "node", "--cluster-file", str(cluster_file)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        ready = process.stdout.readline()  # printed after the cluster file is written
+        assert ready.startswith(READY_PREFIX), ready
+        assert stat.S_IMODE(cluster_file.stat().st_mode) == 0o600
+        spec = ClusterFile.read(cluster_file)
+        assert spec.token == bytes.fromhex("ab" * 16)
+        async with connect(cluster_file) as client:
+            counter = await client.spawn(f"{CONF}:Counter", name="shared")
+            assert await counter.add(5) == 5
+            again = await client.lookup("shared")
+            assert await again.add(1) == 6
+        with pytest.raises(TransportError, match="refused"):
+            async with connect(spec.address, token=b"not the token"):
+                pass
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0
+        assert process.stdout is not None
+        process.stdout.close()
+
+
+def test_unreadable_cluster_file_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(AtollError, match="cannot read cluster file"):
+        ClusterFile.read(bad)
