@@ -1,0 +1,99 @@
+"""Direct links between host processes, so bulk data skips the controller.
+
+A capability that reaches host B through the controller is, in Cap'n Proto
+level 1, proxied by the controller: every byte B pulls from host A would cross
+the controller process. To avoid that, a host process announces the address
+it serves at (:func:`announce`); buffer handles made there carry it; and a
+device that needs a buffer held elsewhere asks :func:`direct_actor` for a
+reference over its *own* connection to that address, made on first use and
+kept. In-process clusters announce nothing and keep using the references they
+have.
+
+All of this is per process and lives on the one thread that runs capnp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...kernel import ActorRef, ActorSystem
+from ._transport import CapnpConnection, CapnpTransport
+
+__all__ = ["announce", "direct_actor", "local_address", "stats"]
+
+
+@dataclass
+class _Directory:
+    address: str = ""
+    token: bytes = b""
+    connections: dict[str, CapnpConnection] = field(default_factory=dict)
+    refs: dict[tuple[str, str], ActorRef[Any]] = field(default_factory=dict)
+    dialed: int = 0
+    lookups: int = 0
+
+
+_here = _Directory()
+
+
+def announce(address: str, token: bytes) -> None:
+    """This process serves at ``address``; peers open links with ``token``."""
+    _here.address, _here.token = address, token
+
+
+def local_address() -> str:
+    """The announced address of this process ('' when nothing was announced)."""
+    return _here.address
+
+
+async def direct_actor(address: str, name: str, system: ActorSystem) -> ActorRef[Any] | None:
+    """A reference to actor ``name`` at ``address`` over a direct link.
+
+    None when this process has no token to dial with (it announced nothing),
+    when ``address`` is this process, or when the link cannot be made; the
+    caller then uses the reference it already has.
+    """
+    if not _here.token or not address or address == _here.address:
+        return None
+    key = (address, name)
+    ref = _here.refs.get(key)
+    if ref is not None and _usable(_here.connections.get(address)):
+        return ref
+    try:
+        connection = await _connection(address, system)
+        ref = await connection.node.lookup(name)
+    except Exception:
+        return None
+    _here.refs[key] = ref
+    _here.lookups += 1
+    return ref
+
+
+async def _connection(address: str, system: ActorSystem) -> CapnpConnection:
+    connection = _here.connections.get(address)
+    if not _usable(connection):
+        connection = await CapnpTransport(_here.token).connect(address, system)
+        _here.connections[address] = connection
+        _here.dialed += 1
+        for key in [k for k in _here.refs if k[0] == address]:
+            del _here.refs[key]
+    assert connection is not None
+    return connection
+
+
+def _usable(connection: CapnpConnection | None) -> bool:
+    return connection is not None and connection.peer.closed is None
+
+
+def stats() -> dict[str, int]:
+    """How many direct links this process dialed, and actors it looked up."""
+    return {"dialed": _here.dialed, "lookups": _here.lookups, "open": len(_here.connections)}
+
+
+async def close_all() -> None:
+    """Close every direct link (before the capnp loop ends)."""
+    connections = list(_here.connections.values())
+    _here.connections.clear()
+    _here.refs.clear()
+    for connection in connections:
+        await connection.aclose()
