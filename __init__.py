@@ -7,6 +7,11 @@ device actors (:mod:`atoll.devices`). :func:`local_cluster` starts a whole
 cluster in one process, which is the embedded default.
 """
 
+import os
+from typing import Any
+
+from ._client import ArrayRef as ArrayRef
+from ._client import Outputs as Outputs
 from ._cluster import Cluster as Cluster
 from ._cluster import local_cluster as local_cluster
 from .kernel import Actor as Actor
@@ -20,22 +25,43 @@ from .kernel import RemoteActorError as RemoteActorError
 from .kernel import VirtualClock as VirtualClock
 from .kernel import WallClock as WallClock
 from .kernel import endpoint as endpoint
+from .kernel._program import Program as Program
+from .kernel._program import VirtualSlice as VirtualSlice
+from .kernel._program import program as program
 
 __version__ = "0.1.0"
+
+
+def connect(target: str | os.PathLike[str], *, token: bytes | None = None) -> Any:
+    """Connect to a node or cluster: ``async with atoll.connect(...) as client``.
+
+    ``target`` is ``capnp://HOST:PORT`` or a cluster file written by ``atoll
+    up``. (Imported on first use, so ``import atoll`` does not load pycapnp.)
+    """
+    from ._connect import connect as _connect
+
+    return _connect(target, token=token)
+
 
 __all__ = [
     "Actor",
     "ActorRef",
     "ActorStopped",
     "ActorSystem",
+    "ArrayRef",
     "AtollError",
     "Cluster",
     "Directive",
+    "Outputs",
+    "Program",
     "Promise",
     "RemoteActorError",
     "VirtualClock",
+    "VirtualSlice",
     "WallClock",
     "__version__",
+    "connect",
     "endpoint",
     "local_cluster",
+    "program",
 ]

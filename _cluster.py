@@ -4,26 +4,33 @@
 :class:`~atoll.kernel.ActorSystem`. It is atoll's embedded default: the same
 actors later run in separate processes behind a network transport.
 
-Dispatch runs ahead of the data. ``cluster.run(...)`` returns a promise at
-once; the controller and the island scheduler forward that promise-carrying
-call without waiting for its inputs (their endpoints take promises as they
-are), and only the device, which must have the bytes, waits for them.
+Dispatch runs ahead of the data. ``cluster.run(...)`` returns promises at
+once; the controller and the island schedulers forward promise-carrying calls
+without waiting for their inputs (their endpoints take promises as they are),
+and only the devices, which must have the bytes, wait for them. The client
+side (:class:`~atoll._client.Cluster`) lives in ``_client.py``.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import AsyncIterator, Sequence
+import math
+import operator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
-from .devices import BufferHandle, Computation, CostModel, Device, DeviceStats, Host, SimDevice
+from ._client import Cluster
+from .devices import BufferHandle, Computation, CostModel, Device, Host, SimDevice
+from .devices._gang import GangTask, Rendezvous
 from .kernel import Actor, ActorRef, ActorSystem, AtollError, Clock, Promise, endpoint
-from .schedulers import Completed, Submit, get_scheduler
+from .kernel._graph import Graph, Node, ValueRef, forward, then
+from .kernel._latency import DelayLine, Wire
+from .kernel._program import VirtualSlice
+from .kernel._resources import ResourceManager
+from .schedulers import Completed, Dispatch, Submit, get_scheduler
 
 __all__ = ["Cluster", "Controller", "DeviceInfo", "IslandScheduler", "Topology", "local_cluster"]
 
@@ -58,121 +65,243 @@ class Topology:
 
 
 class IslandScheduler(Actor):
-    """Runs one island's scheduling policy (a pure state machine) as an actor."""
+    """Runs one island's scheduling policy (a pure state machine) as an actor.
 
-    def __init__(self, island: int, policy: str, devices: dict[int, ActorRef[Device]]) -> None:
+    ``submit_gang`` takes the gang's inputs as promises and forwards them to
+    the devices unresolved, in the order the policy says: the scheduler never
+    waits for data. A child :class:`Rendezvous` serves the gangs' barriers.
+    """
+
+    def __init__(
+        self,
+        island: int,
+        policy: str,
+        devices: dict[int, ActorRef[Device]],
+        wire: Wire | None = None,
+    ) -> None:
         self.island = island
+        self.wire = wire
+        self.policy_name = policy
         self.policy = get_scheduler(policy)
         self.devices = devices
         self._events = itertools.count()
+        self._pending: dict[str, tuple[GangTask, Sequence[Any], str, Promise[Any], int]] = {}
+        self.rendezvous: ActorRef[Rendezvous] | None = None
+        self._completions: list[tuple[str, int]] = []
+
+    async def on_start(self) -> None:
+        self.rendezvous = self.ctx.spawn(Rendezvous, name="rendezvous")
 
     @endpoint(resolve_args=False)
-    def submit(
-        self,
-        gang_id: str,
-        computation: Computation,
-        devices: tuple[int, ...],
-        inputs: Sequence[Any],
-        owner: str = "",
-    ) -> Promise[BufferHandle]:
-        """Order the gang and send it to its devices; returns the first shard's promise."""
-        event = Submit(next(self._events), gang_id, devices, owner)
-        outputs: list[Promise[BufferHandle]] = []
-        for instruction in self.policy.handle(event):
-            device = instruction.device
-            promise = self.devices[device].run(computation, inputs, owner)
-            promise.add_done_callback(functools.partial(self._report, gang_id, device))
-            outputs.append(promise)
-        return outputs[0]
+    def submit_gang(
+        self, task: GangTask, inputs: Sequence[Any], owner: str = ""
+    ) -> Promise[list[BufferHandle]]:
+        """Order the gang; returns its leader's promise of the output handles."""
+        task = replace(task, rendezvous=self.rendezvous)
+        result: Promise[list[BufferHandle]] = Promise(task.gang_id)
+        self._pending[task.gang_id] = (task, inputs, owner, result, 0)
+        self._carry_out(
+            self.policy.handle(Submit(next(self._events), task.gang_id, task.devices, owner))
+        )
+        return result
 
-    def _report(self, gang_id: str, device: int, _: Promise[BufferHandle]) -> None:
-        self.ctx.ref.completed(gang_id, device)  # a message to itself, handled in turn
+    def _carry_out(self, instructions: Sequence[Dispatch]) -> None:
+        for instruction in instructions:
+            gang_id, device = instruction.gang_id, instruction.device
+            task, inputs, owner, result, sent = self._pending[gang_id]
+            promise = Wire.through(self.wire, self.devices[device], "run_gang", task, inputs, owner)
+            promise.add_done_callback(functools.partial(self._report, gang_id, device))
+            if device == task.leader:
+                forward(promise, result)
+            sent += 1
+            if sent == len(task.devices):
+                del self._pending[gang_id]
+            else:
+                self._pending[gang_id] = (task, inputs, owner, result, sent)
+
+    def _report(self, gang_id: str, device: int, _: Promise[Any]) -> None:
+        """A shard finished: queue the event, and wake the actor once per batch.
+
+        Completions arrive from outside the actor (promise callbacks); they
+        are coalesced into one message so that a gang over thousands of
+        devices costs one mailbox slot, not one per shard.
+        """
+        self._completions.append((gang_id, device))
+        if len(self._completions) == 1:
+            self.ctx.ref.completed()
 
     @endpoint
-    def completed(self, gang_id: str, device: int) -> None:
-        self.policy.handle(Completed(next(self._events), gang_id, device))
+    def scheduler_name(self) -> str:
+        """The name of this island's scheduling policy."""
+        return self.policy_name
+
+    @endpoint
+    def completed(self) -> int:
+        """Feed every queued completion to the policy; returns how many."""
+        done, self._completions = self._completions, []
+        for gang_id, device in done:
+            self._carry_out(self.policy.handle(Completed(next(self._events), gang_id, device)))
+        return len(done)
 
 
 class Controller(Actor):
-    """The single controller: knows the topology, routes work to islands."""
+    """The single controller: topology, resource manager, and program dispatch.
 
-    def __init__(self, topology: Topology, schedulers: dict[int, ActorRef[IslandScheduler]]):
+    Its dispatch endpoints take inputs as promises and never wait for them:
+    ``run_graph`` sends every node of a graph to its island at once and
+    returns one promise per output. Data never passes through it.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        schedulers: dict[int, ActorRef[IslandScheduler]],
+        devices: Sequence[ActorRef[Device]],
+        hosts: Sequence[ActorRef[Host]],
+        wire: Wire | None = None,
+    ) -> None:
+        self.wire = wire
         self.topology_ = topology
         self.schedulers = schedulers
+        self.device_refs = list(devices)
+        self.host_refs = list(hosts)
+        self.resources = ResourceManager([(d.id, d.host, d.island) for d in topology.devices])
         self._gangs = itertools.count()
 
     @endpoint
     def topology(self) -> Topology:
         return self.topology_
 
+    @endpoint
+    def allocate(
+        self,
+        n: int,
+        island: int | None = None,
+        mesh_shape: tuple[int, ...] | None = None,
+        axis_names: tuple[str, ...] | None = None,
+        owner: str = "",
+    ) -> VirtualSlice:
+        """A virtual slice of ``n`` devices (see ``ResourceManager``)."""
+        shape = tuple(mesh_shape) if mesh_shape is not None else (n,)
+        names = tuple(axis_names) if axis_names is not None else _default_axes(len(shape))
+        if math.prod(shape) != n or len(names) != len(shape):
+            raise AtollError(f"mesh {shape} with axes {names} does not hold {n} devices")
+        alloc = self.resources.allocate(n, island, owner)
+        return VirtualSlice(alloc.slice_id, shape, names, alloc.island)
+
+    @endpoint
+    def release(self, slice_id: int) -> None:
+        self.resources.release(slice_id)
+
+    @endpoint
+    async def release_owner(self, owner: str) -> int:
+        """Free every slice and buffer of ``owner`` (a client going away)."""
+        self.resources.release_owner(owner)
+        freed = [host.free_owner(owner) for host in self.host_refs]
+        return sum([await each for each in freed])
+
+    @endpoint
+    def put(self, array: Any, slice_id: int | None, owner: str = "") -> Promise[BufferHandle]:
+        """Place a host array on the leader device of a slice (device 0 if None)."""
+        device = self.resources.get(slice_id).devices[0] if slice_id is not None else 0
+        promise: Promise[BufferHandle] = self.device_refs[device].put(array, owner)
+        return promise
+
     @endpoint(resolve_args=False)
     def run(
         self, computation: Computation, device: int, inputs: Sequence[Any], owner: str = ""
     ) -> Promise[BufferHandle]:
-        """Dispatch at once, inputs still unresolved; returns the output's promise."""
+        """One computation on one physical device; returns its output's promise."""
         island = self.topology_.device(device).island
+        task = GangTask(f"gang{next(self._gangs)}", computation, (device,), (1,), ("x",))
+        return then(self._submit(island, task, inputs, owner), _first)
+
+    @endpoint(resolve_args=False)
+    def run_node(
+        self, node: Node, inputs: Sequence[Any], owner: str = ""
+    ) -> Promise[list[BufferHandle]]:
+        """Dispatch one node; returns the promise of its output handles."""
+        return self._submit(self._island(node), self._task(node), inputs, owner)
+
+    @endpoint(resolve_args=False)
+    def run_graph(
+        self, graph: Graph, inputs: Sequence[Any], temporary: Sequence[int], owner: str = ""
+    ) -> list[Promise[BufferHandle]]:
+        """Parallel asynchronous dispatch of a whole graph; returns at once.
+
+        Every node goes to its island now, with promises for inputs. Values
+        that are not outputs are freed once all their readers ran, and so are
+        the program inputs listed in ``temporary``.
+        """
+        tasks = [self._task(node) for node in graph.nodes]  # fail before sending anything
+        values: dict[ValueRef, Promise[BufferHandle]] = {
+            ValueRef(-1, i): _as_promise(v) for i, v in enumerate(inputs)
+        }
+        ran: dict[int, Promise[list[BufferHandle]]] = {}
+        for node, task in zip(graph.nodes, tasks, strict=True):
+            node_inputs = [values[ref] for ref in node.inputs]
+            ran[node.id] = self._submit(self._island(node), task, node_inputs, owner)
+            for i in range(len(node.outputs)):
+                values[ValueRef(node.id, i)] = then(ran[node.id], operator.itemgetter(i))
+        kept = set(graph.outputs)
+        for ref, readers in graph.consumers().items():
+            if ref not in kept and (ref.node >= 0 or ref.index in temporary):
+                _free_after(values[ref], [ran[n] for n in readers])
+        return [values[ref] for ref in graph.outputs]
+
+    def _submit(
+        self, island: int, task: GangTask, inputs: Sequence[Any], owner: str
+    ) -> Promise[list[BufferHandle]]:
+        return Wire.through(self.wire, self.schedulers[island], "submit_gang", task, inputs, owner)
+
+    def _task(self, node: Node) -> GangTask:
+        alloc = self.resources.get(node.slice.slice_id)
+        if len(alloc.devices) != node.slice.size:
+            raise AtollError(f"{node.name}: slice {node.slice.slice_id} changed size")
+        if getattr(node.kernel, "single_host", False) and len(self._hosts(alloc.devices)) > 1:
+            raise AtollError(
+                f"{node.name}: a JAX node runs as one sharded computation on one host; "
+                f"its slice spans hosts {self._hosts(alloc.devices)}"
+            )
         gang_id = f"gang{next(self._gangs)}"
-        return self.schedulers[island].submit(gang_id, computation, (device,), inputs, owner)
+        shape, axes = node.slice.shape, node.slice.axis_names
+        return GangTask(gang_id, node.kernel, alloc.devices, shape, axes, node.outputs)
+
+    def _island(self, node: Node) -> int:
+        return self.resources.get(node.slice.slice_id).island
+
+    def _hosts(self, devices: Sequence[int]) -> list[int]:
+        return sorted({self.topology_.device(d).host for d in devices})
 
 
-class Cluster:
-    """A client's handle on a running cluster (see :func:`local_cluster`)."""
+def _default_axes(rank: int) -> tuple[str, ...]:
+    return ("x", "y", "z", "w")[:rank] if rank <= 4 else tuple(f"a{i}" for i in range(rank))
 
-    def __init__(
-        self,
-        system: ActorSystem,
-        controller: ActorRef[Controller],
-        topology: Topology,
-        devices: list[ActorRef[Device]],
-        hosts: list[ActorRef[Host]],
-    ) -> None:
-        self.system = system
-        self.controller = controller
-        self.topology = topology
-        self._devices = devices
-        self._hosts = hosts
 
-    @property
-    def devices(self) -> tuple[DeviceInfo, ...]:
-        return self.topology.devices
+def _first(handles: list[BufferHandle]) -> BufferHandle:
+    return handles[0]
 
-    @property
-    def clock(self) -> Clock:
-        return self.system.clock
 
-    def device_ref(self, device: int) -> ActorRef[Device]:
-        """The actor of one device (for tools and tests; users go through run)."""
-        self.topology.device(device)
-        return self._devices[device]
+def _as_promise(value: Any) -> Promise[Any]:
+    if isinstance(value, Promise):
+        return value
+    promise: Promise[Any] = Promise("value")
+    promise.set_result(value)
+    return promise
 
-    def put(self, array: Any, device: int, owner: str = "") -> Promise[BufferHandle]:
-        """Copy a host array onto ``device``; returns its handle's promise at once."""
-        self.topology.device(device)
-        return self._devices[device].put(np.asarray(array), owner)
 
-    def run(
-        self,
-        computation: Computation,
-        device: int,
-        inputs: Sequence[BufferHandle | Promise[BufferHandle]] = (),
-        owner: str = "",
-    ) -> Promise[BufferHandle]:
-        """Run ``computation`` on ``device``; inputs may still be promises."""
-        self.topology.device(device)
-        if not isinstance(computation, Computation):
-            raise TypeError(f"run needs a Computation, got {type(computation).__name__}")
-        return self.controller.run(computation, device, list(inputs), owner)
+def _free_after(value: Promise[BufferHandle], readers: list[Promise[list[BufferHandle]]]) -> None:
+    """Drop the value's reference once every reader has run (or failed)."""
+    left = [len(readers)]
 
-    async def fetch(self, handle: BufferHandle | Promise[BufferHandle]) -> np.ndarray:
-        """The value of a buffer, read from the host that holds it."""
-        resolved: BufferHandle = await handle if isinstance(handle, Promise) else handle
-        array: np.ndarray = await resolved.host.fetch(resolved.id)
-        return array
+    def one_done(_: Promise[list[BufferHandle]]) -> None:
+        left[0] -= 1
+        if left[0] == 0 and value.done() and value.exception() is None:
+            handle = value.result()
+            handle.host.free(handle.id)
 
-    async def device_stats(self) -> list[DeviceStats]:
-        """Busy time, transfers and computations of every device."""
-        promises = [ref.stats() for ref in self._devices]
-        return [await p for p in promises]
+    for reader in readers:
+        reader.add_done_callback(one_done)
 
 
 @asynccontextmanager
@@ -183,14 +312,27 @@ async def local_cluster(
     *,
     clock: Clock | None = None,
     cost: CostModel | None = None,
-    scheduler: str = "fifo",
+    scheduler: str | Mapping[int, str] = "fifo",
     device_cls: type[Device] = SimDevice,
     store_bytes: int | None = None,
+    owner: str = "client0",
+    rpc_latency_s: float = 0.0,
+    transport: str = "inproc",
 ) -> AsyncIterator[Cluster]:
     """Start a controller, one scheduler per island, hosts and devices, in-process.
 
-    Yields a :class:`Cluster`; everything stops when the block exits, and calls
-    still pending then fail with ``ActorStopped``.
+    ``scheduler`` names the island scheduler, for all islands or per island
+    (``{0: "fifo", 1: "my-policy"}``). ``device_cls`` is ``SimDevice`` or
+    ``JaxDevice`` (device ``d`` then owns ``jax.devices()[d]``). Yields a
+    :class:`Cluster`, the client whose buffers carry the label ``owner``.
+    ``rpc_latency_s`` models the control plane's RPC hops (client to
+    controller, controller to island scheduler, scheduler to device, and the
+    replies the client waits for) as a fixed latency each; 0 = in-process.
+    ``transport="capnp"`` runs each host in a process of its own, joined to
+    this one over Cap'n Proto (asyncio only; simulated devices on wall-clock
+    time), with the same actors and the same client;
+    everything stops when the block exits, and calls still pending then fail
+    with ``ActorStopped``.
     """
     for label, value in [
         ("islands", islands),
@@ -199,8 +341,27 @@ async def local_cluster(
     ]:
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{label} must be a positive integer, got {value!r}")
-    get_scheduler(scheduler)  # fail early on an unknown name
+    if transport == "capnp":
+        async with _in_processes(
+            islands,
+            hosts_per_island,
+            devices_per_host,
+            clock,
+            cost,
+            scheduler,
+            device_cls,
+            owner,
+        ) as cluster:
+            yield cluster
+        return
+    if transport != "inproc":
+        raise ValueError(f"transport must be 'inproc' or 'capnp', got {transport!r}")
+    policies = _policies(scheduler, islands)
+    total, limit = islands * hosts_per_island * devices_per_host, device_cls.available()
+    if limit is not None and total > limit:
+        raise ValueError(f"{device_cls.__name__}: {total} devices asked for, {limit} exist")
     cost = cost or CostModel()
+    host_cls = device_cls.host_cls or Host
     async with ActorSystem("cluster", clock=clock) as system:
         infos = [
             DeviceInfo(d, d // devices_per_host, d // (devices_per_host * hosts_per_island))
@@ -209,7 +370,7 @@ async def local_cluster(
         topology = Topology(tuple(infos))
         hosts = [
             system.spawn(
-                Host,
+                host_cls,
                 h,
                 h // hosts_per_island,
                 [i.id for i in infos if i.host == h],
@@ -225,11 +386,70 @@ async def local_cluster(
             island: system.spawn(
                 IslandScheduler,
                 island,
-                scheduler,
+                policies[island],
                 {i.id: devices[i.id] for i in infos if i.island == island},
+                _wire(system, rpc_latency_s, f"island{island}"),
                 name=f"island{island}",
             )
             for island in range(islands)
         }
-        controller = system.spawn(Controller, topology, schedulers, name="controller")
-        yield Cluster(system, controller, topology, devices, hosts)
+        controller = system.spawn(
+            Controller,
+            topology,
+            schedulers,
+            devices,
+            hosts,
+            _wire(system, rpc_latency_s, "controller"),
+            name="controller",
+        )
+        client_wire = _wire(system, rpc_latency_s, owner)
+        yield Cluster(system, controller, topology, devices, hosts, owner, client_wire)
+
+
+@asynccontextmanager
+async def _in_processes(
+    islands: int,
+    hosts_per_island: int,
+    devices_per_host: int,
+    clock: Clock | None,
+    cost: CostModel | None,
+    scheduler: str | Mapping[int, str],
+    device_cls: type[Device],
+    owner: str,
+) -> AsyncIterator[Cluster]:
+    """``transport="capnp"``: the same actors, each host in a process of its own."""
+    from ._distributed import process_cluster
+
+    if clock is not None or device_cls is not SimDevice or not isinstance(scheduler, str):
+        raise ValueError(
+            "transport='capnp' runs simulated devices on wall-clock time with one "
+            "scheduler for every island (no clock=, device_cls= or per-island scheduler)"
+        )
+    async with process_cluster(
+        islands * hosts_per_island,
+        islands,
+        devices_per_host,
+        scheduler=scheduler,
+        cost=cost,
+        owner=owner,
+    ) as cluster:
+        yield cluster
+
+
+def _wire(system: ActorSystem, latency_s: float, sender: str) -> Wire | None:
+    """A modelled RPC link for one sender, or None when latency is zero."""
+    if latency_s <= 0:
+        return None
+    line = system.spawn(DelayLine, latency_s, name=f"wire-{sender}")
+    return Wire(system.clock, latency_s, line)
+
+
+def _policies(scheduler: str | Mapping[int, str], islands: int) -> dict[int, str]:
+    names = (
+        {i: scheduler for i in range(islands)}
+        if isinstance(scheduler, str)
+        else {i: scheduler.get(i, "fifo") for i in range(islands)}
+    )
+    for name in set(names.values()):
+        get_scheduler(name)  # fail early on an unknown name
+    return names

@@ -1,8 +1,9 @@
 """The ``atoll`` command line.
 
-Subcommands: ``demo`` runs the main demo on an in-process cluster; ``bench
-NAME`` runs a benchmark; ``node`` serves one node over Cap'n Proto;
-``version`` prints the version.
+Subcommands: ``demo`` runs the main demo on an in-process cluster; ``run``
+runs an example; ``bench NAME`` runs a benchmark; ``up``, ``host`` and
+``node`` start processes of a Cap'n Proto cluster; ``version`` prints the
+version.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import sys
 from collections.abc import Sequence
 
 import anyio
+
+from .examples import EXAMPLES
 
 __all__ = ["main"]
 
@@ -55,8 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     host = sub.add_parser("host", help="join a host to a running cluster")
     host.add_argument("--join", required=True, help="controller address, capnp://HOST:PORT")
     host.add_argument("--cluster-file", help="take the token from this file")
+    run = sub.add_parser("run", help="run an example (each is checked against plain JAX)")
+    run.add_argument("example", choices=EXAMPLES)
+    run.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
     sub.add_parser("version", help="print the version")
     return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .examples import run_example
+
+    return run_example(args.example, args.backend)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -90,7 +102,10 @@ def _host(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHMARKS = {"transport": "atoll.transports.capnp.bench"}
+BENCHMARKS = {
+    "transport": "atoll.transports.capnp.bench",
+    "dispatch": "atoll._bench_dispatch",
+}
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -138,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _node(args)
     if args.command == "up":
         return _up(args)
+    if args.command == "run":
+        return _run(args)
     if args.command == "host":
         return _host(args)
     from . import __version__

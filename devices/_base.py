@@ -14,13 +14,15 @@ data cannot deadlock with a device whose data it needs.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..kernel import Actor, ActorRef, Clock, ObjectStore, endpoint
+from ._gang import GangTask
 
 __all__ = [
     "BufferHandle",
@@ -43,6 +45,8 @@ class BufferHandle:
     shape: tuple[int, ...]
     dtype: str
     nbytes: int
+    island: int = 0
+    address: str = ""  # the holder's capnp address, in multi-process clusters
 
 
 @dataclass(frozen=True)
@@ -51,11 +55,14 @@ class Computation:
 
     ``fn`` maps numpy inputs to one numpy output. ``flops`` is what the cost
     model turns into device time (simulated devices spend exactly that).
+    ``collective``: run as a gang over several devices, its shards first meet
+    at a barrier, like the participants of an all-reduce.
     """
 
     name: str
     fn: Callable[..., Any]
     flops: float = 0.0
+    collective: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,17 +70,27 @@ class CostModel:
     """How long things take on a simulated device.
 
     compute time = flops / flops_per_s; a transfer between hosts takes
-    link_latency_s + bytes / link_bytes_per_s; on one host it is free.
+    link_latency_s + bytes / link_bytes_per_s; on one host it is free. A
+    transfer between islands crosses the "datacenter network" instead, with
+    ``dcn_*`` figures (None: the same as the link inside an island).
     """
 
     flops_per_s: float = 1e12
     link_bytes_per_s: float = 10e9
     link_latency_s: float = 20e-6
+    dcn_bytes_per_s: float | None = None
+    dcn_latency_s: float | None = None
 
     def compute_time(self, flops: float) -> float:
         return flops / self.flops_per_s
 
-    def transfer_time(self, nbytes: int) -> float:
+    def transfer_time(self, nbytes: int, across_islands: bool = False) -> float:
+        if across_islands:
+            latency = self.dcn_latency_s if self.dcn_latency_s is not None else self.link_latency_s
+            rate = (
+                self.dcn_bytes_per_s if self.dcn_bytes_per_s is not None else self.link_bytes_per_s
+            )
+            return latency + nbytes / rate
         return self.link_latency_s + nbytes / self.link_bytes_per_s
 
 
@@ -98,8 +115,17 @@ class Device(Actor):
     """Base of device actors: stores, handles, transfers and accounting.
 
     Subclasses implement :meth:`execute`, which runs one computation and
-    returns its output and the device seconds it took.
+    returns its output and the device seconds it took; they may override
+    :meth:`run_shard` for kernels of their own (see ``JaxDevice``).
+    ``host_cls`` names the host actor class that fits the device (None: Host).
     """
+
+    host_cls: ClassVar[type[Host] | None] = None
+
+    @classmethod
+    def available(cls) -> int | None:
+        """How many devices of this kind exist (None: as many as asked for)."""
+        return None
 
     def __init__(
         self,
@@ -151,6 +177,50 @@ class Device(Actor):
         return self._handle(self.store.put(out, owner, reserved=True), out)
 
     @endpoint
+    async def run_gang(
+        self, task: GangTask, inputs: Sequence[BufferHandle], owner: str = ""
+    ) -> list[BufferHandle]:
+        """This device's shard of a gang, once every input is here.
+
+        A collective gang first waits at its barrier: the device takes no other
+        message until all shards of the gang arrived. The leader returns the
+        output handles; the other shards return an empty list.
+        """
+        if task.collective:
+            await self.arrive(task, "in")
+        outputs = await self.run_shard(task, list(inputs), owner)
+        self.computations += 1
+        return outputs
+
+    async def arrive(self, task: GangTask, stage: str) -> None:
+        """Wait at the gang's barrier ``stage`` until every shard got there."""
+        if task.rendezvous is None:
+            raise RuntimeError(f"gang {task.gang_id} needs a rendezvous")
+        await task.rendezvous.arrive(f"{task.gang_id}/{stage}", len(task.devices))
+
+    async def run_shard(
+        self, task: GangTask, inputs: list[BufferHandle], owner: str
+    ) -> list[BufferHandle]:
+        """Default shard semantics for a :class:`Computation` kernel.
+
+        The leader reads the inputs, computes and stores the output; every
+        other shard spends the same device time on its part of the data (which
+        lives on itself, so nothing moves) and stores nothing.
+        """
+        computation = task.kernel
+        if not isinstance(computation, Computation):
+            raise TypeError(f"{type(self).__name__} cannot run {type(computation).__name__}")
+        if self.device_id != task.leader:
+            seconds = self.cost.compute_time(computation.flops)
+            await self.clock.sleep(seconds)
+            self.busy_s += seconds
+            return []
+        arrays = [await self._read(handle) for handle in inputs]
+        out = np.asarray(await self.execute(computation, arrays))
+        await self.store.reserve(out.nbytes)
+        return [self._handle(self.store.put(out, owner, reserved=True), out)]
+
+    @endpoint
     def stats(self) -> DeviceStats:
         return DeviceStats(
             self.device_id,
@@ -162,11 +232,13 @@ class Device(Actor):
             self.clock.now() - self.started_at,
         )
 
-    async def _read(self, handle: BufferHandle) -> np.ndarray:
+    async def _read(self, handle: BufferHandle) -> Any:
+        """The input's array: from this host's store, or fetched from its holder."""
         if handle.host_id == self.host_id:
             return self.store.get(handle.id)
-        array: np.ndarray = await handle.host.fetch(handle.id)
-        seconds = self.cost.transfer_time(handle.nbytes)
+        holder = await self._holder(handle)
+        array: np.ndarray = await holder.fetch(handle.id)
+        seconds = self.cost.transfer_time(handle.nbytes, handle.island != self.island)
         await self.clock.sleep(seconds)
         self.transfer_s += seconds
         return array
@@ -180,7 +252,29 @@ class Device(Actor):
             tuple(array.shape),
             str(array.dtype),
             int(array.nbytes),
+            self.island,
+            _local_address(),
         )
+
+    async def _holder(self, handle: BufferHandle) -> ActorRef[Host]:
+        """The holder's host actor, over a direct link when there can be one.
+
+        (The reference in the handle may be proxied by the controller; bytes
+        must not take that path. See ``atoll.transports.capnp.directory``.)
+        """
+        if handle.address:
+            from ..transports.capnp.directory import direct_actor
+
+            ref = await direct_actor(handle.address, f"host{handle.host_id}", self.ctx.system)
+            if ref is not None:
+                return ref
+        return handle.host
+
+
+def _local_address() -> str:
+    """The capnp address this process announced, if it is a host process."""
+    directory = sys.modules.get("atoll.transports.capnp.directory")
+    return directory.local_address() if directory is not None else ""
 
 
 class Host(Actor):
@@ -228,7 +322,7 @@ class Host(Actor):
     @endpoint
     def fetch(self, buffer_id: str) -> np.ndarray:
         """The bytes of a buffer held here (read-only)."""
-        return self.store.get(buffer_id)
+        return np.asarray(self.store.get(buffer_id))
 
     @endpoint
     def free(self, buffer_id: str) -> bool:

@@ -53,6 +53,19 @@ class EndpointSpec:
     name: str
     resolve_args: bool
     signature: inspect.Signature
+    positional: tuple[int, int | None] = (0, None)  # (required, most; None = *args)
+
+    def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Raise TypeError if the call does not fit the signature.
+
+        Positional-only calls are checked by counting (the hot path: a full
+        ``Signature.bind`` costs several microseconds per call); calls with
+        keywords get the full check.
+        """
+        required, most = self.positional
+        if not kwargs and required <= len(args) and (most is None or len(args) <= most):
+            return
+        self.signature.bind(None, *args, **kwargs)
 
 
 @overload
@@ -70,11 +83,25 @@ def endpoint(fn: Any = None, /, *, resolve_args: bool = True) -> Any:
     def mark(method: F) -> F:
         sig = inspect.signature(method)
         method.__atoll_endpoint__ = EndpointSpec(  # type: ignore[attr-defined]
-            method.__name__, resolve_args, sig
+            method.__name__, resolve_args, sig, _positional(sig)
         )
         return method
 
     return mark(fn) if fn is not None else mark
+
+
+def _positional(sig: inspect.Signature) -> tuple[int, int | None]:
+    """(required, most) positional arguments after ``self``; None = *args."""
+    kinds = inspect.Parameter
+    params = list(sig.parameters.values())[1:]
+    if any(p.kind is kinds.KEYWORD_ONLY and p.default is p.empty for p in params):
+        return (len(params) + 1, 0)  # a required keyword: never the fast path
+    positional = [
+        p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+    ]
+    required = sum(1 for p in positional if p.default is p.empty)
+    most = None if any(p.kind is kinds.VAR_POSITIONAL for p in params) else len(positional)
+    return required, most
 
 
 class Directive(enum.Enum):
@@ -239,7 +266,7 @@ class EndpointRef:
         spec = endpoints.get(self._name) if endpoints is not None else None
         if spec is not None:
             try:
-                spec.signature.bind(None, *args, **kwargs)
+                spec.check(args, kwargs)
             except TypeError as exc:
                 raise BadCall(f"{self._ref.name}.{self._name}: {exc}") from None
         promise: Promise[Any] = Promise(f"{self._ref.name}.{self._name}")

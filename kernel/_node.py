@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 from ._actor import Actor, ActorRef, Directive, endpoint
+from ._clock import wait_idle
 from ._errors import AtollError
 
 __all__ = ["NodeActor", "resolve_actor_class"]
@@ -50,6 +51,12 @@ class NodeActor(Actor):
     ) -> ActorRef[Any]:
         """Start a child actor of this node; returns its reference."""
         return self.ctx.spawn(resolve_actor_class(target), *args, name=name, **kwargs)
+
+    @endpoint
+    async def settle(self) -> None:
+        """Return once every task of this process is blocked (for test harnesses
+        that drive a node in another process, as ``wait_idle`` does locally)."""
+        await wait_idle()
 
     @endpoint
     def lookup(self, name: str) -> ActorRef[Any]:

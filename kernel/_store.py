@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import numpy as np
@@ -33,9 +34,10 @@ class BufferMissing(AtollError, KeyError):
 
 @dataclass
 class _Entry:
-    array: np.ndarray
+    array: Any  # numpy (read-only) or another array type with ``nbytes``
     owner: str
     refs: int
+    nbytes: int
 
 
 class ObjectStore:
@@ -65,18 +67,25 @@ class ObjectStore:
             await event.wait()
         self.reserved_bytes += nbytes
 
-    def put(self, array: np.ndarray, owner: str = "", *, reserved: bool = False) -> str:
-        """Store ``array`` (read-only from now on) and return its id."""
-        view = array.view()
-        view.flags.writeable = False
+    def put(self, array: Any, owner: str = "", *, reserved: bool = False) -> str:
+        """Store ``array`` and return its id.
+
+        Any array with ``nbytes`` may be stored (a ``jax.Array`` stays on its
+        device); numpy arrays are stored as read-only views, so no holder can
+        change what others read.
+        """
+        if isinstance(array, np.ndarray):
+            array = array.view()
+            array.flags.writeable = False
+        nbytes = int(array.nbytes)
         if reserved:
-            self.reserved_bytes -= array.nbytes
+            self.reserved_bytes -= nbytes
         buffer_id = f"{self.name}:{next(self._ids)}"
-        self._entries[buffer_id] = _Entry(view, owner, 1)
-        self.used_bytes += array.nbytes
+        self._entries[buffer_id] = _Entry(array, owner, 1, nbytes)
+        self.used_bytes += nbytes
         return buffer_id
 
-    def get(self, buffer_id: str) -> np.ndarray:
+    def get(self, buffer_id: str) -> Any:
         try:
             return self._entries[buffer_id].array
         except KeyError:
@@ -109,6 +118,6 @@ class ObjectStore:
 
     def _drop(self, buffer_id: str) -> None:
         entry = self._entries.pop(buffer_id)
-        self.used_bytes -= entry.array.nbytes
+        self.used_bytes -= entry.nbytes
         while self._room:
             self._room.popleft().set()

@@ -26,6 +26,10 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_console_script_is_installed() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "atoll.cli", "version"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "atoll.cli", "version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        close_fds=False,
     )
     assert done.returncode == 0 and done.stdout.strip() == "0.1.0"

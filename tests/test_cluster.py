@@ -94,7 +94,7 @@ async def test_bad_requests_get_clear_errors() -> None:
         with pytest.raises(AtollError, match="no device 7"):
             cluster.run(TWO_MS, 7, [])
         with pytest.raises(TypeError, match="Computation"):
-            cluster.run(affine, 0, [])  # type: ignore[arg-type]
+            cluster.run(affine, 0, [])  # type: ignore[call-overload]
 
 
 async def test_calls_pending_at_exit_fail_instead_of_hanging() -> None:

@@ -31,6 +31,7 @@ async def test_a_second_process_reaches_a_node_through_its_cluster_file(tmp_path
         stdout=subprocess.PIPE,
         env=env,
         text=True,
+        close_fds=False,
     )
     try:
         assert process.stdout is not None

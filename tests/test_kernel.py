@@ -417,3 +417,34 @@ async def _raises(kind: type[BaseException], awaitable: Any) -> BaseException:
     with pytest.raises(kind) as info:
         await awaitable
     return info.value
+
+
+async def test_signature_checks_fast_and_slow_paths_agree() -> None:
+    class Shapes(Actor):
+        @endpoint
+        def fixed(self, a: int, b: int = 0) -> int:
+            return a + b
+
+        @endpoint
+        def star(self, a: int, *rest: int) -> int:
+            return a + sum(rest)
+
+        @endpoint
+        def keyword(self, a: int, *, k: int) -> int:
+            return a + k
+
+    async with ActorSystem() as system:
+        ref = system.spawn(Shapes)
+        assert await ref.fixed(1) == 1 and await ref.fixed(1, 2) == 3
+        assert await ref.star(1, 2, 3) == 6
+        assert await ref.keyword(1, k=2) == 3
+        calls: list[tuple[str, tuple[int, ...], dict[str, int]]] = [
+            ("fixed", (), {}),
+            ("fixed", (1, 2, 3), {}),
+            ("star", (), {}),
+            ("keyword", (1,), {}),
+            ("fixed", (1,), {"c": 2}),
+        ]
+        for name, args, kwargs in calls:
+            with pytest.raises(BadCall):
+                getattr(ref, name)(*args, **kwargs)

@@ -13,16 +13,22 @@ def test_top_level_api() -> None:
             "ActorRef",
             "ActorStopped",
             "ActorSystem",
+            "ArrayRef",
             "AtollError",
             "Cluster",
             "Directive",
+            "Outputs",
+            "Program",
             "Promise",
             "RemoteActorError",
             "VirtualClock",
+            "VirtualSlice",
             "WallClock",
             "__version__",
+            "connect",
             "endpoint",
             "local_cluster",
+            "program",
         ]
     )
     for name in atoll.__all__:
@@ -75,3 +81,14 @@ def test_every_error_is_an_atoll_error() -> None:
     for error in errors:
         if isinstance(error, type) and issubclass(error, Exception):
             assert issubclass(error, atoll.kernel.AtollError), error
+
+
+def test_import_atoll_stays_lean() -> None:
+    import subprocess
+    import sys
+
+    code = "import atoll, sys; print('capnp' in sys.modules, 'jax' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, close_fds=False
+    )
+    assert done.stdout.split() == ["False", "False"], done.stderr

@@ -19,6 +19,7 @@ import contextvars
 import functools
 import weakref
 from collections.abc import Coroutine, Mapping
+from contextlib import suppress
 from typing import Any
 
 import capnp
@@ -51,6 +52,7 @@ class Peer:
     def __init__(self, label: str) -> None:
         self.label = label
         self.closed: str | None = None
+        self.calls_sent = 0  # calls made through this peer (harnesses settle on it)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._pending: weakref.WeakSet[Promise[Any]] = weakref.WeakSet()
         self._holders: weakref.WeakSet[RemoteChannel] = weakref.WeakSet()
@@ -216,8 +218,10 @@ class RemoteChannel:
     def _request(self, method: str, call: Call) -> Any:
         if self.cap is None:
             raise HostLost(f"connection to {self.peer.label} is closed")
+        self.peer.calls_sent += 1
         request = getattr(self.cap, f"{method}_request")()
         request.endpoint = call.endpoint
+        request.callId = call.meta["call_id"] = self.peer.calls_sent
         for builder, arg in zip(request.init("args", len(call.args)), call.args, strict=True):
             encode(self.peer, builder, arg)
         entries = request.init("kwargs", len(call.kwargs))
@@ -251,7 +255,23 @@ class RemoteChannel:
         promise._wire = later
         promise._pipe = functools.partial(RemoteChannel.promised, self.peer, answer)
         task = self.peer.settle_later(answer, promise)
-        promise._canceller = functools.partial(_cancel_remote, task, call)
+        promise._canceller = functools.partial(self._cancel_call, task, answer, call)
+
+    def _cancel_call(self, task: asyncio.Future[Any], answer: Any, call: Call, reason: str) -> bool:
+        """Cancel one call: say so on the wire first, then drop the question.
+
+        ``cancelCall`` goes out synchronously, so it reaches the actor before
+        any call made after this one ("cancel the queued call, then release
+        the actor" must not let the queued call run).
+        """
+        if task.done() or call.promise.done() or self.cap is None:
+            return False
+        notice = self.cap.cancelCall(callId=call.meta["call_id"], reason=reason)
+        self.peer.spawn(_ignore(notice))
+        answer.cancel()
+        task.cancel()
+        call.promise._reject(CallCancelled(self._name, call.endpoint, reason))
+        return True
 
     async def stop(self, grace: float | None) -> None:
         await self._control(self.cap.stop(grace=-1.0 if grace is None else grace))
@@ -266,13 +286,9 @@ class RemoteChannel:
             raise self.peer._lost(exc) from None
 
 
-def _cancel_remote(task: asyncio.Future[Any], call: Call, reason: str) -> bool:
-    """Drop the capnp answer (capnp then cancels the remote call)."""
-    if task.done() or call.promise.done():
-        return False
-    task.cancel()
-    call.promise._reject(CallCancelled("<remote>", call.endpoint, reason))
-    return True
+async def _ignore(answer: Any) -> None:
+    with suppress(Exception):
+        await answer
 
 
 # -- capnp servers ---------------------------------------------------------------
@@ -282,6 +298,14 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
     def __init__(self, channel: Any, peer: Peer) -> None:
         self._ref: ActorRef[Any] = ActorRef(channel)
         self._peer = peer
+        self._calls: dict[int, Promise[Any]] = {}  # by the client's call id
+
+    def _remember(self, call_id: int, promise: Promise[Any]) -> None:
+        self._calls[call_id] = promise
+        promise.add_done_callback(functools.partial(self._forget, call_id))
+
+    def _forget(self, call_id: int, _: Promise[Any]) -> None:
+        self._calls.pop(call_id, None)
 
     def _prepare(
         self, endpoint: str, args: Any, kwargs: Any
@@ -291,7 +315,9 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
         named = {e.key.text: decode(self._peer, e.value) for e in kwargs}
         return target, values, named
 
-    async def call(self, endpoint: str, args: Any, kwargs: Any, _context: Any, **_: Any) -> None:
+    async def call(
+        self, endpoint: str, args: Any, kwargs: Any, callId: int, _context: Any, **_: Any
+    ) -> None:
         results = _context.results
         try:
             target, values, named = self._prepare(endpoint, args, kwargs)
@@ -299,16 +325,20 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
         except AtollError as exc:
             encode_error(results.result.init("error"), exc)
             return
+        self._remember(callId, promise)
         results.later = LaterServer(promise, self._peer)
         await _answer(self._peer, promise, results)
 
-    async def send(self, endpoint: str, args: Any, kwargs: Any, _context: Any, **_: Any) -> None:
+    async def send(
+        self, endpoint: str, args: Any, kwargs: Any, callId: int, _context: Any, **_: Any
+    ) -> None:
         try:
             target, values, named = self._prepare(endpoint, args, kwargs)
             promise: Promise[Any] = await target.send(*values, **named)
         except AtollError as exc:
             promise = Promise("refused")
             promise._reject(exc)
+        self._remember(callId, promise)
         _context.results.later = LaterServer(promise, self._peer)
 
     async def stop(self, grace: float, _context: Any, **_: Any) -> None:
@@ -316,6 +346,11 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
 
     async def cancel(self, reason: str, _context: Any, **_: Any) -> None:
         await self._ref.cancel(reason)
+
+    async def cancelCall(self, callId: int, reason: str, _context: Any, **_: Any) -> None:
+        promise = self._calls.get(callId)
+        if promise is not None:
+            promise.cancel(reason)
 
 
 class LaterServer(schema.Later.Server):  # type: ignore[misc]

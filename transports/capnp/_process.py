@@ -71,8 +71,13 @@ class NodeProcess:
         command += list(extra_args)
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives with the process)
         self._stderr_text = ""
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=self._stderr, env=env, text=True
+        self.process = subprocess.Popen(  # close_fds=False: posix_spawn, no fork hooks
+            command,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+            text=True,
+            close_fds=False,
         )
         self.address = self._wait_ready(timeout)
 

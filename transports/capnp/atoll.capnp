@@ -99,12 +99,13 @@ interface Later {
 }
 
 interface Actor {
-  call @0 (endpoint :Text, args :List(Value), kwargs :List(Entry))
+  call @0 (endpoint :Text, args :List(Value), kwargs :List(Entry), callId :UInt64)
       -> (result :Value, actor :Actor, later :Later);
   # Enqueue and run; returns when the endpoint finished (or failed: `result`
   # is then an `error`). A full mailbox answers at once with "mailbox_full".
 
-  send @1 (endpoint :Text, args :List(Value), kwargs :List(Entry)) -> (later :Later);
+  send @1 (endpoint :Text, args :List(Value), kwargs :List(Entry), callId :UInt64)
+      -> (later :Later);
   # Wait for room in the mailbox, enqueue, and return at once; the result comes
   # from `later.get()`. This is the back-pressured way in.
 
@@ -113,6 +114,12 @@ interface Actor {
 
   cancel @3 (reason :Text) -> ();
   # Stop at once, cancelling the running call.
+
+  cancelCall @4 (callId :UInt64, reason :Text) -> ();
+  # Cancel one call this client made on this actor (`callId` as it sent it):
+  # a queued call never runs, a running one is cancelled. Sent before the
+  # client's next call, so "cancel, then carry on" keeps its order, which
+  # merely dropping the question (Finish) does not promise.
 }
 
 interface Gate {

@@ -253,6 +253,7 @@ def _start_raw_server() -> tuple[subprocess.Popen[str], int]:
         [sys.executable, "-m", "atoll.transports.capnp.bench", "--raw-server"],
         stdout=subprocess.PIPE,
         text=True,
+        close_fds=False,
     )
     assert process.stdout is not None
     line = process.stdout.readline()

@@ -61,7 +61,7 @@ async def direct_actor(address: str, name: str, system: ActorSystem) -> ActorRef
         return ref
     try:
         connection = await _connection(address, system)
-        ref = await connection.node.lookup(name)
+        ref = await _lookup(connection, name)
     except Exception:
         return None
     _here.refs[key] = ref
@@ -79,6 +79,11 @@ async def _connection(address: str, system: ActorSystem) -> CapnpConnection:
             del _here.refs[key]
     assert connection is not None
     return connection
+
+
+async def _lookup(connection: CapnpConnection, name: str) -> ActorRef[Any]:
+    found: ActorRef[Any] = await connection.node.lookup(name)
+    return found
 
 
 def _usable(connection: CapnpConnection | None) -> bool:

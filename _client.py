@@ -1,0 +1,299 @@
+"""The client side of a cluster: virtual slices, ``run``, fetching and freeing.
+
+A :class:`Cluster` is one client of a running cluster. Its buffers carry its
+owner label, so :meth:`Cluster.close` frees all of them (and its slices) at
+once. ``run`` returns at once: the whole program has been handed to the
+controller, which dispatches every node ahead of the data; awaiting the
+returned :class:`Outputs` fetches the arrays.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+
+from .devices import BufferHandle, Computation, Device, DeviceStats, Host
+from .kernel import ActorRef, ActorSystem, AtollError, Clock, Promise
+from .kernel._graph import Aval, Graph, ValueRef, flatten, then
+from .kernel._latency import Wire
+from .kernel._program import PlacedFunction, Program, VirtualSlice, aval_of
+
+if TYPE_CHECKING:
+    from ._cluster import Controller, DeviceInfo, Topology
+
+__all__ = ["ArrayRef", "Cluster", "Outputs"]
+
+
+class ArrayRef:
+    """A value that lives (or will live) on the cluster: a handle's promise and an aval.
+
+    Pass it to another ``run`` to chain without fetching; ``await
+    client.fetch(ref)`` reads it.
+    """
+
+    __slots__ = ("aval", "promise")
+
+    def __init__(self, promise: Promise[BufferHandle], aval: Aval) -> None:
+        self.promise = promise
+        self.aval = aval
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval.shape
+
+    def __repr__(self) -> str:
+        return f"ArrayRef({self.aval.shape}, {self.aval.dtype}, {self.promise!r})"
+
+
+class Outputs:
+    """What ``run`` returns at once. ``await outputs`` gives the arrays (numpy),
+    in the structure the program returned; ``outputs.refs`` gives
+    :class:`ArrayRef` in that structure, to chain into further runs."""
+
+    def __init__(
+        self, client: Cluster, refs: list[ArrayRef], out_tree: Any, graph: Graph | None = None
+    ) -> None:
+        self.client = client
+        self.flat = refs
+        self.out_tree = out_tree
+        self.graph = graph  # the dataflow graph that was dispatched
+
+    @property
+    def refs(self) -> Any:
+        import jax
+
+        return jax.tree_util.tree_unflatten(self.out_tree, self.flat)
+
+    def __await__(self) -> Any:
+        return self._fetch().__await__()
+
+    async def _fetch(self) -> Any:
+        import jax
+
+        arrays = [await self.client.fetch(ref) for ref in self.flat]
+        return jax.tree_util.tree_unflatten(self.out_tree, arrays)
+
+
+class Cluster:
+    """A client's handle on a running cluster (see :func:`atoll.local_cluster`)."""
+
+    def __init__(
+        self,
+        system: ActorSystem,
+        controller: ActorRef[Controller],
+        topology: Topology,
+        devices: list[ActorRef[Device]],
+        hosts: list[ActorRef[Host]],
+        owner: str = "client0",
+        wire: Wire | None = None,
+    ) -> None:
+        self.wire = wire
+        self.system = system
+        self.controller = controller
+        self.topology = topology
+        self.owner = owner
+        self._devices = devices
+        self._hosts = hosts
+
+    @property
+    def device_infos(self) -> tuple[DeviceInfo, ...]:
+        return self.topology.devices
+
+    @property
+    def clock(self) -> Clock:
+        return self.system.clock
+
+    def client(self, owner: str) -> Cluster:
+        """Another client of the same cluster, whose buffers carry ``owner``."""
+        return Cluster(
+            self.system,
+            self.controller,
+            self.topology,
+            self._devices,
+            self._hosts,
+            owner,
+            self.wire,
+        )
+
+    # -- virtual devices ------------------------------------------------
+    async def devices(
+        self,
+        n: int,
+        island: int | None = None,
+        mesh_shape: tuple[int, ...] | None = None,
+        axis_names: tuple[str, ...] | None = None,
+    ) -> VirtualSlice:
+        """A virtual slice of ``n`` devices from the resource manager."""
+        slice_: VirtualSlice = await self.controller.allocate(
+            n, island, mesh_shape, axis_names, self.owner
+        )
+        return slice_
+
+    async def release(self, slice_: VirtualSlice) -> None:
+        """Give a slice's devices back."""
+        await self.controller.release(slice_.slice_id)
+
+    async def close(self) -> int:
+        """This client goes away: free its slices and every buffer it owns."""
+        freed: int = await self.controller.release_owner(self.owner)
+        return freed
+
+    # -- running --------------------------------------------------------
+    @overload
+    def run(
+        self,
+        target: Computation,
+        device: int,
+        inputs: Sequence[BufferHandle | Promise[BufferHandle]] = (),
+        owner: str = "",
+    ) -> Promise[BufferHandle]: ...
+    @overload
+    def run(self, target: Program | PlacedFunction, *args: Any) -> Outputs: ...
+    def run(self, target: Any, *args: Any, **kwargs: Any) -> Any:
+        """Run a program (or a placed function, as a one-node program).
+
+        Returns :class:`Outputs` at once; every node is already on its way to
+        its devices. ``run(computation, device, inputs)`` is the low-level
+        form: one :class:`Computation` on one physical device.
+        """
+        if isinstance(target, Computation):
+            return self._run_computation(target, *args, **kwargs)
+        program = _program_of(target)
+        leaves, trace = _trace(program, args)
+        return Outputs(self, self.run_graph(trace.graph, leaves), trace.out_tree, trace.graph)
+
+    async def run_sequential(self, target: Program | PlacedFunction, *args: Any) -> Outputs:
+        """Like ``run``, but each node is dispatched only after the one before finished."""
+        leaves, trace = _trace(_program_of(target), args)
+        refs = await self.run_graph_sequential(trace.graph, leaves)
+        return Outputs(self, refs, trace.out_tree, trace.graph)
+
+    def run_graph(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
+        """Parallel asynchronous dispatch of a graph; returns its outputs at once."""
+        inputs, temporary = self._inputs(graph, leaves)
+        outs = self._call("run_graph", graph, inputs, temporary, self.owner)
+        return [
+            ArrayRef(self._reply(flatten(then(outs, operator.itemgetter(i)))), graph.aval(ref))
+            for i, ref in enumerate(graph.outputs)
+        ]
+
+    async def run_graph_sequential(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
+        """Sequential dispatch: one node at a time, each after its inputs exist."""
+        inputs, temporary = self._inputs(graph, leaves)
+        values: dict[ValueRef, Any] = {ValueRef(-1, i): v for i, v in enumerate(inputs)}
+        for node in graph.nodes:
+            node_inputs = [await _resolved(values[ref]) for ref in node.inputs]
+            handles = await self._reply(self._call("run_node", node, node_inputs, self.owner))
+            for i, handle in enumerate(handles):
+                values[ValueRef(node.id, i)] = handle
+        kept = set(graph.outputs)
+        for ref in graph.consumers():
+            if ref not in kept and (ref.node >= 0 or ref.index in temporary):
+                await self.free(await _resolved(values[ref]))
+        return [ArrayRef(_done(await _resolved(values[r])), graph.aval(r)) for r in graph.outputs]
+
+    def _inputs(self, graph: Graph, leaves: Sequence[Any]) -> tuple[list[Any], list[int]]:
+        readers = graph.consumers()
+        inputs: list[Any] = []
+        temporary: list[int] = []
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, ArrayRef):
+                inputs.append(leaf.promise)
+            elif isinstance(leaf, (BufferHandle, Promise)):
+                inputs.append(leaf)
+            else:
+                first = readers.get(ValueRef(-1, i))
+                slice_id = graph.nodes[first[0]].slice.slice_id if first else None
+                inputs.append(self._call("put", np.asarray(leaf), slice_id, self.owner))
+                temporary.append(i)
+        return inputs, temporary
+
+    def _call(self, name: str, *args: Any) -> Promise[Any]:
+        """A call to the controller, over the modelled RPC link if there is one."""
+        return Wire.through(self.wire, self.controller, name, *args)
+
+    def _reply(self, promise: Promise[Any]) -> Promise[Any]:
+        return promise if self.wire is None else self.wire.reply(promise)
+
+    def _run_computation(
+        self,
+        computation: Computation,
+        device: int,
+        inputs: Sequence[BufferHandle | Promise[BufferHandle]] = (),
+        owner: str = "",
+    ) -> Promise[BufferHandle]:
+        self.topology.device(device)
+        promise: Promise[BufferHandle] = self.controller.run(
+            computation, device, list(inputs), owner or self.owner
+        )
+        return promise
+
+    # -- data -----------------------------------------------------------
+    def device_ref(self, device: int) -> ActorRef[Device]:
+        """The actor of one device (for tools and tests; users go through run)."""
+        self.topology.device(device)
+        return self._devices[device]
+
+    def put(self, array: Any, device: int, owner: str = "") -> Promise[BufferHandle]:
+        """Copy a host array onto physical ``device``; returns its handle's promise."""
+        self.topology.device(device)
+        promise: Promise[BufferHandle] = self._devices[device].put(
+            np.asarray(array), owner or self.owner
+        )
+        return promise
+
+    async def fetch(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> np.ndarray:
+        """The value of a buffer, read from the host that holds it."""
+        handle = await _resolved(value.promise if isinstance(value, ArrayRef) else value)
+        array: np.ndarray = await handle.host.fetch(handle.id)
+        return array
+
+    async def free(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> bool:
+        """Drop this client's reference to a buffer; True if it was freed."""
+        handle = await _resolved(value.promise if isinstance(value, ArrayRef) else value)
+        freed: bool = await handle.host.free(handle.id)
+        return freed
+
+    async def store_usage(self) -> list[dict[str, int]]:
+        """Buffers and bytes held by each host's object store."""
+        return [await p for p in [host.store_usage() for host in self._hosts]]
+
+    async def device_stats(self) -> list[DeviceStats]:
+        """Busy time, transfers and computations of every device."""
+        promises = [ref.stats() for ref in self._devices]
+        return [await p for p in promises]
+
+
+def _program_of(target: Any) -> Program:
+    if isinstance(target, PlacedFunction):
+        return target.as_program()
+    if isinstance(target, Program):
+        return target
+    raise TypeError(
+        f"run needs a Computation, a Program or a placed function, got {type(target).__name__}"
+    )
+
+
+def _trace(program: Program, args: tuple[Any, ...]) -> tuple[list[Any], Any]:
+    import jax
+
+    leaves, in_tree = jax.tree_util.tree_flatten(args)
+    for leaf in leaves:
+        if isinstance(leaf, Promise):
+            raise AtollError(
+                "pass an ArrayRef (outputs.refs), not a bare promise: its shape is needed"
+            )
+    return leaves, program.trace([aval_of(leaf) for leaf in leaves], in_tree)
+
+
+async def _resolved(value: BufferHandle | Promise[BufferHandle]) -> BufferHandle:
+    return await value if isinstance(value, Promise) else value
+
+
+def _done(handle: BufferHandle) -> Promise[BufferHandle]:
+    promise: Promise[BufferHandle] = Promise("handle")
+    promise.set_result(handle)
+    return promise

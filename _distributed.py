@@ -1,0 +1,334 @@
+"""A cluster of real processes: ``atoll up`` and ``atoll host --join``.
+
+The controller process serves its actor system over Cap'n Proto and runs a
+:class:`ClusterBuilder` (named ``"cluster"``). Each host process serves a node
+of its own, connects to the controller and calls ``cluster.join(node)``; the
+builder spawns a ``Host`` actor (with its devices) *on that node*, over the
+wire. Once every expected host has joined, the builder starts the island
+schedulers and the controller actor in the controller process, with the
+remote device references. Clients then get the same :class:`Cluster` handle
+as in-process, through ``atoll.connect``: the actor code is the same, only the
+transport differs.
+
+The builder pings every host each second; a host that stops answering (or
+whose connection drops) is reported lost by :meth:`ClusterBuilder.status`,
+and the calls pending on it fail with ``HostLost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._cluster import Controller, DeviceInfo, IslandScheduler, Topology
+from ._connect import ClusterFile
+from .devices import CostModel, Device, Host, SimDevice
+from .kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint
+from .transports.capnp import (
+    CapnpListener,
+    CapnpTransport,
+    HostLost,
+    capnp_runtime,
+    default_token,
+)
+
+if TYPE_CHECKING:
+    from ._client import Cluster
+
+__all__ = ["ClusterBuilder", "ClusterInfo", "process_cluster", "run_host", "run_up"]
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What a client needs to drive the cluster (travels as a pickled value)."""
+
+    controller: ActorRef[Controller]
+    topology: Topology
+    devices: list[ActorRef[Device]]
+    hosts: list[ActorRef[Host]]
+
+
+class ClusterBuilder(Actor):
+    """Collects hosts as they join; builds the cluster when all are in."""
+
+    def __init__(
+        self,
+        hosts: int,
+        islands: int,
+        devices_per_host: int,
+        scheduler: str,
+        cost: CostModel,
+        device_cls: type[Device] = SimDevice,
+    ) -> None:
+        if hosts % islands:
+            raise AtollError(f"{hosts} hosts do not split evenly into {islands} islands")
+        self.expected, self.islands, self.per_host = hosts, islands, devices_per_host
+        self.scheduler, self.cost, self.device_cls = scheduler, cost, device_cls
+        self.hosts: list[ActorRef[Host]] = []
+        self.labels: list[str] = []
+        self.devices: list[ActorRef[Device]] = []
+        self.lost: dict[int, str] = {}
+        self.ready: Promise[ClusterInfo] = Promise("cluster ready")
+
+    @endpoint
+    async def join(self, node: ActorRef[NodeActor], label: str) -> int:
+        """A host offers its node; returns the host id it was given."""
+        host_id = len(self.hosts)
+        if host_id >= self.expected:
+            raise AtollError(f"the cluster is full ({self.expected} hosts)")
+        island = host_id * self.islands // self.expected
+        ids = list(range(host_id * self.per_host, (host_id + 1) * self.per_host))
+        host = await node.spawn(
+            f"{Host.__module__}:Host",
+            host_id,
+            island,
+            ids,
+            self.device_cls,
+            self.cost,
+            name=f"host{host_id}",
+        )
+        self.devices += await host.devices()
+        self.hosts.append(host)
+        self.labels.append(label)
+        if len(self.hosts) == self.expected:
+            self._build()
+        return host_id
+
+    def _build(self) -> None:
+        per_island = self.expected // self.islands * self.per_host
+        infos = tuple(
+            DeviceInfo(d, d // self.per_host, d // per_island) for d in range(len(self.devices))
+        )
+        topology = Topology(infos)
+        schedulers = {
+            island: self.ctx.spawn(
+                IslandScheduler,
+                island,
+                self.scheduler,
+                {i.id: self.devices[i.id] for i in infos if i.island == island},
+                None,
+                name=f"island{island}",
+            )
+            for island in range(self.islands)
+        }
+        controller = self.ctx.spawn(
+            Controller, topology, schedulers, self.devices, self.hosts, None, name="controller"
+        )
+        self.ready.set_result(ClusterInfo(controller, topology, self.devices, self.hosts))
+
+    @endpoint
+    def cluster(self) -> Promise[ClusterInfo]:
+        """The cluster, once every host has joined (a promise until then)."""
+        return self.ready
+
+    @endpoint
+    async def status(self) -> list[dict[str, Any]]:
+        """Every joined host: its label and whether it still answers."""
+        report = []
+        for host_id, host in enumerate(self.hosts):
+            if host_id not in self.lost:
+                try:
+                    await host.store_usage()
+                except (HostLost, AtollError) as exc:
+                    self.lost[host_id] = str(exc)
+            report.append(
+                {
+                    "host": host_id,
+                    "label": self.labels[host_id],
+                    "alive": host_id not in self.lost,
+                    "error": self.lost.get(host_id),
+                }
+            )
+        return report
+
+
+# -- processes ---------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """In a host process: get SIGTERM when the launcher dies (Linux).
+
+    Set by the child itself (a ``preexec_fn`` would force a plain fork, which
+    JAX's at-fork hook rightly warns about). ``ATOLL_PARENT_PID`` closes the
+    race in which the launcher died before this ran.
+    """
+    with suppress(OSError):  # not Linux: the parent's own cleanup has to do
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    expected = os.environ.get("ATOLL_PARENT_PID")
+    if expected and os.getppid() != int(expected):
+        raise SystemExit("atoll host: the launcher is already gone")
+
+
+def _start_hosts(count: int, address: str, token: bytes) -> list[subprocess.Popen[bytes]]:
+    env = dict(os.environ, ATOLL_TOKEN=token.hex(), ATOLL_PARENT_PID=str(os.getpid()))
+    command = [sys.executable, "-m", "atoll.cli", "host", "--join", address]
+    # close_fds=False lets subprocess use posix_spawn: no fork, so no at-fork
+    # hooks (JAX warns in one, rightly, for forks of a threaded process). Our
+    # own descriptors are non-inheritable anyway.
+    return [subprocess.Popen(command, env=env, close_fds=False) for _ in range(count)]
+
+
+def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+@asynccontextmanager
+async def _controller(
+    hosts: int,
+    islands: int,
+    devices_per_host: int,
+    scheduler: str,
+    cost: CostModel,
+    address: str,
+    token: bytes,
+    start_timeout: float,
+) -> AsyncIterator[tuple[ActorSystem, CapnpListener, ClusterInfo]]:
+    """Serve a controller here, start the host processes, wait until all joined."""
+    async with capnp_runtime(), ActorSystem("controller") as system:
+        listener = await CapnpTransport(token).serve(system, address)
+        builder = await listener.node.spawn(
+            f"{__name__}:ClusterBuilder",
+            hosts,
+            islands,
+            devices_per_host,
+            scheduler,
+            cost,
+            name="cluster",
+        )
+        processes = _start_hosts(hosts, listener.address, token)
+        try:
+            info = await asyncio.wait_for(_awaitable(builder.cluster()), start_timeout)
+            yield system, listener, info
+        finally:
+            _stop_hosts(processes)
+            await listener.aclose()
+
+
+@asynccontextmanager
+async def process_cluster(
+    hosts: int = 2,
+    islands: int = 1,
+    devices_per_host: int = 4,
+    *,
+    scheduler: str = "fifo",
+    cost: CostModel | None = None,
+    owner: str = "client0",
+    start_timeout: float = 120.0,
+) -> AsyncIterator[Cluster]:
+    """Like ``local_cluster``, with every host in a process of its own.
+
+    This process is the controller (served on 127.0.0.1, a fresh token); the
+    hosts join it over Cap'n Proto. Yields the same :class:`Cluster` client.
+    asyncio only. The host processes stop when the block ends.
+    """
+    from ._client import Cluster
+
+    async with _controller(
+        hosts,
+        islands,
+        devices_per_host,
+        scheduler,
+        cost or CostModel(),
+        "capnp://127.0.0.1:0",
+        default_token(),
+        start_timeout,
+    ) as (system, _, info):
+        yield Cluster(system, info.controller, info.topology, info.devices, info.hosts, owner)
+
+
+async def run_up(
+    hosts: int,
+    islands: int,
+    devices_per_host: int,
+    port: int,
+    cluster_file: str,
+    scheduler: str = "fifo",
+    host: str = "127.0.0.1",
+) -> None:
+    """``atoll up``: serve the controller, start the hosts, wait for a signal."""
+    token = default_token()
+    stop = _stop_event()
+    async with _controller(
+        hosts,
+        islands,
+        devices_per_host,
+        scheduler,
+        CostModel(),
+        f"capnp://{host}:{port}",
+        token,
+        120.0,
+    ) as (_, listener, info):
+        ClusterFile(listener.address, token).write(cluster_file)
+        print(
+            f"atoll cluster up at {listener.address}: {hosts} hosts, "
+            f"{len(info.topology.devices)} devices; cluster file {cluster_file}",
+            flush=True,
+        )
+        await stop.wait()
+        print("atoll: stopping hosts", flush=True)
+
+
+async def run_host(join: str, token: bytes, listen: str = "capnp://127.0.0.1:0") -> None:
+    """``atoll host --join ADDR``: serve a node, join the cluster, wait.
+
+    The node is served at ``listen`` so that other hosts can pull buffers
+    from this one directly, not through the controller.
+    """
+    from .transports.capnp import directory
+
+    _die_with_parent()
+    stop = _stop_event()
+    async with capnp_runtime(), ActorSystem("host") as system:
+        transport = CapnpTransport(token)
+        listener = await transport.serve(system, listen)
+        directory.announce(listener.address, token)
+        connection = await transport.connect(join, system)
+        try:
+            builder = await connection.node.lookup("cluster")
+            host_id = await builder.join(listener.node, f"pid {os.getpid()}")
+            print(f"atoll host {host_id} joined {join}, serving {listener.address}", flush=True)
+            lost = asyncio.ensure_future(_until_lost(connection.node))
+            done = asyncio.ensure_future(stop.wait())
+            await asyncio.wait({lost, done}, return_when=asyncio.FIRST_COMPLETED)
+            lost.cancel()
+            done.cancel()
+        finally:
+            await directory.close_all()
+            await connection.aclose()
+            await listener.aclose()
+
+
+async def _until_lost(controller: ActorRef[NodeActor]) -> None:
+    """Return when the controller stops answering: a host never outlives it."""
+    while True:
+        try:
+            await asyncio.wait_for(_awaitable(controller.ping()), 10)
+        except Exception:
+            return
+        await asyncio.sleep(1.0)
+
+
+async def _awaitable(promise: Promise[Any]) -> Any:
+    return await promise
+
+
+def _stop_event() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop

@@ -1,0 +1,66 @@
+"""Gangs: the shards of one sharded computation, and the barrier they meet at.
+
+A :class:`GangTask` is what every device of a gang receives: the kernel, the
+gang's devices in mesh order (the first is the *leader*, which holds the
+outputs) and the mesh. Shards of a collective gang meet at a
+:class:`Rendezvous` before running, as the participants of a collective do:
+a device that reached the barrier is blocked until every other shard of its
+gang has too. That is exactly why all devices must run gangs in one order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..kernel import Actor, ActorRef, Promise, endpoint
+from ..kernel._graph import Aval
+
+__all__ = ["GangTask", "Rendezvous"]
+
+
+@dataclass(frozen=True)
+class GangTask:
+    """One gang's shard instructions (the same for every device of the gang)."""
+
+    gang_id: str
+    kernel: Any
+    devices: tuple[int, ...]
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    outputs: tuple[Aval, ...] = ()
+    rendezvous: ActorRef[Rendezvous] | None = None
+
+    @property
+    def leader(self) -> int:
+        return self.devices[0]
+
+    @property
+    def collective(self) -> bool:
+        """Whether the shards must all be present before any of them runs."""
+        return len(self.devices) > 1 and bool(getattr(self.kernel, "collective", False))
+
+
+class Rendezvous(Actor):
+    """Barriers for gangs. Never blocks: each arrival gets a promise that settles
+    when the last of ``parties`` arrivals for the same key comes in."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, list[Promise[None]]] = {}
+
+    @endpoint
+    def arrive(self, key: str, parties: int) -> Promise[None]:
+        """Returns at once; the promise settles when all ``parties`` arrived."""
+        promise: Promise[None] = Promise(f"barrier {key}")
+        waiting = self._waiting.setdefault(key, [])
+        waiting.append(promise)
+        if len(waiting) >= parties:
+            del self._waiting[key]
+            for each in waiting:
+                each.set_result(None)
+        return promise
+
+    @endpoint
+    def waiting(self) -> dict[str, int]:
+        """How many shards wait at each barrier that is not complete (for tests)."""
+        return {key: len(ps) for key, ps in self._waiting.items()}

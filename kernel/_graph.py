@@ -1,0 +1,205 @@
+"""Sharded dataflow graphs: one node per sharded computation, edges are transfers.
+
+A :class:`Graph` is what the controller dispatches. It is plain data, built
+either by tracing a ``@program`` (JAX) or by hand with :class:`GraphBuilder`
+(simulated kernels in benchmarks). Every value has a known shape and dtype
+before anything runs, which is what lets the controller dispatch a whole
+graph ahead of its data.
+
+The helpers :func:`then` and :func:`flatten` derive promises from promises
+without waiting: the controller uses them to hand out one promise per output
+of a node whose result is not there yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._errors import AtollError
+from ._promise import Promise
+
+__all__ = [
+    "Aval",
+    "Graph",
+    "GraphBuilder",
+    "Node",
+    "SliceSpec",
+    "ValueRef",
+    "flatten",
+    "forward",
+    "then",
+]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+@dataclass(frozen=True)
+class Aval:
+    """An abstract value: the shape and dtype of an array that may not exist yet."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def nbytes(self) -> int:
+        import numpy as np
+
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """A virtual slice as user code sees it: an id and a mesh, no physical device."""
+
+    slice_id: int
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+@dataclass(frozen=True)
+class ValueRef:
+    """An edge's source: output ``index`` of node ``node`` (node -1: program input)."""
+
+    node: int
+    index: int
+
+
+@dataclass(frozen=True)
+class Node:
+    """One sharded computation: ``kernel`` run as a gang over ``slice``."""
+
+    id: int
+    name: str
+    kernel: Any
+    slice: SliceSpec
+    inputs: tuple[ValueRef, ...]
+    outputs: tuple[Aval, ...]
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A whole program: its inputs, its nodes in topological order, its outputs."""
+
+    inputs: tuple[Aval, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[ValueRef, ...]
+
+    def aval(self, ref: ValueRef) -> Aval:
+        if ref.node < 0:
+            return self.inputs[ref.index]
+        return self.nodes[ref.node].outputs[ref.index]
+
+    def consumers(self) -> dict[ValueRef, list[int]]:
+        """For every value, the nodes that read it (a node reading twice counts once)."""
+        out: dict[ValueRef, list[int]] = {}
+        for node in self.nodes:
+            for ref in dict.fromkeys(node.inputs):
+                out.setdefault(ref, []).append(node.id)
+        return out
+
+
+class GraphBuilder:
+    """Builds a :class:`Graph` node by node; nodes can only read earlier values."""
+
+    def __init__(self) -> None:
+        self._inputs: list[Aval] = []
+        self._nodes: list[Node] = []
+
+    def input(self, aval: Aval) -> ValueRef:
+        self._inputs.append(aval)
+        return ValueRef(-1, len(self._inputs) - 1)
+
+    def add(
+        self,
+        kernel: Any,
+        slice_: SliceSpec,
+        inputs: Sequence[ValueRef],
+        outputs: Sequence[Aval],
+        name: str = "",
+    ) -> list[ValueRef]:
+        """Add one node; returns references to its outputs."""
+        for ref in inputs:
+            self._check(ref)
+        node_id = len(self._nodes)
+        node = Node(
+            node_id, name or f"node{node_id}", kernel, slice_, tuple(inputs), tuple(outputs)
+        )
+        self._nodes.append(node)
+        return [ValueRef(node_id, i) for i in range(len(outputs))]
+
+    def build(self, outputs: Sequence[ValueRef]) -> Graph:
+        for ref in outputs:
+            self._check(ref)
+        return Graph(tuple(self._inputs), tuple(self._nodes), tuple(outputs))
+
+    def _check(self, ref: ValueRef) -> None:
+        ok = (
+            0 <= ref.index < len(self._inputs)
+            if ref.node < 0
+            else ref.node < len(self._nodes) and ref.index < len(self._nodes[ref.node].outputs)
+        )
+        if not ok:
+            raise AtollError(f"{ref} is not a value of this graph")
+
+
+def then(promise: Promise[T], fn: Callable[[T], U], label: str = "") -> Promise[U]:
+    """A promise of ``fn(value)``; returns at once, settles when ``promise`` does."""
+    out: Promise[U] = Promise(label or f"{promise!r}.then")
+
+    def settle(done: Promise[T]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        try:
+            out.set_result(fn(done.result()))
+        except Exception as exc:
+            out.set_exception(exc)
+
+    promise.add_done_callback(settle)
+    return out
+
+
+def flatten(promise: Promise[Promise[T]], label: str = "") -> Promise[T]:
+    """A promise of the value of the promise that ``promise`` will hold."""
+    out: Promise[T] = Promise(label or f"{promise!r}.flat")
+
+    def outer(done: Promise[Promise[T]]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        done.result().add_done_callback(inner)
+
+    def inner(done: Promise[T]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(done.result())
+
+    promise.add_done_callback(outer)
+    return out
+
+
+def forward(source: Promise[T], target: Promise[T]) -> None:
+    """Settle ``target`` the way ``source`` settles (now or later)."""
+
+    def settle(done: Promise[T]) -> None:
+        error = done.exception()
+        if error is not None:
+            target.set_exception(error)
+        else:
+            target.set_result(done.result())
+
+    source.add_done_callback(settle)

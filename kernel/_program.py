@@ -1,0 +1,259 @@
+"""``@program``: trace a Python function over virtual slices into a dataflow graph.
+
+Inside a program, jitted JAX functions placed on virtual slices
+(``slice.jit(fn, in_specs=..., out_specs=...)``) are called on *traced*
+values. Each call adds one node (one sharded computation) to a
+:class:`~atoll.kernel._graph.Graph`, and a value used on another slice than
+the one that made it becomes a transfer edge. Output shapes and dtypes come
+from ``jax.eval_shape``: nothing runs while tracing. Traces are cached by the
+shapes and dtypes of the arguments, so a program is traced once per
+signature.
+
+JAX is imported lazily, so ``import atoll`` stays light.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import AtollError
+from ._graph import Aval, Graph, GraphBuilder, SliceSpec, ValueRef
+
+__all__ = ["JaxKernel", "PlacedFunction", "Program", "Traced", "VirtualSlice", "aval_of", "program"]
+
+_TRACE: contextvars.ContextVar[GraphBuilder | None] = contextvars.ContextVar(
+    "atoll_trace", default=None
+)
+
+
+@dataclass(frozen=True)
+class VirtualSlice(SliceSpec):
+    """Virtual devices a client got from the resource manager (no physical ids)."""
+
+    island: int = 0
+
+    def jit(
+        self,
+        fn: Callable[..., Any],
+        *,
+        in_specs: Sequence[Any] | None = None,
+        out_specs: Any = None,
+        name: str | None = None,
+    ) -> PlacedFunction:
+        """Place ``fn`` on this slice.
+
+        ``in_specs``: one ``PartitionSpec`` (or None: replicated) per positional
+        argument, applied to all of its leaves. ``out_specs``: one spec for all
+        outputs, or a tuple with one per element of a tuple output.
+        """
+        return PlacedFunction(fn, self, in_specs, out_specs, name or _name(fn))
+
+
+@dataclass(frozen=True, eq=False)
+class JaxKernel:
+    """A traced function of flat array inputs to a flat list of outputs.
+
+    ``in_specs``/``out_specs`` give one ``PartitionSpec`` per flat input and
+    output, over the axes of the slice the node runs on. JAX gangs always meet
+    at a barrier, because their leader runs the whole sharded program, and a
+    JAX node must sit on one host (one process runs one sharded computation).
+    """
+
+    fn: Callable[..., Any]
+    name: str
+    in_specs: tuple[Any, ...]
+    out_specs: tuple[Any, ...]
+    collective: bool = True
+    single_host: bool = True
+
+
+class Traced:
+    """A value inside a program being traced: its producer and its aval."""
+
+    __slots__ = ("aval", "ref")
+
+    def __init__(self, ref: ValueRef, aval: Aval) -> None:
+        self.ref = ref
+        self.aval = aval
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.aval.shape
+
+    @property
+    def dtype(self) -> str:
+        return self.aval.dtype
+
+    def __repr__(self) -> str:
+        return f"Traced({self.aval.shape}, {self.aval.dtype}, from {self.ref})"
+
+
+class PlacedFunction:
+    """A function placed on a virtual slice; one node each time a program calls it.
+
+    Calling it outside a program is an error; ``client.run(placed, *args)``
+    runs it as a one-node program (OpByOp).
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        slice_: VirtualSlice,
+        in_specs: Sequence[Any] | None,
+        out_specs: Any,
+        name: str,
+    ) -> None:
+        self.fn = fn
+        self.slice = slice_
+        self.in_specs = in_specs
+        self.out_specs = out_specs
+        self.name = name
+        self._program = Program(lambda *args: self(*args), name)
+
+    def as_program(self) -> Program:
+        return self._program
+
+    def __call__(self, *args: Any) -> Any:
+        builder = _TRACE.get()
+        if builder is None:
+            raise AtollError(
+                f"{self.name} is placed on a virtual slice: call it inside an "
+                "@atoll.program, or run it with client.run(f, *args)"
+            )
+        return _add_node(builder, self, args)
+
+
+def _add_node(builder: GraphBuilder, placed: PlacedFunction, args: tuple[Any, ...]) -> Any:
+    import jax
+
+    leaves, in_tree = jax.tree_util.tree_flatten(args)
+    for leaf in leaves:
+        if not isinstance(leaf, Traced):
+            raise AtollError(
+                f"{placed.name}: inside a program, arguments must be program values, "
+                f"got {type(leaf).__name__} (close over constants instead)"
+            )
+    structs = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in leaves]  # type: ignore[no-untyped-call]
+
+    def call(*xs: Any) -> Any:
+        return placed.fn(*jax.tree_util.tree_unflatten(in_tree, xs))
+
+    def flat(*xs: Any) -> list[Any]:
+        return list(jax.tree_util.tree_leaves(call(*xs)))
+
+    out_shape = jax.eval_shape(call, *structs)
+    out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
+    kernel = JaxKernel(
+        flat,
+        placed.name,
+        tuple(_in_specs(placed, args)),
+        tuple(_out_specs(placed, out_shape)),
+    )
+    avals = [Aval(tuple(s.shape), str(s.dtype)) for s in out_leaves]
+    refs = builder.add(kernel, placed.slice, [t.ref for t in leaves], avals, placed.name)
+    return jax.tree_util.tree_unflatten(
+        out_tree, [Traced(r, a) for r, a in zip(refs, avals, strict=True)]
+    )
+
+
+def _in_specs(placed: PlacedFunction, args: tuple[Any, ...]) -> list[Any]:
+    import jax
+
+    specs = placed.in_specs if placed.in_specs is not None else [None] * len(args)
+    if len(specs) != len(args):
+        raise AtollError(f"{placed.name}: {len(specs)} in_specs for {len(args)} arguments")
+    out: list[Any] = []
+    for arg, spec in zip(args, specs, strict=True):
+        n = len(jax.tree_util.tree_leaves(arg))
+        out.extend([spec if spec is not None else _replicated()] * n)
+    return out
+
+
+def _out_specs(placed: PlacedFunction, out_shape: Any) -> list[Any]:
+    import jax
+    from jax.sharding import PartitionSpec
+
+    spec = placed.out_specs
+    if spec is None or isinstance(spec, PartitionSpec):
+        n = len(jax.tree_util.tree_leaves(out_shape))
+        return [spec if spec is not None else _replicated()] * n
+    if not isinstance(out_shape, (tuple, list)) or len(out_shape) != len(spec):
+        raise AtollError(f"{placed.name}: out_specs must match the output tuple")
+    out: list[Any] = []
+    for element, each in zip(out_shape, spec, strict=True):
+        n = len(jax.tree_util.tree_leaves(element))
+        out.extend([each if each is not None else _replicated()] * n)
+    return out
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A traced program: its graph and the pytree structure of its outputs."""
+
+    graph: Graph
+    out_tree: Any
+
+
+class Program:
+    """A function traced into a :class:`Graph` per argument signature."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        self.fn = fn
+        self.name = name
+        self._traces: dict[tuple[Any, ...], Trace] = {}
+
+    def trace(self, avals: Sequence[Aval], in_tree: Any) -> Trace:
+        """The graph for these input avals (traced once, then cached)."""
+        import jax
+
+        key = (in_tree, tuple(avals))
+        cached = self._traces.get(key)
+        if cached is not None:
+            return cached
+        builder = GraphBuilder()
+        inputs = [Traced(builder.input(a), a) for a in avals]
+        token = _TRACE.set(builder)
+        try:
+            result = self.fn(*jax.tree_util.tree_unflatten(in_tree, inputs))
+        finally:
+            _TRACE.reset(token)
+        leaves, out_tree = jax.tree_util.tree_flatten(result)
+        if not all(isinstance(leaf, Traced) for leaf in leaves):
+            raise AtollError(f"program {self.name} must return program values only")
+        trace = Trace(builder.build([leaf.ref for leaf in leaves]), out_tree)
+        self._traces[key] = trace
+        return trace
+
+    def __call__(self, *args: Any) -> Any:
+        raise AtollError(f"run a program with client.run({self.name}, *args)")
+
+
+def program(fn: Callable[..., Any]) -> Program:
+    """Decorator: make ``fn`` a program that ``client.run`` dispatches as a whole."""
+    return Program(fn, _name(fn))
+
+
+def aval_of(value: Any) -> Aval:
+    """The aval of an array-like (numpy, JAX, scalar, or anything with one)."""
+    aval = getattr(value, "aval", None)
+    if isinstance(aval, Aval):
+        return aval
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return Aval(tuple(value.shape), str(value.dtype))
+    import numpy as np
+
+    array = np.asarray(value)
+    return Aval(tuple(array.shape), str(array.dtype))
+
+
+def _replicated() -> Any:
+    from jax.sharding import PartitionSpec
+
+    return PartitionSpec()  # type: ignore[no-untyped-call]
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__name__", type(fn).__name__))

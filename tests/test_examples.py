@@ -1,0 +1,49 @@
+"""The examples run, and match plain single-process JAX (or numpy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atoll.examples import custom_scheduler, pipeline, spmd, two_islands
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_spmd_training_matches_single_device_jax() -> None:
+    result = await spmd.run(steps=3)
+    ref = spmd.reference(steps=3)
+    np.testing.assert_allclose(result.losses, ref.losses, rtol=1e-5)
+    assert result.losses[0] != result.losses[-1]  # it trained
+    for got, want in zip(result.params, ref.params, strict=True):
+        np.testing.assert_allclose(got["w"], want["w"], rtol=1e-4, atol=1e-6)
+
+
+async def test_gpipe_pipeline_matches_the_unpipelined_model() -> None:
+    result = await pipeline.run(batch=8, micro_batches=4)
+    np.testing.assert_allclose(result.outputs, pipeline.reference(batch=8), atol=1e-5)
+    assert result.nodes == 16  # 4 stages x 4 micro-batches
+    assert result.per_stage_computations == [8, 8, 8, 8]  # 4 nodes x 2 shards per host
+
+
+async def test_two_islands_cross_the_datacenter_link() -> None:
+    result = await two_islands.run()
+    np.testing.assert_allclose(result.output, two_islands.reference(), atol=1e-6)
+    assert result.islands_of_work == [0, 1]
+    assert result.transfer_s == pytest.approx(result.modelled_s)
+    assert result.modelled_s > two_islands.COST.transfer_time(result.crossed_bytes)
+
+
+async def test_custom_scheduler_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    await custom_scheduler.main()
+    assert "matches numpy: True" in capsys.readouterr().out
+
+
+def test_examples_run_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    from atoll.examples import EXAMPLES, run_example
+
+    assert set(EXAMPLES) == {"spmd", "pipeline", "two_islands", "custom_scheduler"}
+    assert run_example("custom_scheduler") == 0
+    assert "matches numpy: True" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no example"):
+        run_example("nope")

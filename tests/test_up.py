@@ -1,0 +1,134 @@
+"""``atoll up``: a controller and host processes; clients reach it with connect."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import atoll
+from atoll._connect import connect
+from atoll.demo import affine
+from atoll.devices import BufferHandle, Computation
+from atoll.kernel import Promise
+from atoll.transports.capnp import HostLost
+
+pytestmark = pytest.mark.anyio
+STEP = Computation("affine", affine, flops=1e6)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def make_big(x: np.ndarray) -> np.ndarray:
+    """32 MiB made on a host (host processes import this module by name)."""
+    return np.full(8 << 20, x[0], dtype=np.float32)
+
+
+def total(x: np.ndarray) -> np.ndarray:
+    return np.asarray([x.sum(dtype=np.float64)])
+
+
+def _sent(pid: int) -> int:
+    """Bytes sent so far on the TCP sockets of process ``pid`` (from ``ss``)."""
+    ss = shutil.which("ss")
+    assert ss is not None
+    out = subprocess.run(  # close_fds=False: posix_spawn, no fork of this threaded process
+        [ss, "-tinpOH"], capture_output=True, text=True, check=True, close_fds=False
+    ).stdout
+    total = 0
+    for line in out.splitlines():
+        if f"pid={pid}," in line:
+            total += sum(int(f.split(":")[1]) for f in line.split() if f.startswith("bytes_sent:"))
+    return total
+
+
+@pytest.mark.timeout(120)
+async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_path: Path) -> None:
+    cluster_file = tmp_path / "cluster.json"
+    env = dict(os.environ, ATOLL_TOKEN="42" * 16)
+    up = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "atoll.cli",
+            "up",
+            "--hosts",
+            "2",
+            "--devices-per-host",
+            "2",
+            "--cluster-file",
+            str(cluster_file),
+        ],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+        close_fds=False,
+    )
+    assert up.stdout is not None
+    host_pids: list[int] = []
+    try:
+        for line in up.stdout:  # hosts announce themselves, then the cluster
+            if "cluster up" in line:
+                break
+        async with connect(cluster_file) as client:
+            cluster = await client.cluster()
+            handle = cluster.put(np.arange(4, dtype=np.float32), 0)
+            for device in [0, 2, 1, 3]:  # hosts 0, 1, 0, 1
+                handle = cluster.run(STEP, device, [handle])
+            expected = np.arange(4, dtype=np.float32)
+            for _ in range(4):
+                expected = affine(expected)
+            np.testing.assert_allclose(await cluster.fetch(handle), expected, rtol=1e-6)
+
+            # 32 MiB made on host 0, summed on host 1: the bytes skip the controller
+            big = cluster.run(Computation("big", make_big, 1e6), 0, [handle])
+            await big
+            sent = _sent(up.pid) if shutil.which("ss") else 0
+            summed = await cluster.fetch(cluster.run(Computation("sum", total, 1e6), 2, [big]))
+            assert summed[0] == pytest.approx(float(expected[0]) * (8 << 20))
+            if shutil.which("ss"):  # the controller sent far less than the 32 MiB
+                assert _sent(up.pid) - sent < (4 << 20), _sent(up.pid) - sent
+
+            status = await client.status()
+            host_pids = [int(h["label"].split()[1]) for h in status]
+            assert all(h["alive"] for h in status) and len(host_pids) == 2
+
+            never: Promise[BufferHandle] = Promise("never")
+            stuck = cluster.run(STEP, 2, [never])  # waits on host 1 forever
+            await client.node.ping()
+            os.kill(host_pids[1], signal.SIGKILL)
+            with pytest.raises(HostLost):
+                await cluster.fetch(stuck)
+            status = await client.status()
+            assert [h["alive"] for h in status] == [True, False]
+    finally:
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0
+        up.stdout.close()
+    assert not any(_alive(pid) for pid in host_pids)  # no orphans
+
+
+async def test_capnp_is_a_parameter_of_local_cluster() -> None:
+    async with atoll.local_cluster(1, 2, 1, transport="capnp") as cluster:
+        x = cluster.put(np.ones(3, dtype=np.float32), 0)
+        y = cluster.run(STEP, 1, [cluster.run(STEP, 0, [x])])
+        np.testing.assert_allclose(await cluster.fetch(y), affine(affine(np.ones(3, np.float32))))
+        stats = await cluster.device_stats()
+        assert [s.computations for s in stats] == [1, 1]
