@@ -44,7 +44,7 @@ __all__ = [
     "measure_modes",
     "parity_point",
     "pipeline_overhead",
-    "ray_available",
+    "ray_figures",
     "run",
     "table",
 ]
@@ -297,13 +297,6 @@ async def run(small: bool = False, emit: Callable[[Row], None] = print) -> list[
     return rows
 
 
-def ray_available() -> bool:
-    """Whether Ray can be imported here (its side-by-side figures need it)."""
-    import importlib.util
-
-    return importlib.util.find_spec("ray") is not None
-
-
 def table(rows: list[Row]) -> str:
     """The rows as a text table: each mode beside its baseline, then the rest."""
     lines = [f"{'case':<40} {'devices':>7} {'hosts':>5} {'atoll':>12} {'multi-ctl':>12} unit"]
@@ -365,10 +358,31 @@ def plot(rows: list[Row], path: str) -> None:
     plt.close(fig)
 
 
+def ray_figures(quick: bool, ray_python: str | None) -> list[Row]:
+    """Ray's OpByOp, Chained and pipeline figures, from ``shared/peers`` (W1, W2, W4).
+
+    Ray runs real actor processes (one per host), so its rows say ``hosts`` and
+    sit beside atoll's smallest cluster; they are not simulated devices.
+    """
+    from ._peers import pick, ray_rows
+
+    rows = ray_rows("W1,W2,W4", quick, ray_python)
+    found = []
+    for case, workload, variant, metric, unit, hosts in [
+        ("opbyop", "W1", "actor op-by-op scalar", "calls/s", "computations/s", 1),
+        ("chained128", "W2", "chain128/4 actors scalar", "computations/s", "computations/s", 4),
+        ("pipeline16_overhead", "W4", "16 stages x 2ms", "wall", "ms", 16),
+    ]:
+        value = pick(rows, workload, variant, metric)
+        if value is not None:
+            value = value - 32.0 if case == "pipeline16_overhead" else value
+            found.append(Row("dispatch", case, "ray", value, unit, None, hosts))
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``atoll bench dispatch [--small] [--json] [--plot PNG]``: run, print, plot."""
     import argparse
-    import sys
 
     parser = argparse.ArgumentParser(
         prog="atoll bench dispatch", description=__doc__.split("\n")[0]
@@ -376,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="small clusters only (quick)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--plot", metavar="PNG", help="also write a plot of computations/s")
+    parser.add_argument("--ray-python", help="a Python that can `import ray` (default .venv-ray)")
     args = parser.parse_args(argv)
 
     def emit(row: Row) -> None:
@@ -383,10 +398,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(row.json(), flush=True)
 
     rows = anyio.run(run, args.small, emit)
+    ray = ray_figures(args.small, args.ray_python)
+    for row in ray:
+        emit(row)
     if not args.json:
         print(table(rows))
-    if not ray_available():
-        print("ray: not installed here, so no Ray figures", file=sys.stderr)
+        for row in ray:
+            print(f"ray {row.case:<36} {row.hosts:>5} hosts {row.value:>12,.1f} {row.unit}")
     if args.plot:
         plot(rows, args.plot)
     return 0

@@ -23,11 +23,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -264,42 +262,18 @@ def _start_raw_server() -> tuple[subprocess.Popen[str], int]:
 
 
 # -- Ray, from the shared peer scripts --------------------------------------------
-def _ray_rows(ray_python: str, peers: Path, quick: bool) -> list[Row]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "ray.json"
-        command = [
-            ray_python,
-            str(peers / "bench_ray.py"),
-            "--only",
-            "W1,W5",
-            "--no-dashboard",
-            "--json",
-            str(out),
-        ]
-        if quick:
-            command.append("--quick")
-        _progress("ray: W1 and W5 from shared/peers/bench_ray.py")
-        subprocess.run(command, check=True, cwd=peers, stdout=subprocess.DEVNULL)
-        rows = json.loads(out.read_text())["rows"]
+def _ray_rows(quick: bool, ray_python: str | None) -> list[Row]:
+    from ..._peers import pick, ray_rows
+
+    rows = ray_rows("W1,W5", quick, ray_python)
     found: list[Row] = []
-    for row in rows:
-        key = (row["workload"], row["variant"], row["metric"])
-        if key == ("W1", "actor op-by-op scalar", "latency"):
-            found.append(Row("latency_small", "ray", row["median"] * 1e3, "us"))
-            found.append(Row("latency_small_p99", "ray", row["max"] * 1e3, "us (max)"))
-        elif key == ("W5", "64MiB A->B by ref", "hand-off MiB/s"):
-            found.append(Row("bulk_64MiB", "ray", row["median"] * 2**20 / MB, "MB/s"))
+    latency = pick(rows, "W1", "actor op-by-op scalar", "latency")
+    if latency is not None:
+        found.append(Row("latency_small", "ray", latency * 1e3, "us"))
+    handoff = pick(rows, "W5", "64MiB A->B by ref", "hand-off MiB/s")
+    if handoff is not None:
+        found.append(Row("bulk_64MiB", "ray", handoff * 2**20 / MB, "MB/s"))
     return found
-
-
-def _find_ray_python(explicit: str | None) -> str | None:
-    candidates = [explicit] if explicit else [".venv-ray/bin/python", sys.executable]
-    for candidate in candidates:
-        if candidate and Path(candidate).exists():
-            probe = subprocess.run([candidate, "-c", "import ray"], capture_output=True)
-            if probe.returncode == 0:
-                return os.path.abspath(candidate)  # not resolve(): keep the venv's python
-    return None
 
 
 # -- table and entry point ---------------------------------------------------------
@@ -331,7 +305,7 @@ def _ratio(value: dict[tuple[str, str], Row], case: str, other: str) -> str:
     return f"{mine.value / theirs.value:>10.2f}x"
 
 
-def run(quick: bool = False, ray_python: str | None = None, peers: Path | None = None) -> list[Row]:
+def run(quick: bool = False, ray_python: str | None = None) -> list[Row]:
     """Run every measurement; returns the rows (progress goes to stderr)."""
     token = default_token()
     node = NodeProcess(token)
@@ -346,21 +320,8 @@ def run(quick: bool = False, ray_python: str | None = None, peers: Path | None =
         raw.wait(10)
         if raw.stdout is not None:
             raw.stdout.close()
-    peers = peers or _default_peers()
-    python = _find_ray_python(ray_python)
-    if python is not None and peers is not None:
-        rows += _ray_rows(python, peers, quick)
-    else:
-        _progress("ray: not available (install the [peers] extra or pass --ray-python)")
+    rows += _ray_rows(quick, ray_python)
     return rows
-
-
-def _default_peers() -> Path | None:
-    for base in (Path.cwd(), Path(__file__).resolve().parents[3]):
-        candidate = base.parent / "shared" / "peers"
-        if (candidate / "bench_ray.py").exists():
-            return candidate
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,78 @@
+"""Run the peer benchmark scripts (``shared/peers/``) beside atoll's own.
+
+The peers (Ray) live in their own virtual environment, as their README asks,
+so atoll's benchmarks run them as a subprocess with that Python and read back
+their JSON rows. Nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["find_peers", "find_ray_python", "ray_rows"]
+
+
+def find_ray_python(explicit: str | None = None) -> str | None:
+    """A Python that can ``import ray``: ``explicit``, ``.venv-ray``, or this one."""
+    candidates = [explicit] if explicit else [".venv-ray/bin/python", sys.executable]
+    for candidate in candidates:
+        if candidate and Path(candidate).exists():
+            probe = subprocess.run(
+                [candidate, "-c", "import ray"], capture_output=True, close_fds=False
+            )
+            if probe.returncode == 0:
+                return os.path.abspath(candidate)  # not resolve(): keep the venv's python
+    return None
+
+
+def find_peers() -> Path | None:
+    """The ``shared/peers`` folder beside the checkout (or the current folder)."""
+    for base in (Path.cwd(), Path(__file__).resolve().parent):
+        candidate = base.parent / "shared" / "peers"
+        if (candidate / "bench_ray.py").exists():
+            return candidate
+    return None
+
+
+def ray_rows(only: str, quick: bool, ray_python: str | None = None) -> list[dict[str, Any]]:
+    """Rows of ``bench_ray.py --only ONLY`` (empty when Ray or the peers are missing)."""
+    python, peers = find_ray_python(ray_python), find_peers()
+    if python is None or peers is None:
+        print(
+            "  .. ray: not available (install it in .venv-ray, or pass --ray-python)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ray.json"
+        command = [
+            python,
+            str(peers / "bench_ray.py"),
+            "--only",
+            only,
+            "--no-dashboard",
+            "--json",
+            str(out),
+        ]
+        if quick:
+            command.append("--quick")
+        print(f"  .. ray: {only} from {peers / 'bench_ray.py'}", file=sys.stderr, flush=True)
+        subprocess.run(command, check=True, cwd=peers, stdout=subprocess.DEVNULL, close_fds=False)
+        rows: list[dict[str, Any]] = json.loads(out.read_text())["rows"]
+    return rows
+
+
+def pick(rows: list[dict[str, Any]], workload: str, variant: str, metric: str) -> float | None:
+    """The median of one peer row, or None."""
+    for row in rows:
+        if (row["workload"], row["variant"], row["metric"]) == (workload, variant, metric):
+            value: float = row["median"]
+            return value
+    return None
