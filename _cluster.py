@@ -420,10 +420,10 @@ async def _in_processes(
     """``transport="capnp"``: the same actors, each host in a process of its own."""
     from ._distributed import process_cluster
 
-    if clock is not None or device_cls is not SimDevice or not isinstance(scheduler, str):
+    if clock is not None or not isinstance(scheduler, str):
         raise ValueError(
-            "transport='capnp' runs simulated devices on wall-clock time with one "
-            "scheduler for every island (no clock=, device_cls= or per-island scheduler)"
+            "transport='capnp' runs on wall-clock time with one scheduler for every "
+            "island (no clock= and no per-island scheduler)"
         )
     async with process_cluster(
         islands * hosts_per_island,
@@ -432,6 +432,7 @@ async def _in_processes(
         scheduler=scheduler,
         cost=cost,
         owner=owner,
+        device_cls=device_cls,
     ) as cluster:
         yield cluster
 

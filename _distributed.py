@@ -86,8 +86,9 @@ class ClusterBuilder(Actor):
             raise AtollError(f"the cluster is full ({self.expected} hosts)")
         island = host_id * self.islands // self.expected
         ids = list(range(host_id * self.per_host, (host_id + 1) * self.per_host))
+        host_cls = self.device_cls.host_cls or Host
         host = await node.spawn(
-            f"{Host.__module__}:Host",
+            f"{host_cls.__module__}:{host_cls.__qualname__}",
             host_id,
             island,
             ids,
@@ -165,8 +166,15 @@ def _die_with_parent() -> None:
         raise SystemExit("atoll host: the launcher is already gone")
 
 
-def _start_hosts(count: int, address: str, token: bytes) -> list[subprocess.Popen[bytes]]:
+def _start_hosts(
+    count: int, address: str, token: bytes, devices: int
+) -> list[subprocess.Popen[bytes]]:
     env = dict(os.environ, ATOLL_TOKEN=token.hex(), ATOLL_PARENT_PID=str(os.getpid()))
+    env["ATOLL_JAX_LOCAL"] = "1"  # a JaxDevice takes its host's own JAX devices
+    if "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
+        # without accelerators, give each host process enough fake CPU devices
+        flags = env.get("XLA_FLAGS", "")
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={devices}".strip()
     command = [sys.executable, "-m", "atoll.cli", "host", "--join", address]
     # close_fds=False lets subprocess use posix_spawn: no fork, so no at-fork
     # hooks (JAX warns in one, rightly, for forks of a threaded process). Our
@@ -196,6 +204,7 @@ async def _controller(
     address: str,
     token: bytes,
     start_timeout: float,
+    device_cls: type[Device] = SimDevice,
 ) -> AsyncIterator[tuple[ActorSystem, CapnpListener, ClusterInfo]]:
     """Serve a controller here, start the host processes, wait until all joined."""
     async with capnp_runtime(), ActorSystem("controller") as system:
@@ -207,9 +216,10 @@ async def _controller(
             devices_per_host,
             scheduler,
             cost,
+            device_cls,
             name="cluster",
         )
-        processes = _start_hosts(hosts, listener.address, token)
+        processes = _start_hosts(hosts, listener.address, token, devices_per_host)
         try:
             info = await asyncio.wait_for(_awaitable(builder.cluster()), start_timeout)
             yield system, listener, info
@@ -228,6 +238,7 @@ async def process_cluster(
     cost: CostModel | None = None,
     owner: str = "client0",
     start_timeout: float = 120.0,
+    device_cls: type[Device] = SimDevice,
 ) -> AsyncIterator[Cluster]:
     """Like ``local_cluster``, with every host in a process of its own.
 
@@ -246,6 +257,7 @@ async def process_cluster(
         "capnp://127.0.0.1:0",
         default_token(),
         start_timeout,
+        device_cls,
     ) as (system, _, info):
         yield Cluster(system, info.controller, info.topology, info.devices, info.hosts, owner)
 
@@ -258,6 +270,7 @@ async def run_up(
     cluster_file: str,
     scheduler: str = "fifo",
     host: str = "127.0.0.1",
+    device_cls: type[Device] = SimDevice,
 ) -> None:
     """``atoll up``: serve the controller, start the hosts, wait for a signal."""
     token = default_token()
@@ -271,6 +284,7 @@ async def run_up(
         f"capnp://{host}:{port}",
         token,
         120.0,
+        device_cls,
     ) as (_, listener, info):
         ClusterFile(listener.address, token).write(cluster_file)
         print(

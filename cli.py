@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--hosts", type=_positive, default=2)
     up.add_argument("--islands", type=_positive, default=1)
     up.add_argument("--devices-per-host", type=_positive, default=4)
-    up.add_argument("--device", choices=["sim"], default="sim")
+    up.add_argument("--device", choices=["sim", "jax"], default="sim")
     up.add_argument("--port", type=int, default=0, help="controller port (0: any free one)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
     up.add_argument("--scheduler", default="fifo")
@@ -75,7 +75,13 @@ def _up(args: argparse.Namespace) -> int:
     import asyncio
 
     from ._distributed import run_up
+    from .devices import Device, SimDevice
 
+    device_cls: type[Device] = SimDevice
+    if args.device == "jax":
+        from .devices.jax_device import JaxDevice
+
+        device_cls = JaxDevice
     asyncio.run(
         run_up(
             args.hosts,
@@ -85,6 +91,7 @@ def _up(args: argparse.Namespace) -> int:
             args.cluster_file,
             args.scheduler,
             args.host,
+            device_cls,
         )
     )
     return 0

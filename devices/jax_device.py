@@ -20,6 +20,7 @@ thread while the actor awaits it, so other actors keep dispatching.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -55,8 +56,16 @@ class JaxHost(Host):
 
 
 def jax_device(device_id: int) -> jax.Device:
-    """The JAX device behind atoll device ``device_id``."""
+    """The JAX device behind atoll device ``device_id``.
+
+    In one process, device ``d`` is ``jax.devices()[d]``. In a cluster of host
+    processes (``atoll up --device jax``), each process sees only its own
+    devices: ``ATOLL_JAX_LOCAL=1`` makes ``d`` map to ``d % len(jax.devices())``,
+    its place among the host's devices when hosts hold equal numbers.
+    """
     devices = jax.devices()
+    if os.environ.get("ATOLL_JAX_LOCAL") == "1":
+        return devices[device_id % len(devices)]
     if device_id >= len(devices):
         raise RuntimeError(f"atoll device {device_id} has no JAX device: JAX sees {len(devices)}")
     return devices[device_id]

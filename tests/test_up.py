@@ -132,3 +132,14 @@ async def test_capnp_is_a_parameter_of_local_cluster() -> None:
         np.testing.assert_allclose(await cluster.fetch(y), affine(affine(np.ones(3, np.float32))))
         stats = await cluster.device_stats()
         assert [s.computations for s in stats] == [1, 1]
+
+
+@pytest.mark.timeout(180)
+async def test_jax_devices_in_host_processes() -> None:
+    from atoll.devices.jax_device import JaxDevice
+
+    async with atoll.local_cluster(1, 2, 2, transport="capnp", device_cls=JaxDevice) as cluster:
+        x = cluster.put(np.arange(6, dtype=np.float32), 1)  # host 0
+        y = cluster.run(STEP, 3, [cluster.run(STEP, 2, [x])])  # host 1, then again
+        expected = affine(affine(np.arange(6, dtype=np.float32)))
+        np.testing.assert_allclose(await cluster.fetch(y), expected, rtol=1e-6)
