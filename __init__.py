@@ -32,6 +32,15 @@ from .kernel._program import program as program
 __version__ = "0.1.0"
 
 
+def __getattr__(name: str) -> Any:
+    """``atoll.partition`` on first use (it pulls in the solver's imports)."""
+    if name == "partition":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.partition")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def connect(target: str | os.PathLike[str], *, token: bytes | None = None) -> Any:
     """Connect to a node or cluster: ``async with atoll.connect(...) as client``.
 

@@ -61,6 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an example (each is checked against plain JAX)")
     run.add_argument("example", choices=EXAMPLES)
     run.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    from .schedulers.partition.cli import add_commands as add_partition_commands
+
+    add_partition_commands(sub)
     sub.add_parser("version", help="print the version")
     return parser
 
@@ -112,6 +115,7 @@ def _host(args: argparse.Namespace) -> int:
 BENCHMARKS = {
     "transport": "atoll.transports.capnp.bench",
     "dispatch": "atoll._bench_dispatch",
+    "partition": "atoll.schedulers.partition.bench",
 }
 
 
@@ -162,6 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _up(args)
     if args.command == "run":
         return _run(args)
+    from .schedulers.partition.cli import COMMANDS as PARTITION_COMMANDS
+    from .schedulers.partition.cli import run as run_partition
+
+    if args.command in PARTITION_COMMANDS:
+        return run_partition(args)
     if args.command == "host":
         return _host(args)
     from . import __version__

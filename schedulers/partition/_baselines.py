@@ -1,0 +1,92 @@
+"""Baselines at an equal budget of evaluated (repaired) partitions.
+
+Each evaluation is one candidate, repaired by the shared CP-SAT step, then
+scored by the cost model. ``Tracker`` keeps the best so far and the curve.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._cost import IntArray, throughput
+from ._graph import Graph
+from ._hardware import Chiplets
+from ._repair import Repairer
+
+__all__ = ["Progress", "Tracker", "random_search", "simulated_annealing"]
+
+Progress = Callable[[int, int, float], None]
+
+
+@dataclass
+class Tracker:
+    """Counts evaluations, keeps the best valid assignment and its history."""
+
+    graph: Graph
+    chiplets: Chiplets
+    repairer: Repairer
+    budget: int
+    progress: Progress | None = None
+    best: IntArray | None = None
+    best_tp: float = 0.0
+    history: list[float] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def left(self) -> int:
+        """Evaluations still allowed."""
+        return self.budget - len(self.history)
+
+    def evaluate(self, candidate: IntArray) -> tuple[IntArray, float]:
+        """Repair ``candidate``, score it, record it; returns (repaired, throughput)."""
+        fixed = self.repairer(candidate)
+        tp = throughput(self.graph, self.chiplets, fixed)
+        if tp > self.best_tp:
+            self.best, self.best_tp = fixed, tp
+        self.history.append(self.best_tp)
+        self.times.append(time.perf_counter() - self.started)
+        if self.progress is not None:
+            self.progress(len(self.history), self.budget, self.best_tp)
+        return fixed, tp
+
+
+def random_search(t: Tracker, rng: np.random.Generator) -> None:
+    """Uniformly random candidates, each repaired."""
+    n, c = len(t.graph), t.chiplets.count
+    while t.left > 0:
+        t.evaluate(rng.integers(0, c, n))
+
+
+def _neighbour(a: IntArray, c: int, rng: np.random.Generator) -> IntArray:
+    """Shift one boundary: move the last few nodes of chip k to k + 1, or the
+    first few of chip k + 1 to k (repair fixes whatever this breaks)."""
+    b = a.copy()
+    k = int(rng.integers(0, max(c - 1, 1)))
+    if rng.random() < 0.5:
+        idx, to = np.flatnonzero(a == k)[::-1], min(k + 1, c - 1)
+    else:
+        idx, to = np.flatnonzero(a == k + 1), k
+    if len(idx) > 1:
+        b[idx[: int(rng.integers(1, max(2, len(idx) // 3) + 1))]] = to
+    return b
+
+
+def simulated_annealing(
+    t: Tracker, rng: np.random.Generator, t0: float = 0.05, t1: float = 0.002
+) -> None:
+    """Metropolis on log-throughput, temperature falling geometrically from t0 to t1."""
+    c = t.chiplets.count
+    cur, cur_tp = t.evaluate(rng.integers(0, c, len(t.graph)))
+    steps = max(t.left, 1)
+    for step in range(steps):
+        temp = t0 * (t1 / t0) ** (step / steps)
+        cand, tp = t.evaluate(_neighbour(cur, c, rng))
+        gain = math.log(max(tp, 1e-30)) - math.log(max(cur_tp, 1e-30))
+        if gain >= 0 or rng.random() < math.exp(gain / temp):
+            cur, cur_tp = cand, tp

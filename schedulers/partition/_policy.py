@@ -1,0 +1,197 @@
+"""The policy network, in plain JAX: a small GNN with attention.
+
+It reads any graph on any number of chiplets: node features go through two
+rounds of message passing (mean over producers, mean over consumers) and one
+self-attention layer. Each node's embedding then shifts its position along
+the pipeline, a fraction ``f`` in (0, 1), away from a prior (a learned blend of
+the node's midpoints in the cumulative compute and in the cumulative weights),
+in logit space; the logit of chiplet ``k`` is
+``-precision * (f * count - 0.5 - k)^2`` (a bump centred on the chiplet at that
+fraction), plus a correction from a shared scorer of (node, chiplet) pair
+features (where the node sits in the cumulative compute and weights, scaled
+by the chiplet count, against ``k``). The logits are per node and per chiplet,
+and neither the graph size nor the chiplet count is baked into the weights. Parameters are a flat
+``dict[str, np.ndarray]`` and save to ``.npz``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ._cost import node_times
+from ._dp import cut_traffic
+from ._graph import Graph
+from ._hardware import Chiplets
+
+__all__ = ["Encoded", "Policy", "encode", "init_params", "logits"]
+
+Params = dict[str, Any]
+KINDS = (("matmul", "conv"), ("attention",), ("norm", "softmax", "reduce"), ("add",))
+NODE_FEATURES = 8 + len(KINDS)
+PAIR_FEATURES = 5
+PAD = 32
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """A (graph, chiplets) pair as padded arrays the network reads."""
+
+    nodes: NDArray[np.float32]  # (n_pad, NODE_FEATURES)
+    pairs: NDArray[np.float32]  # (n_pad, count, PAIR_FEATURES)
+    a_in: NDArray[np.float32]  # (n_pad, n_pad): mean over producers
+    a_out: NDArray[np.float32]  # (n_pad, n_pad): mean over consumers
+    mask: NDArray[np.float32]  # (n_pad,): 1 for real nodes
+    n: int
+
+
+def _mid_cumulative(x: NDArray[np.float64]) -> NDArray[np.float64]:
+    total = max(float(x.sum()), 1e-30)
+    c = np.cumsum(x)
+    result: NDArray[np.float64] = (c - x / 2) / total
+    return result
+
+
+def _node_features(graph: Graph, chiplets: Chiplets) -> NDArray[np.float64]:
+    n = len(graph)
+    t, w, out = node_times(graph, chiplets), graph.array("weights"), graph.array("out")
+    cut = cut_traffic(graph)[1:]
+    kinds = [[float(node.kind in group) for group in KINDS] for node in graph.nodes]
+    cols = [
+        np.arange(n) / max(n - 1, 1),
+        _mid_cumulative(t),
+        _mid_cumulative(w) if w.sum() > 0 else _mid_cumulative(t),
+        np.log1p(t / max(float(t.mean()), 1e-30)),
+        w / chiplets.sram_bytes,
+        np.log1p(out / max(float(out.mean()), 1e-30)),
+        np.log1p(cut / max(float(out.mean()), 1e-30)),
+        np.full(n, graph.total_weight_bytes / (chiplets.count * chiplets.sram_bytes)),
+    ]
+    return np.concatenate([np.stack(cols, axis=1), np.array(kinds)], axis=1)
+
+
+def encode(graph: Graph, chiplets: Chiplets) -> Encoded:
+    """Features and adjacency of ``graph`` on ``chiplets``, padded to a multiple of 32."""
+    n, c = len(graph), chiplets.count
+    size = -(-n // PAD) * PAD
+    feats = _node_features(graph, chiplets)
+    nodes = np.zeros((size, NODE_FEATURES), np.float32)
+    nodes[:n] = feats
+    k = np.arange(c)[None, :]
+    mem_pos = np.cumsum(graph.array("weights")) / chiplets.sram_bytes
+    pairs = np.zeros((size, c, PAIR_FEATURES), np.float32)
+    pairs[:n, :, 0] = feats[:, 1:2] * c - k - 0.5
+    pairs[:n, :, 1] = feats[:, 2:3] * c - k - 0.5
+    pairs[:n, :, 2] = np.minimum(mem_pos[:, None] - k, 4.0)
+    pairs[:n, :, 3] = k / max(c - 1, 1)
+    pairs[:n, :, 4] = 1.0 / c
+    a_in = np.zeros((size, size), np.float32)
+    a_in[graph.array("dst"), graph.array("src")] = 1.0
+    a_out = a_in.T.copy()
+    for a in (a_in, a_out):
+        a /= np.maximum(a.sum(axis=1, keepdims=True), 1.0)
+    mask = np.zeros(size, np.float32)
+    mask[:n] = 1.0
+    return Encoded(nodes, pairs, a_in, a_out, mask, n)
+
+
+def init_params(seed: int = 0, hidden: int = 32) -> Params:
+    """Fresh parameters (Glorot-style scale) for a network of width ``hidden``."""
+    rng = np.random.default_rng(seed)
+
+    def dense(i: int, o: int) -> NDArray[np.float32]:
+        w: NDArray[np.float32] = (rng.normal(size=(i, o)) * np.sqrt(2.0 / (i + o))).astype(
+            np.float32
+        )
+        return w
+
+    p: Params = {"w_in": dense(NODE_FEATURES, hidden), "b_in": np.zeros(hidden, np.float32)}
+    for r in range(2):
+        p[f"w_mp{r}"] = dense(3 * hidden, hidden)
+        p[f"b_mp{r}"] = np.zeros(hidden, np.float32)
+    for name in ("wq", "wk", "wv", "wo"):
+        p[name] = dense(hidden, hidden)
+    p["w_node"] = dense(hidden, hidden)
+    p["w_pair"] = dense(PAIR_FEATURES, hidden)
+    p["b_pair"] = np.zeros(hidden, np.float32)
+    p["w_logit"] = np.zeros((hidden, 1), np.float32)
+    p["w_skip"] = np.zeros((PAIR_FEATURES, 1), np.float32)
+    p["w_pos"] = dense(hidden, 1) * 0.1
+    p["w_pos_direct"] = np.zeros((NODE_FEATURES, 1), np.float32)
+    p["b_pos"] = np.zeros(1, np.float32)
+    p["log_precision"] = np.ones(1, np.float32)
+    p["mix"] = np.full(1, 2.0, np.float32)
+    return p
+
+
+def logits(p: Params, nodes: Any, pairs: Any, a_in: Any, a_out: Any, mask: Any) -> Any:
+    """Per-node, per-chiplet logits ``(n_pad, count)``; traceable by ``jax.jit``."""
+    import jax
+    import jax.numpy as jnp
+
+    def norm(h: Any) -> Any:  # RMS norm keeps embeddings O(1) on graphs of any size
+        return h / jnp.sqrt(jnp.mean(jnp.square(h), axis=-1, keepdims=True) + 1e-6)
+
+    h = norm(jax.nn.relu(nodes @ p["w_in"] + p["b_in"]))
+    for r in range(2):
+        msg = jnp.concatenate([h, a_in @ h, a_out @ h], axis=1)
+        h = norm(h + jax.nn.relu(msg @ p[f"w_mp{r}"] + p[f"b_mp{r}"]))
+    q, k, v = h @ p["wq"], h @ p["wk"], h @ p["wv"]
+    scores = q @ k.T / np.sqrt(h.shape[1]) + (mask[None, :] - 1.0) * 1e9
+    h = norm(h + (jax.nn.softmax(scores, axis=-1) @ v) @ p["wo"])
+    count = pairs.shape[1]
+    mix = jax.nn.sigmoid(p["mix"])  # learned blend of compute- and weight-balanced positions
+    prior = jnp.clip(mix * nodes[:, 1:2] + (1 - mix) * nodes[:, 2:3], 1e-3, 1 - 1e-3)
+    shift = h @ p["w_pos"] + nodes @ p["w_pos_direct"] + p["b_pos"]
+    frac = jax.nn.sigmoid(jnp.log(prior / (1 - prior)) + shift)  # (n, 1)
+    dist = frac * count - 0.5 - jnp.arange(count)[None, :]
+    z = jax.nn.relu((h @ p["w_node"])[:, None, :] + pairs @ p["w_pair"] + p["b_pair"])
+    bump = -jnp.square(dist) * jnp.exp(p["log_precision"])
+    return bump + (z @ p["w_logit"] + pairs @ p["w_skip"])[..., 0]
+
+
+class Policy:
+    """A partitioning policy: parameters plus save/load. Train it with :mod:`._rl`."""
+
+    def __init__(self, params: Params | None = None, seed: int = 0) -> None:
+        self.params: Params = params if params is not None else init_params(seed)
+        self.trained_evaluations = 0
+
+    def save(self, path: str | Path) -> None:
+        """Write the parameters to a ``.npz`` checkpoint."""
+        arrays: dict[str, Any] = {k: np.asarray(v) for k, v in self.params.items()}
+        arrays["__evaluations__"] = np.array(self.trained_evaluations)
+        with Path(path).open("wb") as f:
+            np.savez(f, **arrays)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        """Read a checkpoint written by :meth:`save`."""
+        with np.load(path) as data:
+            params = {k: data[k].astype(np.float32) for k in data.files if not k.startswith("__")}
+            policy = cls(params)
+            policy.trained_evaluations = int(data["__evaluations__"])
+        missing = set(init_params()) - set(params)
+        if missing:
+            raise ValueError(f"{path}: not a partition policy checkpoint (missing {missing})")
+        return policy
+
+    def logits(self, enc: Encoded) -> NDArray[np.float64]:
+        """Logits ``(n, count)`` for the real nodes of an encoded graph."""
+        out = _jit_logits()(self.params, enc.nodes, enc.pairs, enc.a_in, enc.a_out, enc.mask)
+        return np.asarray(out, dtype=np.float64)[: enc.n]
+
+
+_JIT: dict[str, Any] = {}
+
+
+def _jit_logits() -> Any:
+    if "logits" not in _JIT:
+        import jax
+
+        _JIT["logits"] = jax.jit(logits)
+    return _JIT["logits"]

@@ -1,0 +1,158 @@
+"""Solver repair: the valid assignment nearest to any candidate, by OR-Tools CP-SAT.
+
+Every method shares this step. The metric is the **total displacement**
+``sum_i |a[i] - candidate[i]|`` (an L1 distance along the chain): moving a node
+two chiplets costs twice as much as moving it one. The candidate is also given
+to the solver as a hint. A valid candidate is returned unchanged without
+calling the solver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...kernel import AtollError
+from ._cost import IntArray, as_assignment, is_valid
+from ._graph import Graph
+from ._hardware import Chiplets
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
+
+__all__ = ["InfeasibleError", "Repairer", "SolverModel", "build_model", "repair"]
+
+
+class InfeasibleError(AtollError):
+    """No assignment of this graph to these chiplets meets every constraint."""
+
+
+@dataclass
+class SolverModel:
+    """A CP-SAT model of the constraints, in the order encoding.
+
+    ``ge[i][k]`` is "node i sits on chip k or later" (``ge[i][0]`` is the
+    constant 1), ``x[i][k]`` is "node i sits on chip k". Forward flow and the
+    hop limit become two-literal implications between ``ge`` variables, which
+    propagate (and relax) far better than integer differences.
+    """
+
+    model: cp_model.CpModel
+    x: list[list[cp_model.IntVar]]
+    ge: list[list[cp_model.IntVar | int]]
+
+    def chips(self, solver: cp_model.CpSolver) -> IntArray:
+        """The assignment in ``solver``'s solution."""
+        return np.array(
+            [sum(int(solver.value(v)) for v in row[1:]) for row in self.ge], dtype=np.int64
+        )
+
+
+def build_model(graph: Graph, chiplets: Chiplets) -> SolverModel:
+    """Encode the four constraints of ``docs/partition.md`` as a CP-SAT model."""
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    n, c, h = len(graph), chiplets.count, chiplets.hop_limit
+    ge: list[list[cp_model.IntVar | int]] = [
+        [1, *(model.new_bool_var(f"ge{i}_{k}") for k in range(1, c)), 0] for i in range(n)
+    ]
+    x = [[model.new_bool_var(f"x{i}_{k}") for k in range(c)] for i in range(n)]
+    for i in range(n):
+        for k in range(1, c - 1):
+            model.add_implication(ge[i][k + 1], ge[i][k])
+        for k in range(c):
+            model.add(x[i][k] == ge[i][k] - ge[i][k + 1])
+    for e in graph.edges:
+        for k in range(1, c):  # forward: chip(dst) >= chip(src)
+            model.add_implication(ge[e.src][k], ge[e.dst][k])
+            if k + h < c:  # hop limit: chip(dst) <= chip(src) + h
+                model.add_implication(ge[e.dst][k + h], ge[e.src][k])
+    weights = [int(np.ceil(w)) for w in graph.array("weights")]
+    for k in range(c):
+        heavy = [(w, x[i][k]) for i, w in enumerate(weights) if w > 0]
+        if heavy:  # the weights on a chiplet fit its SRAM
+            model.add(sum(w * v for w, v in heavy) <= int(chiplets.sram_bytes))
+        model.add_at_least_one([x[i][k] for i in range(n)])  # every chiplet used
+    return SolverModel(model, x, ge)
+
+
+def describe_infeasible(graph: Graph, chiplets: Chiplets) -> str:
+    """Explain, as far as cheap checks can, why nothing is valid."""
+    n, c = len(graph), chiplets.count
+    w = graph.array("weights")
+    why = [f"graph {graph.name!r} ({n} nodes) has no valid partition on {c} chiplets"]
+    if n < c:
+        why.append(f"{n} nodes cannot use all {c} chiplets")
+    if w.sum() > c * chiplets.sram_bytes:
+        why.append(f"{w.sum():.0f} B of weights exceed {c} x {chiplets.sram_bytes:.0f} B of SRAM")
+    if w.size and w.max() > chiplets.sram_bytes:
+        why.append(f"node {int(w.argmax())} alone needs {w.max():.0f} B > SRAM")
+    if len(why) == 1:
+        why.append("the chain constraints (forward flow, hop limit) leave no room")
+    return "; ".join(why)
+
+
+class Repairer:
+    """Repairs candidates for one (graph, chiplets) pair, reusing its CP-SAT model.
+
+    ``time_limit_s`` bounds each solve; when it runs out, the nearest valid
+    assignment found so far is returned. Raises :class:`InfeasibleError` when
+    the solver proves that no valid assignment exists, or finds none in time.
+    """
+
+    def __init__(self, graph: Graph, chiplets: Chiplets, time_limit_s: float = 5.0) -> None:
+        self.graph, self.chiplets, self.time_limit_s = graph, chiplets, time_limit_s
+        self._sm: SolverModel | None = None
+        self._cache: dict[bytes, IntArray] = {}
+        self.calls = 0
+        self.solves = 0
+
+    def __call__(self, candidate: Any) -> IntArray:
+        """The valid assignment with the least total displacement from ``candidate``."""
+        cand = as_assignment(self.graph, self.chiplets, candidate)
+        self.calls += 1
+        if is_valid(self.graph, self.chiplets, cand):
+            return cand
+        key = cand.tobytes()
+        if key not in self._cache:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = self._solve(cand)
+        return self._cache[key].copy()
+
+    def _solve(self, cand: IntArray) -> IntArray:
+        from ortools.sat.python import cp_model
+
+        if self._sm is None:
+            self._sm = build_model(self.graph, self.chiplets)
+        sm = self._sm
+        sm.model.clear_hints()  # type: ignore[no-untyped-call]
+        terms: list[Any] = []
+        for i, want in enumerate(cand.tolist()):
+            row = sm.ge[i]
+            for k in range(1, self.chiplets.count):  # |chip - want| = sum of wrong ge bits
+                var = row[k]
+                assert not isinstance(var, int)  # only ge[i][0] and ge[i][count] are constants
+                sm.model.add_hint(var, k <= want)
+                terms.append(1 - var if k <= want else var)
+        sm.model.minimize(sum(terms))
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = self.time_limit_s
+        solver.parameters.num_workers = 1
+        solver.parameters.linearization_level = 2
+        status = solver.solve(sm.model)
+        self.solves += 1
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            reason = describe_infeasible(self.graph, self.chiplets)
+            if status != cp_model.INFEASIBLE:
+                reason += f" (no valid assignment found within {self.time_limit_s} s)"
+            raise InfeasibleError(reason)
+        return sm.chips(solver)
+
+
+def repair(graph: Graph, chiplets: Chiplets, candidate: Any, time_limit_s: float = 5.0) -> IntArray:
+    """One-shot :class:`Repairer`: the valid assignment nearest to ``candidate``."""
+    return Repairer(graph, chiplets, time_limit_s)(candidate)

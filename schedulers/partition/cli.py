@@ -1,0 +1,181 @@
+"""The ``atoll partition`` and ``atoll partition-train`` commands.
+
+Wire them into a parser with :func:`add_commands`, then dispatch with
+:func:`run` (it returns the exit status)::
+
+    atoll partition bert --chiplets 4 --method rl --policy p.npz --picture bert.png
+    atoll partition-train --evaluations 2000 --save p.npz --curve train.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from ._cost import Partition
+from ._graph import Graph, load_graph
+from ._hardware import Chiplets, MiB
+from ._models import builtin_graph, builtin_names
+from ._policy import Policy
+from ._progress import ProgressBar
+from ._repair import InfeasibleError
+from ._search import METHODS, search
+
+__all__ = ["add_commands", "format_partition", "load_graph_arg", "run"]
+
+COMMANDS = ("partition", "partition-train")
+
+
+def add_commands(subparsers: Any) -> None:
+    """Add ``partition`` and ``partition-train`` to an argparse subparsers object."""
+    p = subparsers.add_parser("partition", help="place a graph's operations onto chiplets")
+    p.add_argument("graph", help=f"a JSON file, module.py:function, or one of {builtin_names()}")
+    p.add_argument("--chiplets", type=int, default=4)
+    p.add_argument("--method", choices=METHODS, default="rl")
+    p.add_argument("--budget", type=int, default=64, help="evaluated partitions")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sram-mib", type=float, default=None, help="SRAM per chiplet")
+    p.add_argument("--hop-limit", type=int, default=1)
+    p.add_argument("--time-limit", type=float, default=30.0, help="solver seconds")
+    p.add_argument("--policy", type=Path, help="load this .npz policy (rl fine-tunes it)")
+    p.add_argument("--save-policy", type=Path, help="save the fine-tuned policy (.npz)")
+    p.add_argument("--picture", type=Path, help="write a PNG of the partition")
+    p.add_argument("--curve", type=Path, help="write a PNG of the search curve")
+    p.add_argument("--save-graph", type=Path, help="write the graph as JSON")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    t = subparsers.add_parser("partition-train", help="pre-train a policy on synthetic graphs")
+    t.add_argument("--evaluations", type=int, default=2000, help="repaired samples in all")
+    t.add_argument("--graphs", type=int, default=24, help="synthetic graphs in the set")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--policy", type=Path, help="start from this .npz policy")
+    t.add_argument("--save", type=Path, required=True, help="write the policy (.npz)")
+    t.add_argument("--curve", type=Path, help="write a PNG of the training curve")
+
+
+def load_graph_arg(text: str) -> Graph:
+    """A graph from a JSON path, a built-in name or ``path/to/module.py:function``."""
+    if ":" in text and text.split(":", 1)[0].endswith(".py"):
+        path, func = text.rsplit(":", 1)
+        spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"atoll partition: cannot import {path}")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        graph = getattr(module, func)()
+        if not isinstance(graph, Graph):
+            raise SystemExit(f"atoll partition: {text} returned {type(graph).__name__}, not Graph")
+        return graph
+    if Path(text).is_file():
+        return load_graph(text)
+    if text in builtin_names():
+        return builtin_graph(text)
+    raise SystemExit(f"atoll partition: {text!r} is no file, module.py:function or built-in")
+
+
+def format_partition(graph: Graph, part: Partition) -> str:
+    """A short human-readable report of a partition."""
+    lines = [
+        f"{graph.name}: {len(graph)} nodes on {len(part.stages)} chiplets by {part.method}",
+        f"throughput {part.throughput:,.1f} steps/s  valid={part.valid}  "
+        f"evaluations={part.evaluations}  wall {part.wall_s:.1f} s",
+        "chip  nodes  weights MiB  compute us  links us  stage us",
+    ]
+    for s in part.stages:
+        lines.append(
+            f"{s.chip:4d}  {len(s.nodes):5d}  {s.weight_bytes / MiB:11.1f}  "
+            f"{s.compute_s * 1e6:10.1f}  {s.comm_s * 1e6:8.1f}  {s.time_s * 1e6:8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def _partition(args: argparse.Namespace) -> int:
+    graph = load_graph_arg(args.graph)
+    if args.save_graph:
+        from ._graph import save_graph
+
+        save_graph(graph, args.save_graph)
+    sram = args.sram_mib * MiB if args.sram_mib else Chiplets().sram_bytes
+    chips = Chiplets(args.chiplets, sram_bytes=sram, hop_limit=args.hop_limit)
+    policy = Policy.load(args.policy) if args.policy else None
+    if args.method == "rl" and policy is None:
+        policy = Policy(seed=args.seed)
+    bar = ProgressBar(f"{args.method:>6}")
+    try:
+        part = search(
+            graph,
+            chips,
+            args.method,
+            args.budget,
+            policy,
+            args.seed,
+            progress=bar,
+            time_limit_s=args.time_limit,
+        )
+    except InfeasibleError as e:
+        print(f"atoll partition: infeasible: {e}", file=sys.stderr)
+        return 1
+    if args.save_policy and policy is not None:
+        policy.save(args.save_policy)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "graph": graph.name,
+                    "method": part.method,
+                    "throughput": part.throughput,
+                    "valid": part.valid,
+                    "assignment": list(part.assignment),
+                }
+            )
+        )
+    else:
+        print(format_partition(graph, part))
+    if args.picture:
+        from ._plot import plot_partition
+
+        plot_partition(graph, part, args.picture)
+    if args.curve:
+        from ._plot import plot_curves
+
+        plot_curves({part.method: part.history}, args.curve)
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from ._rl import pretrain
+    from ._synthetic import synthetic_cases
+
+    policy = Policy.load(args.policy) if args.policy else Policy(seed=args.seed)
+    cases = synthetic_cases(args.graphs, args.seed)
+    log = pretrain(
+        policy,
+        cases,
+        args.evaluations,
+        args.seed,
+        progress=ProgressBar("train", unit="", fmt=".2f", name="sample/best"),
+    )
+    policy.save(args.save)
+    print(
+        f"trained on {len(cases)} graphs for {log.evaluations[-1]} evaluations "
+        f"in {log.wall_s[-1]:.1f} s; saved {args.save}"
+    )
+    if args.curve:
+        from ._plot import plot_curves
+
+        window = 10
+        smooth = [
+            sum(log.best[max(0, i - window + 1) : i + 1]) / min(i + 1, window)
+            for i in range(len(log.best))
+        ]
+        curves = {"batch": log.best, f"moving mean ({window})": smooth}
+        plot_curves(curves, args.curve, "mean sample / best seen", x=log.evaluations)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed ``partition`` or ``partition-train`` command; returns the exit status."""
+    return _train(args) if args.command == "partition-train" else _partition(args)

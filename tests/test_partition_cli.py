@@ -1,0 +1,124 @@
+"""The partition commands, the pictures and the small benchmark configuration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from atoll.schedulers import partition as P
+from atoll.schedulers.partition import bench, cli
+
+
+def run_cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="atoll")
+    sub = parser.add_subparsers(dest="command", required=True)
+    cli.add_commands(sub)
+    return cli.run(parser.parse_args(argv))
+
+
+def test_partition_json_graph_with_picture_and_curve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    g, _ = P.synthetic_cases(1, seed=2)[0]
+    P.save_graph(g, tmp_path / "g.json")
+    rc = run_cli(
+        [
+            "partition",
+            str(tmp_path / "g.json"),
+            "--chiplets",
+            "2",
+            "--method",
+            "sa",
+            "--budget",
+            "6",
+            "--picture",
+            str(tmp_path / "p.png"),
+            "--curve",
+            str(tmp_path / "c.png"),
+            "--sram-mib",
+            "1e6",
+        ]
+    )
+    assert rc == 0
+    out = capsys.readouterr()
+    assert "throughput" in out.out and "6/6" in out.err  # result and progress bar
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pretrain_save_load_finetune_from_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ckpt, tuned = tmp_path / "p.npz", tmp_path / "tuned.npz"
+    rc = run_cli(
+        [
+            "partition-train",
+            "--evaluations",
+            "16",
+            "--graphs",
+            "2",
+            "--save",
+            str(ckpt),
+            "--curve",
+            str(tmp_path / "train.png"),
+        ]
+    )
+    assert rc == 0 and ckpt.exists() and (tmp_path / "train.png").exists()
+    module = tmp_path / "mymodel.py"
+    module.write_text(
+        "from atoll.schedulers.partition._models import mlp_graph\n\n\n"
+        "def build():\n    return mlp_graph([256] * 12, batch=64)\n"
+    )
+    rc = run_cli(
+        [
+            "partition",
+            f"{module}:build",
+            "--chiplets",
+            "3",
+            "--method",
+            "rl",
+            "--budget",
+            "8",
+            "--policy",
+            str(ckpt),
+            "--save-policy",
+            str(tuned),
+            "--sram-mib",
+            "1e6",
+            "--json",
+        ]
+    )
+    assert rc == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["valid"] and result["method"] == "rl"
+    assert P.Policy.load(tuned).trained_evaluations > P.Policy.load(ckpt).trained_evaluations
+
+
+def test_infeasible_from_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = run_cli(["partition", "mlp", "--chiplets", "2", "--method", "dp", "--sram-mib", "1"])
+    assert rc == 1
+    assert "infeasible" in capsys.readouterr().err
+
+
+def test_unknown_graph_is_an_error() -> None:
+    with pytest.raises(SystemExit, match="built-in"):
+        cli.load_graph_arg("no_such_graph")
+
+
+@pytest.mark.timeout(120)
+def test_small_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--small", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    cases = {r["case"] for r in rows}
+    for count in (4, 8):
+        for method in P.METHODS:
+            assert f"bert_c{count}_{method}" in cases
+        assert f"rl_vs_random_pct_c{count}" in cases and f"rl_vs_sa_pct_c{count}" in cases
+    assert "finetune_speedup" in cases
+    assert {"bench", "case", "system", "value", "unit"} <= set(rows[0])
+    assert {r["system"] for r in rows} == {"atoll", "paper"}
+    table = bench.format_table(rows)
+    assert "6.11" in table and "5.85" in table and "20.00" in table

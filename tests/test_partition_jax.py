@@ -1,0 +1,75 @@
+"""The JAX side of the partitioner: from_jax coarsening and the RL policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atoll.schedulers import partition as P
+
+
+def test_from_jax_fuses_elementwise_and_keeps_anchors() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    def block(w: Any, x: Any) -> Any:
+        h = jax.nn.gelu(x @ w["a"] + w["b"])  # matmul + bias + gelu: one node
+        y = h @ w["c"]
+        return x + y  # residual add: its own node
+
+    spec: Any = jax.ShapeDtypeStruct
+    w = {
+        "a": spec((64, 256), jnp.float32),
+        "b": spec((256,), jnp.float32),
+        "c": spec((256, 64), jnp.float32),
+    }
+    g = P.from_jax(block, w, spec((16, 64), jnp.float32), weight_argnums=(0,))
+    assert [n.kind for n in g.nodes] == ["input", "matmul", "matmul", "add"]
+    assert g.nodes[1].weight_bytes == (64 * 256 + 256) * 4
+    assert g.nodes[1].flops >= 2 * 16 * 64 * 256
+    assert (0, 3) in {(e.src, e.dst) for e in g.edges}  # the residual edge
+
+
+def test_bert_layer_structure() -> None:
+    g = P.bert_graph()
+    kinds = [n.kind for n in g.nodes]
+    assert kinds.count("softmax") == 12 and kinds.count("attention") == 24
+    assert kinds.count("add") == 24 and kinds.count("matmul") == 72
+    assert g.total_weight_bytes == pytest.approx(217.19e6, rel=0.01)
+
+
+def test_policy_handles_any_size_and_count(tmp_path: Path) -> None:
+    policy = P.Policy(seed=3)
+    for g, chips in P.synthetic_cases(3, seed=1):
+        from atoll.schedulers.partition._policy import encode
+
+        lg = policy.logits(encode(g, chips))
+        assert lg.shape == (len(g), chips.count) and np.isfinite(lg).all()
+
+
+def test_checkpoint_save_load_and_finetune(tmp_path: Path) -> None:
+    cases = P.synthetic_cases(2, seed=0)
+    policy = P.Policy(seed=0)
+    log = P.pretrain(policy, cases, evaluations=16, seed=0, batch=4)
+    assert log.evaluations[-1] >= 16 and policy.trained_evaluations >= 16
+    path = tmp_path / "policy.npz"
+    policy.save(path)
+    loaded = P.Policy.load(path)
+    assert loaded.trained_evaluations == policy.trained_evaluations
+    for k, v in policy.params.items():
+        np.testing.assert_allclose(loaded.params[k], v)
+    g, chips = P.synthetic_cases(1, seed=5)[0]
+    before = {k: v.copy() for k, v in loaded.params.items()}
+    part = P.search(g, chips, "rl", budget=12, policy=loaded, seed=1)
+    assert part.valid and part.evaluations == 12
+    assert any(not np.allclose(before[k], loaded.params[k]) for k in before)
+
+
+def test_load_rejects_other_files(tmp_path: Path) -> None:
+    path = tmp_path / "x.npz"
+    np.savez(path, a=np.zeros(2), __evaluations__=np.array(0))
+    with pytest.raises(ValueError, match="not a partition policy"):
+        P.Policy.load(path)
