@@ -4,6 +4,7 @@
 - ``pipeline``: a GPipe-style pipeline of a tiny transformer, 4 stages on 4 hosts.
 - ``two_islands``: a program whose value crosses the "datacenter network".
 - ``custom_scheduler``: a user's own island scheduler, selected by name.
+- ``partitioned_pipeline``: a pipeline whose stages the partitioner chose.
 """
 
 import importlib
@@ -11,7 +12,7 @@ import os
 
 __all__ = ["EXAMPLES", "run_example", "use_fake_cpu_devices"]
 
-EXAMPLES = ("spmd", "pipeline", "two_islands", "custom_scheduler")
+EXAMPLES = ("spmd", "pipeline", "two_islands", "custom_scheduler", "partitioned_pipeline")
 
 
 def use_fake_cpu_devices(n: int = 8) -> None:

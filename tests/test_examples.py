@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atoll.examples import custom_scheduler, pipeline, spmd, two_islands
+from atoll.examples import custom_scheduler, partitioned_pipeline, pipeline, spmd, two_islands
 
 pytestmark = pytest.mark.anyio
 
@@ -34,6 +34,14 @@ async def test_two_islands_cross_the_datacenter_link() -> None:
     assert result.modelled_s > two_islands.COST.transfer_time(result.crossed_bytes)
 
 
+async def test_the_partitioner_splits_a_pipeline_that_matches_the_model() -> None:
+    out, split = await partitioned_pipeline.run(micro_batches=4)
+    np.testing.assert_allclose(out, partitioned_pipeline.reference(), atol=1e-5)
+    assert [i for stage in split.stages for i in stage] == list(range(12))  # a chain split
+    assert all(split.stages)  # every device has a stage
+    assert split.throughput > split.even_throughput  # better than cutting evenly
+
+
 async def test_custom_scheduler_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     await custom_scheduler.main()
     assert "matches numpy: True" in capsys.readouterr().out
@@ -42,7 +50,13 @@ async def test_custom_scheduler_example_runs(capsys: pytest.CaptureFixture[str])
 def test_examples_run_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     from atoll.examples import EXAMPLES, run_example
 
-    assert set(EXAMPLES) == {"spmd", "pipeline", "two_islands", "custom_scheduler"}
+    assert set(EXAMPLES) == {
+        "spmd",
+        "pipeline",
+        "two_islands",
+        "custom_scheduler",
+        "partitioned_pipeline",
+    }
     assert run_example("custom_scheduler") == 0
     assert "matches numpy: True" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no example"):
