@@ -23,9 +23,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._cluster import Controller, DeviceInfo, IslandScheduler, Topology
@@ -43,7 +43,14 @@ from .transports.capnp import (
 if TYPE_CHECKING:
     from ._client import Cluster
 
-__all__ = ["ClusterBuilder", "ClusterInfo", "process_cluster", "run_host", "run_up"]
+__all__ = [
+    "ClusterBuilder",
+    "ClusterInfo",
+    "Layout",
+    "process_cluster",
+    "run_host",
+    "run_up",
+]
 
 
 @dataclass(frozen=True)
@@ -194,32 +201,47 @@ def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 10.0) -
             process.wait(10)
 
 
+@dataclass(frozen=True)
+class Layout:
+    """The shape of a process cluster.
+
+    ``hosts`` host processes are started on this machine; ``remote_hosts``
+    more are expected to join from elsewhere with ``atoll host --join``.
+    """
+
+    hosts: int
+    islands: int = 1
+    devices_per_host: int = 4
+    scheduler: str = "fifo"
+    cost: CostModel = field(default_factory=CostModel)
+    device_cls: type[Device] = SimDevice
+    remote_hosts: int = 0
+
+
 @asynccontextmanager
 async def _controller(
-    hosts: int,
-    islands: int,
-    devices_per_host: int,
-    scheduler: str,
-    cost: CostModel,
+    layout: Layout,
     address: str,
     token: bytes,
     start_timeout: float,
-    device_cls: type[Device] = SimDevice,
+    on_listening: Callable[[CapnpListener], None] | None = None,
 ) -> AsyncIterator[tuple[ActorSystem, CapnpListener, ClusterInfo]]:
     """Serve a controller here, start the host processes, wait until all joined."""
     async with capnp_runtime(), ActorSystem("controller") as system:
         listener = await CapnpTransport(token).serve(system, address)
         builder = await listener.node.spawn(
             f"{__name__}:ClusterBuilder",
-            hosts,
-            islands,
-            devices_per_host,
-            scheduler,
-            cost,
-            device_cls,
+            layout.hosts + layout.remote_hosts,
+            layout.islands,
+            layout.devices_per_host,
+            layout.scheduler,
+            layout.cost,
+            layout.device_cls,
             name="cluster",
         )
-        processes = _start_hosts(hosts, listener.address, token, devices_per_host)
+        if on_listening is not None:
+            on_listening(listener)
+        processes = _start_hosts(layout.hosts, listener.address, token, layout.devices_per_host)
         try:
             info = await asyncio.wait_for(_awaitable(builder.cluster()), start_timeout)
             yield system, listener, info
@@ -248,48 +270,35 @@ async def process_cluster(
     """
     from ._client import Cluster
 
-    async with _controller(
-        hosts,
-        islands,
-        devices_per_host,
-        scheduler,
-        cost or CostModel(),
-        "capnp://127.0.0.1:0",
-        default_token(),
-        start_timeout,
-        device_cls,
-    ) as (system, _, info):
+    layout = Layout(hosts, islands, devices_per_host, scheduler, cost or CostModel(), device_cls)
+    address, token = "capnp://127.0.0.1:0", default_token()
+    async with _controller(layout, address, token, start_timeout) as (system, _, info):
         yield Cluster(system, info.controller, info.topology, info.devices, info.hosts, owner)
 
 
-async def run_up(
-    hosts: int,
-    islands: int,
-    devices_per_host: int,
-    port: int,
-    cluster_file: str,
-    scheduler: str = "fifo",
-    host: str = "127.0.0.1",
-    device_cls: type[Device] = SimDevice,
-) -> None:
-    """``atoll up``: serve the controller, start the hosts, wait for a signal."""
+async def run_up(layout: Layout, address: str, cluster_file: str, timeout: float = 600) -> None:
+    """``atoll up``: serve the controller, start the hosts, wait for a signal.
+
+    The cluster file is written as soon as the controller listens, so hosts on
+    other machines can take the token from it and join.
+    """
     token = default_token()
     stop = _stop_event()
-    async with _controller(
-        hosts,
-        islands,
-        devices_per_host,
-        scheduler,
-        CostModel(),
-        f"capnp://{host}:{port}",
-        token,
-        120.0,
-        device_cls,
-    ) as (_, listener, info):
+
+    def listening(listener: CapnpListener) -> None:
         ClusterFile(listener.address, token).write(cluster_file)
+        waiting = f"; waiting for {layout.remote_hosts} more" if layout.remote_hosts else ""
         print(
-            f"atoll cluster up at {listener.address}: {hosts} hosts, "
-            f"{len(info.topology.devices)} devices; cluster file {cluster_file}",
+            f"atoll controller listening at {listener.address}; cluster file "
+            f"{cluster_file}{waiting}",
+            flush=True,
+        )
+
+    async with _controller(layout, address, token, timeout, listening) as (_, listener, info):
+        total = layout.hosts + layout.remote_hosts
+        print(
+            f"atoll cluster up at {listener.address}: {total} hosts, "
+            f"{len(info.topology.devices)} devices",
             flush=True,
         )
         await stop.wait()

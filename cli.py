@@ -47,7 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--login-timeout", type=float, default=10.0)
     node.add_argument("--cluster-file", help="write address and token here, for atoll.connect")
     up = sub.add_parser("up", help="start a controller and host processes on this machine")
-    up.add_argument("--hosts", type=_positive, default=2)
+    up.add_argument("--hosts", type=_positive, default=2, help="host processes started here")
+    up.add_argument(
+        "--remote-hosts",
+        type=int,
+        default=0,
+        help="more hosts expected to join from elsewhere (atoll host --join)",
+    )
     up.add_argument("--islands", type=_positive, default=1)
     up.add_argument("--devices-per-host", type=_positive, default=4)
     up.add_argument("--device", choices=["sim", "jax"], default="sim")
@@ -58,6 +64,11 @@ def _parser() -> argparse.ArgumentParser:
     host = sub.add_parser("host", help="join a host to a running cluster")
     host.add_argument("--join", required=True, help="controller address, capnp://HOST:PORT")
     host.add_argument("--cluster-file", help="take the token from this file")
+    host.add_argument(
+        "--listen",
+        default="capnp://127.0.0.1:0",
+        help="where this host serves its buffers to other hosts",
+    )
     run = sub.add_parser("run", help="run an example (each is checked against plain JAX)")
     run.add_argument("example", choices=EXAMPLES)
     run.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
@@ -77,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     import asyncio
 
-    from ._distributed import run_up
+    from ._distributed import Layout, run_up
     from .devices import Device, SimDevice
 
     device_cls: type[Device] = SimDevice
@@ -85,18 +96,15 @@ def _up(args: argparse.Namespace) -> int:
         from .devices.jax_device import JaxDevice
 
         device_cls = JaxDevice
-    asyncio.run(
-        run_up(
-            args.hosts,
-            args.islands,
-            args.devices_per_host,
-            args.port,
-            args.cluster_file,
-            args.scheduler,
-            args.host,
-            device_cls,
-        )
+    layout = Layout(
+        args.hosts,
+        args.islands,
+        args.devices_per_host,
+        args.scheduler,
+        device_cls=device_cls,
+        remote_hosts=args.remote_hosts,
     )
+    asyncio.run(run_up(layout, f"capnp://{args.host}:{args.port}", args.cluster_file))
     return 0
 
 
@@ -108,7 +116,7 @@ def _host(args: argparse.Namespace) -> int:
     from .transports.capnp import default_token
 
     token = ClusterFile.read(args.cluster_file).token if args.cluster_file else default_token()
-    asyncio.run(run_host(args.join, token))
+    asyncio.run(run_host(args.join, token, args.listen))
     return 0
 
 

@@ -70,7 +70,9 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
             "atoll.cli",
             "up",
             "--hosts",
-            "2",
+            "1",
+            "--remote-hosts",
+            "1",
             "--devices-per-host",
             "2",
             "--cluster-file",
@@ -83,7 +85,27 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
     )
     assert up.stdout is not None
     host_pids: list[int] = []
+    joiner: subprocess.Popen[str] | None = None
     try:
+        line = up.stdout.readline()  # the controller listens; its cluster file is written
+        assert "listening at" in line, line
+        address = line.split("listening at ")[1].split(";")[0]
+        # a host "from another machine": only the address and the cluster file
+        joiner = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "atoll.cli",
+                "host",
+                "--join",
+                address,
+                "--cluster-file",
+                str(cluster_file),
+            ],
+            stdout=subprocess.DEVNULL,
+            env={k: v for k, v in env.items() if k != "ATOLL_TOKEN"},
+            close_fds=False,
+        )
         for line in up.stdout:  # hosts announce themselves, then the cluster
             if "cluster up" in line:
                 break
@@ -122,6 +144,8 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
         up.send_signal(signal.SIGTERM)
         assert up.wait(60) == 0
         up.stdout.close()
+        if joiner is not None:
+            joiner.wait(30)  # it leaves when its controller goes
     assert not any(_alive(pid) for pid in host_pids)  # no orphans
 
 
