@@ -85,7 +85,7 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
     )
     assert up.stdout is not None
     host_pids: list[int] = []
-    joiner: subprocess.Popen[str] | None = None
+    joiner: subprocess.Popen[bytes] | None = None
     try:
         line = up.stdout.readline()  # the controller listens; its cluster file is written
         assert "listening at" in line, line
