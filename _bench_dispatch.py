@@ -53,7 +53,9 @@ DEVICES_PER_HOST = 4
 FLOPS_PER_S = 1e12
 COST = CostModel(flops_per_s=FLOPS_PER_S)
 SCALAR = Aval((1,), "float32")
-RPC_LATENCY_S = 200e-6  # a small Cap'n Proto call on this machine: 150-260 us (DESIGN.md)
+RPC_LATENCY_S = (
+    200e-6  # a small Cap'n Proto call on this machine: 150-260 us (shared/docs/DESIGN.md)
+)
 
 
 @dataclass(frozen=True)

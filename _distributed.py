@@ -10,9 +10,11 @@ remote device references. Clients then get the same :class:`Cluster` handle
 as in-process, through ``atoll.connect``: the actor code is the same, only the
 transport differs.
 
-The builder pings every host each second; a host that stops answering (or
-whose connection drops) is reported lost by :meth:`ClusterBuilder.status`,
-and the calls pending on it fail with ``HostLost``.
+A host whose process dies (its connection drops) fails the calls pending on
+it with ``HostLost``. :meth:`ClusterBuilder.status` asks every host, with a
+timeout, and reports the ones that died or stopped answering as lost. (Hosts
+that freeze without their connection dropping are only seen by ``status``;
+a heartbeat on the controller's side of host links is still to come.)
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from ._cluster import Controller, DeviceInfo, IslandScheduler, Topology
 from ._connect import ClusterFile
@@ -138,13 +142,16 @@ class ClusterBuilder(Actor):
         return self.ready
 
     @endpoint
-    async def status(self) -> list[dict[str, Any]]:
-        """Every joined host: its label and whether it still answers."""
+    async def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """Every joined host: its label and whether it answered within ``timeout``."""
         report = []
         for host_id, host in enumerate(self.hosts):
             if host_id not in self.lost:
                 try:
-                    await host.store_usage()
+                    with anyio.fail_after(timeout):
+                        await host.store_usage()
+                except TimeoutError:
+                    self.lost[host_id] = f"no answer within {timeout} s"
                 except (HostLost, AtollError) as exc:
                     self.lost[host_id] = str(exc)
             report.append(

@@ -320,10 +320,17 @@ class _Cell:
             for child in list(self.children):
                 await child.cancel(f"parent {self.actor_name} stopped")
             if instance is not None:
-                try:
-                    await instance.on_stop()
-                except Exception:
-                    _log.exception("%s.on_stop raised", self.actor_name)
+                with anyio.move_on_after(self.system.on_stop_timeout) as timer:
+                    try:
+                        await instance.on_stop()
+                    except Exception:
+                        _log.exception("%s.on_stop raised", self.actor_name)
+                if timer.cancelled_caught:
+                    _log.error(
+                        "%s.on_stop gave up after %s s",
+                        self.actor_name,
+                        self.system.on_stop_timeout,
+                    )
 
     def _supervise(self, error: BaseException) -> bool:
         """Ask the parent what to do about ``error``; True means restart."""
@@ -332,6 +339,8 @@ class _Cell:
         if directive is Directive.RESTART and self.restarts >= self.cls.max_restarts:
             directive = Directive.ESCALATE
         if directive is Directive.RESTART:
+            if self._outside_failure is not None:
+                self._reopen()  # it was closed when a child's failure took it down
             self._outside_failure = None
             return True
         self._close(ActorStopped(self.actor_name, f"failed: {error!r}"))
@@ -344,6 +353,15 @@ class _Cell:
             else:
                 self.system._record_failure(failed)
         return False
+
+    def _reopen(self) -> None:
+        """A fresh mailbox after an escalation closed the old one.
+
+        Calls queued in the old one already failed with ``ActorStopped``; the
+        reference stays valid and new calls reach the restarted instance.
+        """
+        self.mailbox = Mailbox(self.actor_name, self.cls.mailbox_capacity, self.cls.mailbox_slack)
+        self._end_error = self._kill_error = None
 
     def _ask_parent(self, failed: ActorFailed) -> Directive:
         parent = self.parent
@@ -378,6 +396,8 @@ class ActorSystem:
         clock: device time source; ``VirtualClock`` is driven automatically.
         supervise: decides about top-level actors that fail; the default
             stops them and records the failure in ``failures``.
+        on_stop_timeout: how long an actor's ``on_stop`` may run before it is
+            abandoned, so that stopping never hangs.
     """
 
     def __init__(
@@ -386,10 +406,12 @@ class ActorSystem:
         *,
         clock: Clock | None = None,
         supervise: Callable[[ActorRef[Any], ActorFailed], Directive] | None = None,
+        on_stop_timeout: float = 10.0,
     ) -> None:
         self.name = name
         self.clock: Clock = clock if clock is not None else WallClock()
         self.failures: list[ActorFailed] = []
+        self.on_stop_timeout = on_stop_timeout
         self._supervise = supervise
         self._cells: dict[str, _Cell] = {}
         self._ids = itertools.count()

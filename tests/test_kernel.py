@@ -448,3 +448,40 @@ async def test_signature_checks_fast_and_slow_paths_agree() -> None:
         for name, args, kwargs in calls:
             with pytest.raises(BadCall):
                 getattr(ref, name)(*args, **kwargs)
+
+
+async def test_parent_restarted_after_a_child_escalated_keeps_serving() -> None:
+    class Grandparent(Actor):
+        @endpoint
+        def make_parent(self) -> ActorRef[Parent]:
+            return self.ctx.spawn(Parent, Directive.ESCALATE, name="parent")
+
+        def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> Directive:
+            return Directive.RESTART
+
+    async with ActorSystem() as system:
+        top = system.spawn(Grandparent)
+        parent = await top.make_parent()
+        child = await parent.make_child()
+        await _raises(RemoteActorError, child.crash())
+        await wait_idle()
+        assert await parent.failures_seen() == []  # a fresh instance, same reference
+        assert system.stats(parent)["restarts"] == 1
+        await _raises(ActorStopped, child.bump())  # the old children went with it
+        assert system.failures == []
+
+
+async def test_a_hanging_on_stop_does_not_hang_stop() -> None:
+    class Stubborn(Actor):
+        async def on_stop(self) -> None:
+            await anyio.sleep_forever()
+
+        @endpoint
+        def hello(self) -> str:
+            return "hi"
+
+    async with ActorSystem(on_stop_timeout=0.05) as system:
+        ref = system.spawn(Stubborn)
+        assert await ref.hello() == "hi"
+        with anyio.fail_after(5):
+            await ref.stop()

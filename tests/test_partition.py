@@ -178,6 +178,7 @@ def test_public_api_is_pinned() -> None:
             "Partition",
             "Policy",
             "ProgressBar",
+            "RepairTimeout",
             "Repairer",
             "Stage",
             "TrainLog",
@@ -206,3 +207,28 @@ def test_public_api_is_pinned() -> None:
     )
     for name in P.__all__:
         assert hasattr(P, name), name
+
+
+def test_a_repair_that_times_out_scores_zero_and_the_search_goes_on() -> None:
+    RepairTimeout, Tracker = P.RepairTimeout, P.Tracker
+    graph, chips = P.bert_graph(), P.Chiplets(4)
+    good = np.asarray(P.search(graph, chips, method="dp").assignment, dtype=np.int64)
+
+    class Flaky:
+        calls = 0
+
+        def __call__(self, candidate: object) -> object:
+            self.calls += 1
+            if self.calls == 2:
+                raise RepairTimeout("slow solver")
+            return good
+
+    tracker = Tracker(graph, chips, Flaky(), budget=3)  # type: ignore[arg-type]
+    _, first = tracker.evaluate(good)
+    fixed, second = tracker.evaluate(good)
+    assert first > 0 and second == 0.0 and list(fixed) == list(good)
+    assert tracker.history == [first, first]  # the best so far stands
+    fresh = Tracker(graph, chips, Flaky(), budget=3)  # type: ignore[arg-type]
+    fresh.repairer.calls = 1
+    with pytest.raises(RepairTimeout):
+        fresh.evaluate(good)  # nothing valid known yet: the timeout is the answer

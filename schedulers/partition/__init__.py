@@ -34,6 +34,7 @@ from ._policy import Policy as Policy
 from ._progress import ProgressBar as ProgressBar
 from ._repair import InfeasibleError as InfeasibleError
 from ._repair import Repairer as Repairer
+from ._repair import RepairTimeout as RepairTimeout
 from ._repair import repair as repair
 from ._rl import TrainLog as TrainLog
 from ._rl import finetune as finetune
@@ -53,6 +54,7 @@ __all__ = [
     "Partition",
     "Policy",
     "ProgressBar",
+    "RepairTimeout",
     "Repairer",
     "Stage",
     "Tracker",

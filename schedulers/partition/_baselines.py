@@ -16,7 +16,7 @@ import numpy as np
 from ._cost import IntArray, throughput
 from ._graph import Graph
 from ._hardware import Chiplets
-from ._repair import Repairer
+from ._repair import Repairer, RepairTimeout
 
 __all__ = ["Progress", "Tracker", "random_search", "simulated_annealing"]
 
@@ -44,9 +44,19 @@ class Tracker:
         return self.budget - len(self.history)
 
     def evaluate(self, candidate: IntArray) -> tuple[IntArray, float]:
-        """Repair ``candidate``, score it, record it; returns (repaired, throughput)."""
-        fixed = self.repairer(candidate)
-        tp = throughput(self.graph, self.chiplets, fixed)
+        """Repair ``candidate``, score it, record it; returns (repaired, throughput).
+
+        A candidate whose repair times out scores 0 (the best so far stands in
+        for it) once some valid partition is known; before that the timeout
+        is raised, since there is nothing valid to return.
+        """
+        try:
+            fixed = self.repairer(candidate)
+            tp = throughput(self.graph, self.chiplets, fixed)
+        except RepairTimeout:
+            if self.best is None:
+                raise
+            fixed, tp = self.best, 0.0
         if tp > self.best_tp:
             self.best, self.best_tp = fixed, tp
         self.history.append(self.best_tp)
@@ -83,7 +93,7 @@ def simulated_annealing(
     """Metropolis on log-throughput, temperature falling geometrically from t0 to t1."""
     c = t.chiplets.count
     cur, cur_tp = t.evaluate(rng.integers(0, c, len(t.graph)))
-    steps = max(t.left, 1)
+    steps = t.left  # the start above was the first of the budget
     for step in range(steps):
         temp = t0 * (t1 / t0) ** (step / steps)
         cand, tp = t.evaluate(_neighbour(cur, c, rng))

@@ -29,6 +29,11 @@ class InfeasibleError(AtollError):
     """No assignment of this graph to these chiplets meets every constraint."""
 
 
+class RepairTimeout(InfeasibleError):
+    """The solver found no valid assignment within its time limit (none proved
+    impossible either). Searches score such a candidate 0 and go on."""
+
+
 @dataclass
 class SolverModel:
     """A CP-SAT model of the constraints, in the order encoding.
@@ -148,7 +153,9 @@ class Repairer:
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             reason = describe_infeasible(self.graph, self.chiplets)
             if status != cp_model.INFEASIBLE:
-                reason += f" (no valid assignment found within {self.time_limit_s} s)"
+                raise RepairTimeout(
+                    f"{reason} (no valid assignment found within {self.time_limit_s} s)"
+                )
             raise InfeasibleError(reason)
         return sm.chips(solver)
 

@@ -25,7 +25,7 @@ from ._cost import IntArray, throughput
 from ._graph import Graph
 from ._hardware import Chiplets
 from ._policy import Encoded, Params, Policy, encode, logits
-from ._repair import Repairer
+from ._repair import Repairer, RepairTimeout
 
 __all__ = ["Adam", "TrainLog", "finetune", "pretrain"]
 
@@ -159,7 +159,7 @@ def pretrain(
         i = int(rng.integers(len(cases)))
         g, ch = cases[i]
         cands = sample(policy, encs[i], batch, rng)
-        tps = np.array([throughput(g, ch, repairers[i](c)) for c in cands])
+        tps = np.array([_score(g, ch, repairers[i], c) for c in cands])
         best[i] = max(best[i], float(tps.max()))
         update(policy, adam, encs[i], cands, np.log(np.maximum(tps, 1e-30)))
         done += len(cands)
@@ -171,3 +171,11 @@ def pretrain(
         if progress is not None:
             progress(min(done, evaluations), evaluations, log.best[-1])
     return log
+
+
+def _score(graph: Graph, chiplets: Chiplets, repairer: Repairer, candidate: Any) -> float:
+    """Throughput of the repaired candidate; 0 when its repair timed out."""
+    try:
+        return throughput(graph, chiplets, repairer(candidate))
+    except RepairTimeout:
+        return 0.0

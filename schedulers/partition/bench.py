@@ -111,7 +111,11 @@ def _transfer(g: Graph, cfg: Config, policy: Policy, log: list[str]) -> list[Row
     tuned = search(g, chips, "rl", cfg.transfer_budget, copy.deepcopy(policy), seed=1)
     walls = tuned.extra["history_wall_s"]
     reached = [t for t, tp in zip(walls, tuned.history, strict=True) if tp >= scratch.throughput]
-    wall_scratch = scratch.extra["history_wall_s"][-1]
+    # scratch's time is when it *first* reached its final best, not its whole run
+    scratch_walls = scratch.extra["history_wall_s"]
+    wall_scratch = next(
+        t for t, tp in zip(scratch_walls, scratch.history, strict=True) if tp >= scratch.throughput
+    )
     speedup = wall_scratch / max(reached[0], 1e-6) if reached else 0.0
     log.append(
         f"  scratch reaches {scratch.throughput:.1f}/s in {wall_scratch:.2f} s; fine-tuned "

@@ -215,6 +215,7 @@ def _decode_pickled(peer: Peer, reader: Any) -> Any:
         except Exception as exc:
             result._reject(exc)
 
+    peer.track(result)  # failed with HostLost if the connection goes first
     peer.spawn(finish())
     return result
 

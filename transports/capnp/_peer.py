@@ -86,9 +86,13 @@ class Peer:
         self.settle_later(answer, promise)
         return promise
 
+    def track(self, promise: Promise[Any]) -> None:
+        """Fail ``promise`` with ``HostLost`` if this connection closes first."""
+        self._pending.add(promise)
+
     def pull_buffer(self, reader: Any) -> Promise[np.ndarray]:
         promise: Promise[np.ndarray] = Promise("buffer")
-        self._pending.add(promise)
+        self.track(promise)
         shape = tuple(int(n) for n in reader.shape)
         self.spawn(_pull(reader.source, reader.dtype, shape, int(reader.nbytes), promise))
         return promise
@@ -160,6 +164,8 @@ async def _pull(
         length = min(CHUNK, nbytes - offset)
         response = await source.read(offset=offset, length=length)
         chunk = response.get_data_as_view("data")  # no copy: straight into `out`
+        if len(chunk) != length:
+            raise ValueError(f"chunk at {offset}: {len(chunk)} bytes, not {length}")
         out[offset : offset + length] = np.frombuffer(chunk, dtype=np.uint8)
         del chunk, response
 
@@ -173,6 +179,9 @@ async def _pull(
         await asyncio.gather(*(windowed(o) for o in offsets))
     except capnp.KjException as exc:
         promise._reject(HostLost(f"buffer transfer failed: {exc}"))
+        return
+    except Exception as exc:  # a short or malformed chunk: fail, never hang
+        promise._reject(TransportError(f"buffer transfer failed: {exc!r}"))
         return
     array = out.view(np.dtype(dtype)).reshape(shape)
     array.flags.writeable = False
@@ -274,10 +283,15 @@ class RemoteChannel:
         return True
 
     async def stop(self, grace: float | None) -> None:
-        await self._control(self.cap.stop(grace=-1.0 if grace is None else grace))
+        await self._control(self._live().stop(grace=-1.0 if grace is None else grace))
 
     async def cancel(self, reason: str) -> None:
-        await self._control(self.cap.cancel(reason=reason))
+        await self._control(self._live().cancel(reason=reason))
+
+    def _live(self) -> Any:
+        if self.cap is None:
+            raise HostLost(f"connection to {self.peer.label} is closed")
+        return self.cap
 
     async def _control(self, answer: Any) -> None:
         try:
@@ -361,16 +375,24 @@ class LaterServer(schema.Later.Server):  # type: ignore[misc]
         self._peer = peer
 
     async def get(self, _context: Any, **_: Any) -> None:
-        await _answer(self._peer, self._promise, _context.results)
+        # a reader that goes away does not cancel the call: others may hold it
+        await _answer(self._peer, self._promise, _context.results, cancel_on_drop=False)
 
 
-async def _answer(peer: Peer, promise: Promise[Any], results: Any) -> None:
-    """Wait for ``promise`` and write it into ``results`` (result, actor)."""
+async def _answer(
+    peer: Peer, promise: Promise[Any], results: Any, cancel_on_drop: bool = True
+) -> None:
+    """Wait for ``promise`` and write it into ``results`` (result, actor).
+
+    ``cancel_on_drop``: the caller dropped its question, so cancel the call
+    (for ``Actor.call``; not for ``Later.get``, whose promise others share).
+    """
     detach_wait_counter()
     try:
         value = await promise
     except asyncio.CancelledError:
-        promise.cancel("cancelled by the remote caller")
+        if cancel_on_drop:
+            promise.cancel("cancelled by the remote caller")
         raise
     except Exception as exc:
         encode_error(results.result.init("error"), exc)

@@ -152,7 +152,7 @@ class CapnpConnection:
                 self._lose(f"no heartbeat answer within {timeout} s")
                 return
             except Exception:
-                return  # the link failed: the watcher reports it
+                continue  # a broken link closes the peer (the loop then ends)
 
     def _lose(self, reason: str) -> None:
         self.peer.close(reason)

@@ -309,7 +309,11 @@ def run(quick: bool = False, ray_python: str | None = None) -> list[Row]:
     """Run every measurement; returns the rows (progress goes to stderr)."""
     token = default_token()
     node = NodeProcess(token)
-    raw, port = _start_raw_server()
+    try:
+        raw, port = _start_raw_server()
+    except BaseException:
+        node.stop()
+        raise
     try:
         rows = asyncio.run(_atoll_rows(node.address, token, quick))
         rows += _bridge_rows(node.address, token, quick)

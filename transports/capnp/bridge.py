@@ -32,7 +32,7 @@ from typing import Any
 import trio
 
 from ...kernel import ActorRef, ActorSystem, Promise
-from ._transport import CapnpConnection, CapnpTransport, capnp_runtime
+from ._transport import CapnpTransport, capnp_runtime
 
 __all__ = ["BridgedRef", "CapnpBridge"]
 
@@ -71,20 +71,19 @@ class CapnpBridge:
 
     async def _hold(self, address: str, token: bytes, ready: asyncio.Future[int]) -> None:
         assert self._stop is not None
-        connection: CapnpConnection | None = None
         try:
             async with capnp_runtime(), ActorSystem("bridge") as system:
                 connection = await CapnpTransport(token).connect(address, system)
-                ready.set_result(self._keep(connection.node))
-                await self._stop.wait()
+                try:
+                    ready.set_result(self._keep(connection.node))
+                    await self._stop.wait()
+                finally:  # inside the runtime: capnp objects go before its loop
+                    self._refs.clear()
+                    await connection.aclose()
         except BaseException as exc:
             if not ready.done():
                 ready.set_exception(exc)
             raise
-        finally:
-            self._refs.clear()
-            if connection is not None:
-                await connection.aclose()
 
     def _keep(self, ref: ActorRef[Any]) -> int:
         handle = next(self._ids)
@@ -109,6 +108,8 @@ class CapnpBridge:
             return _Exported(self._keep(value), value.name)
         if isinstance(value, list | tuple):
             return type(value)(self._export(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._export(v) for k, v in value.items()}
         return value
 
     def _forget(self, handle: int) -> None:
@@ -120,7 +121,11 @@ class CapnpBridge:
         done = trio.Event()
         future = self._submit(fn(*args))
         future.add_done_callback(lambda _: token.run_sync_soon(done.set))
-        await done.wait()
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            future.cancel()  # a trio timeout cancels the call on the loop thread too
+            raise
         self.calls += 1
         return self._import(future.result())
 
@@ -133,8 +138,14 @@ class CapnpBridge:
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
         def start() -> None:
+            if future.cancelled():
+                coro.close()
+                return
             task = self._loop.create_task(coro, context=contextvars.Context())
             task.add_done_callback(lambda t: _copy(t, future))
+            future.add_done_callback(
+                lambda f: self._loop.call_soon_threadsafe(_cancel_if_cancelled, f, task)
+            )
 
         self._loop.call_soon_threadsafe(start, context=contextvars.Context())
         return future
@@ -144,6 +155,8 @@ class CapnpBridge:
             return BridgedRef(self, value.handle, value.name)
         if isinstance(value, list | tuple):
             return type(value)(self._import(v) for v in value)
+        if isinstance(value, dict):
+            return {k: self._import(v) for k, v in value.items()}
         return value
 
     async def aclose(self) -> None:
@@ -162,7 +175,14 @@ class CapnpBridge:
             self._loop.close()
 
 
+def _cancel_if_cancelled(future: concurrent.futures.Future[Any], task: asyncio.Task[Any]) -> None:
+    if future.cancelled() and not task.done():
+        task.cancel()
+
+
 def _copy(task: asyncio.Task[Any], future: concurrent.futures.Future[Any]) -> None:
+    if future.done():
+        return
     if task.cancelled():
         future.cancel()
     elif task.exception() is not None:

@@ -14,6 +14,7 @@ All of this is per process and lives on the one thread that runs capnp.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ class _Directory:
     token: bytes = b""
     connections: dict[str, CapnpConnection] = field(default_factory=dict)
     refs: dict[tuple[str, str], ActorRef[Any]] = field(default_factory=dict)
+    dialing: dict[str, asyncio.Lock] = field(default_factory=dict)
     dialed: int = 0
     lookups: int = 0
 
@@ -70,6 +72,12 @@ async def direct_actor(address: str, name: str, system: ActorSystem) -> ActorRef
 
 
 async def _connection(address: str, system: ActorSystem) -> CapnpConnection:
+    lock = _here.dialing.setdefault(address, asyncio.Lock())
+    async with lock:  # devices asking at once share one link
+        return await _dial(address, system)
+
+
+async def _dial(address: str, system: ActorSystem) -> CapnpConnection:
     connection = _here.connections.get(address)
     if not _usable(connection):
         connection = await CapnpTransport(_here.token).connect(address, system)
@@ -100,5 +108,6 @@ async def close_all() -> None:
     connections = list(_here.connections.values())
     _here.connections.clear()
     _here.refs.clear()
+    _here.dialing.clear()
     for connection in connections:
         await connection.aclose()
