@@ -100,7 +100,7 @@ class Peer:
     # -- answers -------------------------------------------------------------
     def settle_later(self, answer: Any, promise: Promise[Any]) -> asyncio.Future[Any]:
         """Resolve ``promise`` from a capnp answer carrying a ``result`` Value."""
-        self._pending.add(promise)
+        self.track(promise)
         return self.spawn(self._settle(answer, promise))
 
     async def _settle(self, answer: Any, promise: Promise[Any]) -> None:
