@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -26,6 +29,37 @@ STEP = Computation("affine", affine, flops=1e6)
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def _atoll(args: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[Any]:
+    """``python -m atoll.cli ARGS`` as a child (posix_spawn: no fork of this process)."""
+    command = [sys.executable, "-m", "atoll.cli", *args]
+    return subprocess.Popen(command, env=env, close_fds=False, **popen)
+
+
+@contextlib.contextmanager
+def _up(args: list[str], cluster_file: Path, token: str) -> Iterator[subprocess.Popen[str]]:
+    """``atoll up ARGS``; on the way out SIGTERM it, and it must exit cleanly."""
+    env = dict(os.environ, ATOLL_TOKEN=token)
+    up = _atoll(
+        ["up", *args, "--cluster-file", str(cluster_file)], env, stdout=subprocess.PIPE, text=True
+    )
+    assert up.stdout is not None
+    try:
+        yield up
+    finally:
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(60) == 0
+        up.stdout.close()
+
+
+def _wait_for(up: subprocess.Popen[str], text: str) -> str:
+    """Read the launcher's output up to the line containing ``text``."""
+    assert up.stdout is not None
+    for line in up.stdout:
+        if text in line:
+            return line
+    raise AssertionError(f"atoll up ended before printing {text!r}")
 
 
 def _alive(pid: int) -> bool:
@@ -62,53 +96,20 @@ def _sent(pid: int) -> int:
 @pytest.mark.timeout(120)
 async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_path: Path) -> None:
     cluster_file = tmp_path / "cluster.json"
-    env = dict(os.environ, ATOLL_TOKEN="42" * 16)
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "atoll.cli",
-            "up",
-            "--hosts",
-            "1",
-            "--remote-hosts",
-            "1",
-            "--devices-per-host",
-            "2",
-            "--cluster-file",
-            str(cluster_file),
-        ],
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-        close_fds=False,
-    )
-    assert up.stdout is not None
     host_pids: list[int] = []
-    joiner: subprocess.Popen[bytes] | None = None
-    try:
-        line = up.stdout.readline()  # the controller listens; its cluster file is written
-        assert "listening at" in line, line
+    up_args = ["--hosts", "1", "--remote-hosts", "1", "--devices-per-host", "2"]
+    with _up(up_args, cluster_file, "42" * 16) as up:
+        # the controller listens and has written its cluster file; then a host
+        # "from another machine" joins with only the address and that file
+        line = _wait_for(up, "listening at")
         address = line.split("listening at ")[1].split(";")[0]
-        # a host "from another machine": only the address and the cluster file
-        joiner = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "atoll.cli",
-                "host",
-                "--join",
-                address,
-                "--cluster-file",
-                str(cluster_file),
-            ],
+        no_token = {k: v for k, v in os.environ.items() if k != "ATOLL_TOKEN"}
+        joiner = _atoll(
+            ["host", "--join", address, "--cluster-file", str(cluster_file)],
+            no_token,
             stdout=subprocess.DEVNULL,
-            env={k: v for k, v in env.items() if k != "ATOLL_TOKEN"},
-            close_fds=False,
         )
-        for line in up.stdout:  # hosts announce themselves, then the cluster
-            if "cluster up" in line:
-                break
+        _wait_for(up, "cluster up")
         async with connect(cluster_file) as client:
             cluster = await client.cluster()
             handle = cluster.put(np.arange(4, dtype=np.float32), 0)
@@ -131,12 +132,7 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
                 await cluster.fetch(stuck)
             status = await client.status()
             assert [h["alive"] for h in status] == [True, False]
-    finally:
-        up.send_signal(signal.SIGTERM)
-        assert up.wait(60) == 0
-        up.stdout.close()
-        if joiner is not None:
-            joiner.wait(30)  # it leaves when its controller goes
+    joiner.wait(30)  # it leaves when its controller goes
     assert not any(_alive(pid) for pid in host_pids)  # no orphans
 
 
@@ -164,30 +160,8 @@ async def test_jax_devices_in_host_processes() -> None:
 @pytest.mark.timeout(120)
 async def test_bulk_data_between_hosts_skips_the_controller(tmp_path: Path) -> None:
     cluster_file = tmp_path / "cluster.json"
-    env = dict(os.environ, ATOLL_TOKEN="24" * 16)
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "atoll.cli",
-            "up",
-            "--hosts",
-            "2",
-            "--devices-per-host",
-            "1",
-            "--cluster-file",
-            str(cluster_file),
-        ],
-        stdout=subprocess.PIPE,
-        env=env,
-        text=True,
-        close_fds=False,
-    )
-    assert up.stdout is not None
-    try:
-        for line in up.stdout:
-            if "cluster up" in line:
-                break
+    with _up(["--hosts", "2", "--devices-per-host", "1"], cluster_file, "24" * 16) as up:
+        _wait_for(up, "cluster up")
         async with connect(cluster_file) as client:
             cluster = await client.cluster()
             seed = cluster.put(np.full(4, 3.0, dtype=np.float32), 0)
@@ -197,7 +171,3 @@ async def test_bulk_data_between_hosts_skips_the_controller(tmp_path: Path) -> N
             summed = await cluster.fetch(cluster.run(Computation("sum", total, 1e6), 1, [big]))
             assert summed[0] == pytest.approx(3.0 * (8 << 20))  # host 1 read all of it
             assert _sent(up.pid) - sent < (4 << 20), _sent(up.pid) - sent  # not via here
-    finally:
-        up.send_signal(signal.SIGTERM)
-        assert up.wait(60) == 0
-        up.stdout.close()
