@@ -160,32 +160,31 @@ def _add_node(builder: GraphBuilder, placed: PlacedFunction, args: tuple[Any, ..
 
 
 def _in_specs(placed: PlacedFunction, args: tuple[Any, ...]) -> list[Any]:
-    import jax
-
     specs = placed.in_specs if placed.in_specs is not None else [None] * len(args)
     if len(specs) != len(args):
         raise AtollError(f"{placed.name}: {len(specs)} in_specs for {len(args)} arguments")
-    out: list[Any] = []
-    for arg, spec in zip(args, specs, strict=True):
-        n = len(jax.tree_util.tree_leaves(arg))
-        out.extend([spec if spec is not None else _replicated()] * n)
-    return out
+    return _per_leaf(args, specs)
 
 
 def _out_specs(placed: PlacedFunction, out_shape: Any) -> list[Any]:
-    import jax
     from jax.sharding import PartitionSpec
 
     spec = placed.out_specs
     if spec is None or isinstance(spec, PartitionSpec):
-        n = len(jax.tree_util.tree_leaves(out_shape))
-        return [spec if spec is not None else _replicated()] * n
+        return _per_leaf([out_shape], [spec])
     if not isinstance(out_shape, (tuple, list)) or len(out_shape) != len(spec):
         raise AtollError(f"{placed.name}: out_specs must match the output tuple")
+    return _per_leaf(out_shape, spec)
+
+
+def _per_leaf(values: Sequence[Any], specs: Sequence[Any]) -> list[Any]:
+    """One spec per pytree leaf: each value's spec (None: replicated) for all its leaves."""
+    import jax
+
     out: list[Any] = []
-    for element, each in zip(out_shape, spec, strict=True):
-        n = len(jax.tree_util.tree_leaves(element))
-        out.extend([each if each is not None else _replicated()] * n)
+    for value, spec in zip(values, specs, strict=True):
+        n = len(jax.tree_util.tree_leaves(value))
+        out.extend([spec if spec is not None else _replicated()] * n)
     return out
 
 
