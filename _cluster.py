@@ -24,7 +24,7 @@ from typing import Any
 
 from ._client import Cluster
 from .devices import BufferHandle, Computation, CostModel, Device, Host, SimDevice
-from .devices._gang import GangTask, Rendezvous
+from .devices._gang import GangTask, PushTarget, Rendezvous
 from .kernel import Actor, ActorRef, ActorSystem, AtollError, Clock, Promise, endpoint
 from .kernel._graph import Graph, Node, ValueRef, forward, then
 from .kernel._latency import DelayLine, Wire
@@ -97,7 +97,8 @@ class IslandScheduler(Actor):
         self, task: GangTask, inputs: Sequence[Any], owner: str = ""
     ) -> Promise[list[BufferHandle]]:
         """Order the gang; returns its leader's promise of the output handles."""
-        task = replace(task, rendezvous=self.rendezvous)
+        if task.collective:  # only barriers need it: a capability costs on the wire
+            task = replace(task, rendezvous=self.rendezvous)
         result: Promise[list[BufferHandle]] = Promise(task.gang_id)
         self._pending[task.gang_id] = (task, inputs, owner, result, 0)
         self._carry_out(
@@ -150,6 +151,12 @@ class Controller(Actor):
     Its dispatch endpoints take inputs as promises and never wait for them:
     ``run_graph`` sends every node of a graph to its island at once and
     returns one promise per output. Data never passes through it.
+
+    ``push``: in parallel dispatch, whether each producer sends its outputs
+    straight to the hosts of their readers (who then start without waiting
+    for the controller to hear of the producer). None, the default, pushes
+    when hosts are processes of their own, where that saves round trips; in
+    one process the promise path is already immediate.
     """
 
     def __init__(
@@ -159,14 +166,29 @@ class Controller(Actor):
         devices: Sequence[ActorRef[Device]],
         hosts: Sequence[ActorRef[Host]],
         wire: Wire | None = None,
+        push: bool | None = None,
     ) -> None:
         self.wire = wire
+        self.push = push
+        self.host_addresses = [""] * len(hosts)
         self.topology_ = topology
         self.schedulers = schedulers
         self.device_refs = list(devices)
         self.host_refs = list(hosts)
         self.resources = ResourceManager([(d.id, d.host, d.island) for d in topology.devices])
         self._gangs = itertools.count()
+
+    async def on_start(self) -> None:
+        answers = [host.address() for host in self.host_refs]
+        self.host_addresses = [await answer for answer in answers]
+        if self.push is None:
+            self.push = any(self.host_addresses)
+
+    @endpoint
+    def set_push(self, push: bool | None) -> bool:
+        """Turn pushing on or off (None: automatic); returns the setting in force."""
+        self.push = any(self.host_addresses) if push is None else push
+        return self.push
 
     @endpoint
     def topology(self) -> Topology:
@@ -233,7 +255,7 @@ class Controller(Actor):
         that are not outputs are freed once all their readers ran, and so are
         the program inputs listed in ``temporary``.
         """
-        tasks = [self._task(node) for node in graph.nodes]  # fail before sending anything
+        tasks = self._wire_up(graph, [self._task(node) for node in graph.nodes])
         values: dict[ValueRef, Promise[BufferHandle]] = {
             ValueRef(-1, i): _as_promise(v) for i, v in enumerate(inputs)
         }
@@ -248,6 +270,38 @@ class Controller(Actor):
             if ref not in kept and (ref.node >= 0 or ref.index in temporary):
                 _free_after(values[ref], [ran[n] for n in readers])
         return [values[ref] for ref in graph.outputs]
+
+    def _wire_up(self, graph: Graph, tasks: list[GangTask]) -> list[GangTask]:
+        """Tell each gang which inputs are resident, and (when pushing) where
+        its inputs land and where its outputs go; see :class:`GangTask`."""
+        inbox: list[list[str | None]] = [[None] * len(node.inputs) for node in graph.nodes]
+        resident = [[False] * len(node.inputs) for node in graph.nodes]
+        readers: dict[tuple[int, int, int], list[str]] = {}  # (node, output, host) -> keys
+        for node, task in zip(graph.nodes, tasks, strict=True):
+            host = self.topology_.device(task.leader).host
+            for i, ref in enumerate(node.inputs):
+                if ref.node < 0:
+                    continue
+                resident[node.id][i] = tasks[ref.node].devices == task.devices
+                if self.push:
+                    inbox[node.id][i] = key = f"{task.gang_id}/{i}"
+                    readers.setdefault((ref.node, ref.index, host), []).append(key)
+        pushes: dict[int, list[PushTarget]] = {}
+        for (producer, output, host), keys in readers.items():
+            address = self.host_addresses[host]  # a process of its own: dialled directly
+            host_ref = None if address else self.host_refs[host]
+            target = PushTarget(output, host, host_ref, address, tuple(keys))
+            pushes.setdefault(producer, []).append(target)
+        return [
+            replace(
+                task,
+                inbox=tuple(inbox[n]),
+                inbox_host=self.topology_.device(task.leader).host if self.push else -1,
+                resident=tuple(resident[n]),
+                push=tuple(pushes.get(n, ())),
+            )
+            for n, task in enumerate(tasks)
+        ]
 
     def _submit(
         self, island: int, task: GangTask, inputs: Sequence[Any], owner: str
@@ -318,6 +372,7 @@ async def local_cluster(
     owner: str = "client0",
     rpc_latency_s: float = 0.0,
     transport: str = "inproc",
+    push: bool | None = None,
 ) -> AsyncIterator[Cluster]:
     """Start a controller, one scheduler per island, hosts and devices, in-process.
 
@@ -332,7 +387,7 @@ async def local_cluster(
     this one over Cap'n Proto (asyncio only; simulated devices on wall-clock
     time), with the same actors and the same client;
     everything stops when the block exits, and calls still pending then fail
-    with ``ActorStopped``.
+    with ``ActorStopped``. ``push`` is the controller's (see ``Controller``).
     """
     for label, value in [
         ("islands", islands),
@@ -400,6 +455,7 @@ async def local_cluster(
             devices,
             hosts,
             _wire(system, rpc_latency_s, "controller"),
+            push,
             name="controller",
         )
         client_wire = _wire(system, rpc_latency_s, owner)

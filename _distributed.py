@@ -34,6 +34,7 @@ import anyio
 
 from ._cluster import Controller, DeviceInfo, IslandScheduler, Topology
 from ._connect import ClusterFile
+from ._sessions import SessionWatcher
 from .devices import CostModel, Device, Host, SimDevice
 from .kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint
 from .transports.capnp import (
@@ -59,16 +60,25 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    """What a client needs to drive the cluster (travels as a pickled value)."""
+    """What a client needs to drive the cluster (travels as a pickled value).
+
+    ``sessions`` is where a remote client opens its session, which gives it an
+    owner label of its own and frees what it owns when its connection closes.
+    """
 
     controller: ActorRef[Controller]
     topology: Topology
     devices: list[ActorRef[Device]]
     hosts: list[ActorRef[Host]]
+    sessions: ActorRef[SessionWatcher] | None = None
 
 
 class ClusterBuilder(Actor):
-    """Collects hosts as they join; builds the cluster when all are in."""
+    """Collects hosts as they join; builds the cluster when all are in.
+
+    Building starts the island schedulers, the controller and the
+    :class:`SessionWatcher` (``"sessions"``) as children of this actor.
+    """
 
     def __init__(
         self,
@@ -134,7 +144,9 @@ class ClusterBuilder(Actor):
         controller = self.ctx.spawn(
             Controller, topology, schedulers, self.devices, self.hosts, None, name="controller"
         )
-        self.ready.set_result(ClusterInfo(controller, topology, self.devices, self.hosts))
+        sessions = self.ctx.spawn(SessionWatcher, controller, name="sessions")
+        info = ClusterInfo(controller, topology, self.devices, self.hosts, sessions)
+        self.ready.set_result(info)
 
     @endpoint
     def cluster(self) -> Promise[ClusterInfo]:

@@ -14,6 +14,7 @@ data cannot deadlock with a device whose data it needs.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,8 +22,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..kernel import Actor, ActorRef, Clock, ObjectStore, endpoint
+from ..kernel import Actor, ActorRef, AtollError, Clock, ObjectStore, Promise, endpoint
+from ..kernel._graph import then
 from ._gang import GangTask
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "BufferHandle",
@@ -176,21 +180,110 @@ class Device(Actor):
         self.computations += 1
         return self._handle(self.store.put(out, owner, reserved=True), out)
 
-    @endpoint
+    @endpoint(resolve_args=False)
     async def run_gang(
-        self, task: GangTask, inputs: Sequence[BufferHandle], owner: str = ""
-    ) -> list[BufferHandle]:
-        """This device's shard of a gang, once every input is here.
+        self, task: GangTask, inputs: Sequence[Any], owner: str = ""
+    ) -> list[BufferHandle] | Promise[list[BufferHandle]]:
+        """This device's shard of a gang, once the inputs it needs are here.
 
-        A collective gang first waits at its barrier: the device takes no other
+        Inputs come as promises and are awaited here, in the device's own
+        order of work (see :meth:`_gather` for which shard waits for what). A
+        collective gang then waits at its barrier: the device takes no other
         message until all shards of the gang arrived. The leader returns the
-        output handles; the other shards return an empty list.
+        output handles, once it has pushed them to their readers (so the
+        handles reach anyone only after the pushes landed); the other shards
+        return an empty list.
         """
-        if task.collective:
-            await self.arrive(task, "in")
-        outputs = await self.run_shard(task, list(inputs), owner)
+        leader = self.device_id == task.leader
+        taken: list[str] = []  # pushed copies this shard owns and frees
+        try:
+            try:
+                handles = await self._gather(task, inputs, leader, taken)
+            except Exception as exc:  # an input failed: so does this shard, as it is
+                return _failed(exc)
+            if task.collective:
+                await self.arrive(task, "in")
+            outputs = await self.run_shard(task, handles, owner)
+        finally:
+            for buffer_id in taken:
+                self.store.decref(buffer_id)
         self.computations += 1
+        if leader and task.push:
+            return await self._push(task, outputs, owner)
         return outputs
+
+    async def _gather(
+        self, task: GangTask, inputs: Sequence[Any], leader: bool, taken: list[str]
+    ) -> list[BufferHandle]:
+        """Await the inputs this shard needs; the leader gets every handle.
+
+        A non-leader shard skips *resident* inputs (its part is on this device
+        already) and gets no handles: only the leader reads data. An input
+        with an inbox key on this host is taken from the push as soon as it
+        lands, without waiting for the controller's promise.
+        """
+        count = len(inputs)
+        keys = task.inbox or (None,) * count
+        resident = task.resident or (False,) * count
+        here = self.host_id == task.inbox_host
+        handles: list[BufferHandle] = []
+        for i, (value, key, local) in enumerate(zip(inputs, keys, resident, strict=True)):
+            if local and not leader:
+                continue
+            try:
+                handles.append(await self._input(value, key if here else None, leader, taken))
+            except BaseException:
+                if leader and here:
+                    for later in keys[i:]:
+                        if later is not None:
+                            self.store.abandon(later)
+                raise
+        return handles if leader else []
+
+    async def _input(self, value: Any, key: str | None, leader: bool, taken: list[str]) -> Any:
+        """One input: pushed under ``key`` if that comes first, else its promise.
+
+        The producer's promise settles only after its pushes landed, so once
+        it has, a missing push means the push was declined (no room here).
+        """
+        if key is None:
+            return await value if isinstance(value, Promise) else value
+        arrival = self.store.arrival(key)
+        if isinstance(value, Promise) and not value.done():
+            await _first(arrival, value)
+        if arrival.done():
+            landed: Arrival = arrival.result()
+            if leader:
+                self.store.take(key)  # this shard now owns the pushed copy
+                taken.append(landed.handle.id)
+                await self._charge_transfer(landed.transfer_s)
+            return landed.handle
+        handle = await value if isinstance(value, Promise) else value
+        self.store.forget(key)
+        return handle
+
+    async def _push(
+        self, task: GangTask, outputs: list[BufferHandle], owner: str
+    ) -> Promise[list[BufferHandle]]:
+        """Send outputs to the hosts that read them; the promise of ``outputs``
+        settles when every push was answered (landed, declined or failed)."""
+        answers: list[Promise[Any]] = []
+        for target in task.push:
+            handle = outputs[target.output]
+            if target.host_id == self.host_id:
+                for key in target.keys:
+                    self.store.incref(handle.id)
+                    self.store.deliver(key, Arrival(handle, 0.0), handle.id)
+                continue
+            host = await self._host_ref(target.host_id, target.address, target.host)
+            array = np.asarray(self.store.get(handle.id))
+            answers.append(host.receive(list(target.keys), array, owner, self.island))
+        return _after_all(answers, outputs)
+
+    async def _charge_transfer(self, seconds: float) -> None:
+        if seconds > 0:
+            await self.clock.sleep(seconds)
+            self.transfer_s += seconds
 
     async def arrive(self, task: GangTask, stage: str) -> None:
         """Wait at the gang's barrier ``stage`` until every shard got there."""
@@ -236,11 +329,11 @@ class Device(Actor):
         """The input's array: from this host's store, or fetched from its holder."""
         if handle.host_id == self.host_id:
             return self.store.get(handle.id)
-        holder = await self._holder(handle)
+        holder = await self._host_ref(handle.host_id, handle.address, handle.host)
         array: np.ndarray = await holder.fetch(handle.id)
-        seconds = self.cost.transfer_time(handle.nbytes, handle.island != self.island)
-        await self.clock.sleep(seconds)
-        self.transfer_s += seconds
+        await self._charge_transfer(
+            self.cost.transfer_time(handle.nbytes, handle.island != self.island)
+        )
         return array
 
     def _handle(self, buffer_id: str, array: np.ndarray) -> BufferHandle:
@@ -256,19 +349,66 @@ class Device(Actor):
             _local_address(),
         )
 
-    async def _holder(self, handle: BufferHandle) -> ActorRef[Host]:
-        """The holder's host actor, over a direct link when there can be one.
+    async def _host_ref(
+        self, host_id: int, address: str, known: ActorRef[Host] | None
+    ) -> ActorRef[Host]:
+        """Host ``host_id``'s actor, over a direct link when there can be one.
 
-        (The reference in the handle may be proxied by the controller; bytes
-        must not take that path. See ``atoll.transports.capnp.directory``.)
+        (``known`` may be proxied by the controller; bytes must not take that
+        path. See ``atoll.transports.capnp.directory``.)
         """
-        if handle.address:
+        if address:
             from ..transports.capnp.directory import direct_actor
 
-            ref = await direct_actor(handle.address, f"host{handle.host_id}", self.ctx.system)
+            ref = await direct_actor(address, f"host{host_id}", self.ctx.system)
             if ref is not None:
                 return ref
-        return handle.host
+        if known is None:
+            raise AtollError(f"host {host_id} at {address!r} cannot be reached directly")
+        return known
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A pushed input as its reader finds it in the store: the local copy's
+    handle, and the modelled link time the transfer took (simulated devices
+    spend it when they take the input)."""
+
+    handle: BufferHandle
+    transfer_s: float
+
+
+def _failed(error: Exception) -> Promise[Any]:
+    promise: Promise[Any] = Promise("failed input")
+    promise.set_exception(error)
+    return promise
+
+
+async def _first(*promises: Promise[Any]) -> None:
+    """Return when the first of ``promises`` settles (whichever way)."""
+    either: Promise[None] = Promise("first of")
+    for promise in promises:
+        promise.add_done_callback(lambda _: either.set_result(None))
+    await either
+
+
+def _after_all(answers: list[Promise[Any]], value: list[BufferHandle]) -> Promise[Any]:
+    """A promise of ``value`` once every answer settled (failures are only logged)."""
+    out: Promise[list[BufferHandle]] = Promise("pushed")
+    left = [len(answers)]
+
+    def one(answer: Promise[Any]) -> None:
+        if answer.exception() is not None:
+            _log.warning("a push failed; its reader will fetch: %s", answer.exception())
+        left[0] -= 1
+        if left[0] == 0:
+            out.set_result(value)
+
+    if not answers:
+        out.set_result(value)
+    for answer in answers:
+        answer.add_done_callback(one)
+    return out
 
 
 def _local_address() -> str:
@@ -299,6 +439,8 @@ class Host(Actor):
         self.cost = cost
         self.store = ObjectStore(f"host{host_id}", store_bytes)
         self.device_refs: list[ActorRef[Device]] = []
+        self.pushes_in = 0  # pushes that landed here
+        self.pushes_declined = 0
 
     async def on_start(self) -> None:
         self.device_refs = [
@@ -325,6 +467,50 @@ class Host(Actor):
         return np.asarray(self.store.get(buffer_id))
 
     @endpoint
+    def address(self) -> str:
+        """The capnp address of this host's process ('' in-process)."""
+        return _local_address()
+
+    @endpoint(resolve_args=False)
+    def receive(self, keys: list[str], array: Any, owner: str, island: int) -> bool | Promise[bool]:
+        """A producer elsewhere pushes an output that devices here will read.
+
+        Never blocks the host: bulk bytes still on their way arrive as a
+        promise, and the answer follows it. The bytes are stored once, with
+        one reference per inbox key in ``keys``, and delivered to each. If
+        they do not fit now, the push is declined (False): the readers then
+        fetch the value when they run, under the store's back-pressure.
+        """
+        if isinstance(array, Promise):
+            return then(array, lambda value: self._accept(keys, value, owner, island))
+        return self._accept(keys, array, owner, island)
+
+    def _accept(self, keys: list[str], array: Any, owner: str, island: int) -> bool:
+        array = np.asarray(array)
+        if not keys or not self.store.fits(array.nbytes):
+            self.pushes_declined += 1
+            return False
+        self.pushes_in += 1
+        buffer_id = self.store.put(array, owner)
+        for _ in keys[1:]:
+            self.store.incref(buffer_id)
+        handle = BufferHandle(
+            buffer_id,
+            self.ctx.ref,
+            self.host_id,
+            -1,
+            tuple(array.shape),
+            str(array.dtype),
+            int(array.nbytes),
+            self.island,
+            _local_address(),
+        )
+        seconds = self.cost.transfer_time(handle.nbytes, island != self.island)
+        for key in keys:
+            self.store.deliver(key, Arrival(handle, seconds), buffer_id)
+        return True
+
+    @endpoint
     def free(self, buffer_id: str) -> bool:
         """Drop one reference; True if the buffer was freed."""
         return self.store.decref(buffer_id)
@@ -335,4 +521,10 @@ class Host(Actor):
 
     @endpoint
     def store_usage(self) -> dict[str, int]:
-        return {"buffers": len(self.store), "bytes": self.store.used_bytes}
+        return {
+            "buffers": len(self.store),
+            "bytes": self.store.used_bytes,
+            "arrivals": self.store.pending_arrivals(),
+            "pushes_in": self.pushes_in,
+            "pushes_declined": self.pushes_declined,
+        }

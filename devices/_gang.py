@@ -16,12 +16,38 @@ from typing import Any
 from ..kernel import Actor, ActorRef, Promise, endpoint
 from ..kernel._graph import Aval
 
-__all__ = ["GangTask", "Rendezvous"]
+__all__ = ["GangTask", "PushTarget", "Rendezvous"]
+
+
+@dataclass(frozen=True)
+class PushTarget:
+    """Where the leader sends output ``output`` as soon as it exists.
+
+    The host ``host_id`` (at capnp ``address`` when it is a process of its
+    own, else through the reference ``host``) gets the bytes once and delivers them to each of
+    ``keys``, the inbox keys its readers wait on.
+    """
+
+    output: int
+    host_id: int
+    host: Any  # ActorRef[Host] or None; Any keeps devices/_gang free of devices/_base
+    address: str
+    keys: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class GangTask:
-    """One gang's shard instructions (the same for every device of the gang)."""
+    """One gang's shard instructions (the same for every device of the gang).
+
+    Set by parallel dispatch (all empty otherwise):
+
+    * ``inbox``: per input, the key its producer pushes it under on host
+      ``inbox_host`` (the leader's), or None to wait for the input's promise;
+    * ``resident``: per input, True when the producer was a gang over these
+      same devices, so every shard's part of it is already in place (the
+      device ran the producer first) and only the leader waits for it;
+    * ``push``: where the leader sends its outputs.
+    """
 
     gang_id: str
     kernel: Any
@@ -30,6 +56,10 @@ class GangTask:
     axis_names: tuple[str, ...]
     outputs: tuple[Aval, ...] = ()
     rendezvous: ActorRef[Rendezvous] | None = None
+    inbox: tuple[str | None, ...] = ()
+    inbox_host: int = -1
+    resident: tuple[bool, ...] = ()
+    push: tuple[PushTarget, ...] = ()
 
     @property
     def leader(self) -> int:

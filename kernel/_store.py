@@ -8,6 +8,11 @@ that everything a client owned can be freed at once when it goes away.
 The store is bounded: :meth:`ObjectStore.reserve` waits while the bytes in use
 plus the request would exceed the capacity. That wait is the back-pressure that
 stalls new work instead of running out of memory.
+
+It is also where pushed inputs land. A device that will read a value produced
+elsewhere waits on :meth:`ObjectStore.arrival` for a key the controller chose;
+the producer's host pushes the bytes here and :meth:`ObjectStore.deliver`
+settles that promise, whichever of the two comes first.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import anyio
 import numpy as np
 
 from ._errors import AtollError
+from ._promise import Promise
 
 __all__ = ["BufferMissing", "ObjectStore"]
 
@@ -52,6 +58,9 @@ class ObjectStore:
         self._entries: dict[str, _Entry] = {}
         self._ids = itertools.count()
         self._room: deque[anyio.Event] = deque()
+        self._arrivals: dict[str, Promise[Any]] = {}
+        self._landed: dict[str, str] = {}  # key -> buffer id, delivered, not taken
+        self._abandoned: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -66,6 +75,11 @@ class ObjectStore:
             self._room.append(event)
             await event.wait()
         self.reserved_bytes += nbytes
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` more fit now, without waiting."""
+        cap = self.capacity_bytes
+        return cap is None or self.used_bytes + self.reserved_bytes + nbytes <= cap
 
     def put(self, array: Any, owner: str = "", *, reserved: bool = False) -> str:
         """Store ``array`` and return its id.
@@ -109,6 +123,53 @@ class ObjectStore:
         for buffer_id in doomed:
             self._drop(buffer_id)
         return len(doomed)
+
+    # -- pushed inputs ------------------------------------------------------
+    def arrival(self, key: str) -> Promise[Any]:
+        """The promise of what is pushed under ``key`` (made on first ask)."""
+        promise = self._arrivals.get(key)
+        if promise is None:
+            promise = self._arrivals[key] = Promise(f"arrival {key}")
+        return promise
+
+    def deliver(self, key: str, value: Any, buffer_id: str) -> None:
+        """A push for ``key`` landed as one reference to buffer ``buffer_id``.
+
+        If its reader already gave up on it (:meth:`abandon`), the reference
+        is dropped at once.
+        """
+        if key in self._abandoned:
+            self._abandoned.discard(key)
+            self.decref(buffer_id)
+            return
+        self._landed[key] = buffer_id
+        self.arrival(key).set_result(value)
+
+    def take(self, key: str) -> Any | None:
+        """Remove a delivered ``key`` and return its value; its reader now owns
+        the buffer reference. None (and nothing removed) if not delivered."""
+        if key not in self._landed:
+            return None
+        del self._landed[key]
+        return self._arrivals.pop(key).result()
+
+    def forget(self, key: str) -> None:
+        """Drop a pending ``key`` that nobody will push to (the push was declined)."""
+        if key not in self._landed:
+            self._arrivals.pop(key, None)
+
+    def abandon(self, key: str) -> None:
+        """The reader gave up: free what landed, or free it when it lands."""
+        self._arrivals.pop(key, None)
+        buffer_id = self._landed.pop(key, None)
+        if buffer_id is not None:
+            self.decref(buffer_id)
+        else:
+            self._abandoned.add(key)
+
+    def pending_arrivals(self) -> int:
+        """Keys waited on or delivered and not taken yet (for tests)."""
+        return len(self._arrivals)
 
     def _entry(self, buffer_id: str) -> _Entry:
         try:

@@ -1,0 +1,153 @@
+"""Producers push outputs straight to their readers' hosts (parallel dispatch).
+
+In one process pushing is off by default (the promise path is immediate), so
+these tests turn it on with ``push=True``; ``test_up``-style process clusters
+push by default, which ``test_chain_over_host_processes_pushes`` checks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import atoll
+from atoll import _bench_dispatch as bench
+from atoll.devices import BufferHandle, Computation, CostModel
+from atoll.devices._gang import GangTask
+from atoll.kernel import Promise, VirtualClock
+from atoll.kernel._graph import Aval, GraphBuilder
+
+pytestmark = pytest.mark.anyio
+
+COST = CostModel(flops_per_s=1e12, link_bytes_per_s=1e9, link_latency_s=50e-6)
+HOP = 50e-6 + 4 / 1e9  # one float32 between hosts
+
+
+async def _settled(cluster: atoll.Cluster) -> list[dict[str, int]]:
+    """Store usage once every host answered (pushes and frees are messages too)."""
+    return await cluster.store_usage()
+
+
+async def test_pushed_chain_matches_and_frees_every_copy() -> None:
+    clock = VirtualClock()
+    async with atoll.local_cluster(1, 4, 1, clock=clock, cost=COST, push=True) as cluster:
+        slices = [await cluster.devices(1) for _ in range(4)]
+        graph = bench.chain_graph(slices, bench.step(0.002))
+        x = await cluster.put(np.zeros(1, np.float32), 0)
+        [out] = cluster.run_graph(graph, [x])
+        assert (await cluster.fetch(out))[0] == 4
+        # device and modelled link time are the same as without pushing
+        assert clock.now() == pytest.approx(4 * 0.002 + 3 * HOP)
+        usage = await _settled(cluster)
+        assert [u["pushes_in"] for u in usage] == [0, 1, 1, 1]
+        await cluster.free(out)
+        await cluster.free(x)
+        usage = await _settled(cluster)
+        assert sum(u["buffers"] for u in usage) == 0
+        assert sum(u["arrivals"] for u in usage) == 0
+
+
+async def test_one_output_read_twice_on_a_host_travels_once() -> None:
+    """A value read by two gangs on another host is pushed there once."""
+    async with atoll.local_cluster(1, 2, 2, cost=COST, push=True) as cluster:
+        a = await cluster.devices(1)  # device 0, host 0
+        b = await cluster.devices(1)  # device 1, host 0
+        c = await cluster.devices(1)  # device 2, host 1
+        d = await cluster.devices(1)  # device 3, host 1
+        step = bench.step(0.001)
+        builder = GraphBuilder()
+        x = builder.input(bench.SCALAR)
+        [y] = builder.add(step, a, [x], [bench.SCALAR])
+        [y] = builder.add(step, b, [y], [bench.SCALAR])
+        [u] = builder.add(step, c, [y], [bench.SCALAR])
+        [v] = builder.add(Computation("add", np.add, 1e9), d, [y, u], [bench.SCALAR])
+        graph = builder.build([v])
+        x0 = await cluster.put(np.zeros(1, np.float32), 0)
+        [out] = cluster.run_graph(graph, [x0])
+        assert (await cluster.fetch(out))[0] == 2 + 3
+        usage = await _settled(cluster)
+        assert usage[1]["pushes_in"] == 1  # y once (for two readers); u is local
+        await cluster.free(out)
+        await cluster.free(x0)
+        usage = await _settled(cluster)
+        assert sum(u["buffers"] for u in usage) == 0
+        assert sum(u["arrivals"] for u in usage) == 0
+
+
+async def test_a_full_store_declines_the_push_and_the_reader_fetches() -> None:
+    big = Aval((1024,), "float32")
+    async with atoll.local_cluster(1, 2, 1, cost=COST, push=True, store_bytes=9 * 1024) as cluster:
+        first, second = await cluster.devices(1), await cluster.devices(1)
+        builder = GraphBuilder()
+        x = builder.input(big)
+        [y] = builder.add(Computation("inc", lambda a: a + 1, 1e9), first, [x], [big])
+        [z] = builder.add(
+            Computation("sum", lambda a: a.sum(keepdims=True), 1e9), second, [y], [bench.SCALAR]
+        )
+        graph = builder.build([z])
+        filler = await cluster.put(np.zeros(1536, np.float32), 1)  # host 1: 6 KiB of 9
+        x0 = await cluster.put(np.zeros(1024, np.float32), 0)
+        [out] = cluster.run_graph(graph, [x0])
+        assert (await cluster.fetch(out))[0] == 1024
+        usage = await _settled(cluster)
+        assert usage[1]["pushes_declined"] == 1 and usage[1]["pushes_in"] == 0
+        for each in (out, x0, filler):
+            await cluster.free(each)
+        assert sum(u["buffers"] for u in await _settled(cluster)) == 0
+
+
+def broken(x: np.ndarray) -> np.ndarray:
+    raise FloatingPointError("step 1 diverged")
+
+
+async def test_a_failed_producer_fails_its_reader_and_leaks_nothing() -> None:
+    async with atoll.local_cluster(1, 3, 1, cost=COST, push=True) as cluster:
+        slices = [await cluster.devices(1) for _ in range(3)]
+        builder = GraphBuilder()
+        x = builder.input(bench.SCALAR)
+        [y] = builder.add(bench.step(0.001), slices[0], [x], [bench.SCALAR])
+        [y] = builder.add(Computation("broken", broken, 1e6), slices[1], [y], [bench.SCALAR])
+        [y] = builder.add(bench.step(0.001), slices[2], [y], [bench.SCALAR])
+        x0 = await cluster.put(np.zeros(1, np.float32), 0)
+        [out] = cluster.run_graph(builder.build([y]), [x0])
+        with pytest.raises(atoll.RemoteActorError) as info:
+            await cluster.fetch(out)
+        assert info.value.exc_type == "builtins.FloatingPointError"
+        await cluster.free(x0)
+        usage = await _settled(cluster)
+        assert sum(u["buffers"] for u in usage) == 0
+        assert sum(u["arrivals"] for u in usage) == 0
+
+
+async def test_non_leader_shards_do_not_wait_for_resident_inputs() -> None:
+    """A shard whose part of the input is already on its device runs at once;
+    the leader alone waits for the handle it must read."""
+    async with atoll.local_cluster(1, 1, 2, cost=COST) as cluster:
+        step = bench.step(0.001)
+        never: Promise[BufferHandle] = Promise("never settles")
+        task = GangTask("g", step, (0, 1), (2,), ("x",), resident=(True,))
+        shard = cluster.device_ref(1).run_gang(task, [never])
+        assert await shard == []
+        leader = cluster.device_ref(0).run_gang(task, [never])
+        never.set_exception(RuntimeError("producer failed"))
+        with pytest.raises(RuntimeError, match="producer failed"):
+            await leader
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_chain_over_host_processes_pushes() -> None:
+    """Across real processes, readers get their inputs pushed, not via the controller."""
+    async with atoll.local_cluster(1, 3, 1, transport="capnp", cost=COST) as cluster:
+        slices = [await cluster.devices(1) for _ in range(3)]
+        graph = bench.chain_graph(slices, bench.step(0.001))
+        x = await cluster.put(np.zeros(1, np.float32), 0)
+        [out] = cluster.run_graph(graph, [x])
+        assert (await cluster.fetch(out))[0] == 3
+        usage = await cluster.store_usage()
+        assert [u["pushes_in"] for u in usage] == [0, 1, 1]
+        await cluster.free(out)
+        await cluster.free(x)
+        usage = await cluster.store_usage()
+        assert sum(u["buffers"] for u in usage) == 0
+        assert sum(u["arrivals"] for u in usage) == 0
