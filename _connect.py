@@ -3,6 +3,11 @@
 A *cluster file* is the JSON that ``atoll up`` (or ``atoll node
 --cluster-file``) writes: the controller's address and the cluster token. It is
 written readable by its owner only, since the token is the key to the cluster.
+
+A client that asks for the cluster (:meth:`Client.cluster`) opens a session
+with the controller (see ``_sessions.py``): it gets an owner label of its own,
+and whatever it holds under that label is freed when its connection closes,
+cleanly or not.
 """
 
 from __future__ import annotations
@@ -11,10 +16,11 @@ import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._sessions import SessionAnchor, SessionWatcher
 from .kernel import ActorRef, ActorSystem, AtollError, NodeActor
 from .transports.capnp import CapnpTransport, capnp_runtime
 
@@ -54,6 +60,7 @@ class Client:
     node: ActorRef[NodeActor]
     system: ActorSystem
     address: str
+    _anchor: ActorRef[SessionAnchor] | None = field(default=None, repr=False)
 
     def spawn(self, target: str, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
         """Start an actor on the remote node (``"module:Class"``); a promise."""
@@ -63,13 +70,31 @@ class Client:
         """A named actor on the remote node; a promise."""
         return self.node.lookup(name)
 
-    async def cluster(self, owner: str = "client0") -> Cluster:
-        """The cluster this node controls (started by ``atoll up``)."""
+    async def cluster(self, owner: str | None = None) -> Cluster:
+        """The cluster this node controls (started by ``atoll up``), in a session.
+
+        Waits until every host has joined. The controller makes ``owner``
+        (default ``"client"``) unique to this session, e.g. ``"client#3"``
+        (``cluster.owner`` tells it), and frees every slice and buffer under
+        that label once this connection closes, however it closes.
+        """
         from ._client import Cluster
 
         builder = await self.node.lookup("cluster")
         info = await builder.cluster()
-        return Cluster(self.system, info.controller, info.topology, info.devices, info.hosts, owner)
+        label = await self._open_session(info.sessions, owner)
+        return Cluster(self.system, info.controller, info.topology, info.devices, info.hosts, label)
+
+    async def _open_session(
+        self, sessions: ActorRef[SessionWatcher] | None, owner: str | None
+    ) -> str:
+        """A session's owner label; the anchor that binds it is made once."""
+        if sessions is None:  # a controller without sessions: nothing frees on a drop
+            return owner or "client0"
+        if self._anchor is None:
+            self._anchor = self.system.spawn(SessionAnchor)
+        label: str = await sessions.open(self._anchor, owner or "client")
+        return label
 
     async def status(self) -> list[dict[str, Any]]:
         """The cluster's hosts and whether each still answers."""

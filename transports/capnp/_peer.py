@@ -8,8 +8,10 @@ task awaiting the capnp answer).
 
 Everything here runs on the one asyncio thread that runs capnp's loop. When the
 connection ends, :meth:`Peer.close` fails what is still pending with
-``HostLost`` and drops every capnp object it handed out, so none is collected
-after the loop is gone.
+``HostLost``, drops every capnp object it handed out, so none is collected
+after the loop is gone, and then runs the callbacks registered with
+:meth:`Peer.on_close` (how a server learns that a client went away).
+:func:`peer_of` tells which connection a reference arrived over.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import logging
 import weakref
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from contextlib import suppress
 from typing import Any
 
@@ -40,8 +43,9 @@ from ._codec import decode, decode_error, encode, encode_actor, encode_error
 from ._errors import HostLost
 from ._schema import schema
 
-__all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel"]
+__all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel", "peer_of"]
 
+_log = logging.getLogger("atoll.transports.capnp")
 CHUNK = 1 << 20
 IN_FLIGHT = 4
 
@@ -56,6 +60,8 @@ class Peer:
         self._tasks: set[asyncio.Future[Any]] = set()
         self._pending: weakref.WeakSet[Promise[Any]] = weakref.WeakSet()
         self._holders: weakref.WeakSet[RemoteChannel] = weakref.WeakSet()
+        self._on_close: dict[int, Callable[[str], None]] = {}
+        self._callback_ids = 0
 
     # -- local things out ------------------------------------------------
     def actor_cap(self, ref: ActorRef[Any]) -> Any:
@@ -152,6 +158,50 @@ class Peer:
             promise._wire = promise._pipe = None
         for channel in list(self._holders):
             channel.cap = None
+        callbacks, self._on_close = list(self._on_close.values()), {}
+        for callback in callbacks:
+            _run_close_callback(callback, reason)
+
+    def on_close(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(reason)`` once, when this connection closes.
+
+        Synchronous, on the loop thread, after pending calls failed; at once if
+        the connection is already closed. Returns a function that unregisters
+        it. A callback that raises is logged, and the others still run.
+        """
+        if self.closed is not None:
+            _run_close_callback(callback, self.closed)
+            return _nothing
+        self._callback_ids += 1
+        key = self._callback_ids
+        self._on_close[key] = callback
+
+        def unregister() -> None:
+            self._on_close.pop(key, None)
+
+        return unregister
+
+
+def _run_close_callback(callback: Callable[[str], None], reason: str) -> None:
+    try:
+        callback(reason)
+    except Exception:
+        _log.exception("a connection-close callback raised")
+
+
+def _nothing() -> None:
+    """What unregistering a callback that already ran does."""
+
+
+def peer_of(ref: ActorRef[Any]) -> Peer | None:
+    """The connection ``ref`` arrived over, or None for a local actor.
+
+    A reference decoded from a call's arguments belongs to the connection the
+    call came in on, so a server can tie what a client asked for to the life
+    of that client's connection (:meth:`Peer.on_close`).
+    """
+    channel = ref._channel
+    return channel.peer if isinstance(channel, RemoteChannel) else None
 
 
 async def _pull(
