@@ -23,6 +23,7 @@ systems, and the ratio between them is the meaningful figure.
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -275,7 +276,57 @@ async def pipeline_overhead(
     return Row("dispatch", case, "atoll", best * 1e3, "ms", stages, stages)
 
 
-async def run(small: bool = False, emit: Callable[[Row], None] = print) -> list[Row]:
+async def pipeline_processes(runs: int = 15, stages: int = 16) -> list[Row]:
+    """The pipeline over real host processes (Cap'n Proto), three ways, interleaved.
+
+    ``parallel`` (push on, the default), ``parallel_no_push`` (inputs reach
+    their readers through the controller's promises) and ``sequential``;
+    median wall time beyond the floor of ``runs`` runs each (asyncio only).
+    """
+    floor_ms = stages * 2.0
+    async with local_cluster(1, stages, 1, transport="capnp", cost=COST) as c:
+        slices = [await c.devices(1) for _ in range(stages)]
+        graph = chain_graph(slices, step(0.002))
+        x = await c.put(np.zeros(1, np.float32), 0)
+
+        async def parallel() -> None:
+            [out] = c.run_graph(graph, [x])
+            await out.promise
+            await c.free(out)
+
+        async def sequential() -> None:
+            [out] = await c.run_graph_sequential(graph, [x])
+            await c.free(out)
+
+        modes = {
+            "parallel": (True, parallel),
+            "parallel_no_push": (False, parallel),
+            "sequential": (False, sequential),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in modes}
+        for run in range(runs + 1):  # the first round warms up and is dropped
+            for name, (push, job) in modes.items():
+                await c.controller.set_push(push)
+                took = await _timed(job)
+                if run:
+                    samples[name].append(took * 1e3 - floor_ms)
+    return [
+        Row(
+            "dispatch",
+            f"pipeline{stages}_{name}_overhead_processes",
+            "atoll",
+            statistics.median(xs),
+            "ms",
+            stages,
+            stages,
+        )
+        for name, xs in samples.items()
+    ]
+
+
+async def run(
+    small: bool = False, emit: Callable[[Row], None] = print, processes: bool = False
+) -> list[Row]:
     """The whole benchmark; ``emit`` sees each row as soon as it is measured."""
     rows: list[Row] = []
 
@@ -286,6 +337,9 @@ async def run(small: bool = False, emit: Callable[[Row], None] = print) -> list[
     for latency in (0.0, RPC_LATENCY_S):
         for sequential in (False, True):
             keep(await pipeline_overhead(sequential, rpc_latency_s=latency))
+    if processes:
+        for row in await pipeline_processes(runs=5 if small else 15):
+            keep(row)
     sizes = (4, 32) if small else (4, 32, 128, 512)
     for hosts in sizes:
         devices = hosts * DEVICES_PER_HOST
@@ -393,13 +447,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--plot", metavar="PNG", help="also write a plot of computations/s")
     parser.add_argument("--ray-python", help="a Python that can `import ray` (default .venv-ray)")
+    parser.add_argument(
+        "--processes",
+        action="store_true",
+        help="also run the pipeline over 16 real host processes (Cap'n Proto)",
+    )
     args = parser.parse_args(argv)
 
     def emit(row: Row) -> None:
         if args.json:
             print(row.json(), flush=True)
 
-    rows = anyio.run(run, args.small, emit)
+    rows = anyio.run(run, args.small, emit, args.processes)  # asyncio: Cap'n Proto needs it
     ray = ray_figures(args.small, args.ray_python)
     for row in ray:
         emit(row)

@@ -102,3 +102,17 @@ async def test_parity_point_comes_from_the_grid() -> None:
         assert row.case == "parity_point" and row.unit == "ms"
         assert row.value in bench.PARITY_GRID_MS
     assert "parity_point" in bench.table(rows)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_pipeline_over_processes_is_measured_three_ways() -> None:
+    rows = await bench.pipeline_processes(runs=1, stages=3)
+    assert [r.case for r in rows] == [
+        "pipeline3_parallel_overhead_processes",
+        "pipeline3_parallel_no_push_overhead_processes",
+        "pipeline3_sequential_overhead_processes",
+    ]
+    for row in rows:
+        assert row.value is not None and -1 < row.value < 10_000
+        assert row.hosts == 3
