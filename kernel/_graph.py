@@ -170,16 +170,24 @@ def then(promise: Promise[T], fn: Callable[[T], U], label: str = "") -> Promise[
     return out
 
 
-def flatten(promise: Promise[Promise[T]], label: str = "") -> Promise[T]:
-    """A promise of the value of the promise that ``promise`` will hold."""
+def flatten(promise: Promise[Promise[T] | T], label: str = "") -> Promise[T]:
+    """A promise of the value of the promise that ``promise`` will hold.
+
+    The inner value may also arrive as a plain value: a network transport
+    delivers a promise that settled before it was sent as its value.
+    """
     out: Promise[T] = Promise(label or f"{promise!r}.flat")
 
-    def outer(done: Promise[Promise[T]]) -> None:
+    def outer(done: Promise[Promise[T] | T]) -> None:
         error = done.exception()
         if error is not None:
             out.set_exception(error)
             return
-        done.result().add_done_callback(inner)
+        value = done.result()
+        if isinstance(value, Promise):
+            value.add_done_callback(inner)
+        else:
+            out.set_result(value)
 
     def inner(done: Promise[T]) -> None:
         error = done.exception()

@@ -272,3 +272,19 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 if __name__ == "__main__":
     asyncio.run(_client_main(sys.argv[1]))
+
+
+async def test_a_connected_client_runs_a_program_in_parallel() -> None:
+    """Over a connection, promises that settled before they were sent arrive as
+    values; parallel dispatch must take them as they come."""
+    from atoll import _bench_dispatch as bench
+
+    async with served_cluster() as (address, _, _), connect(address, token=TOKEN) as client:
+        cluster = await client.cluster()
+        slices = [await cluster.devices(1) for _ in range(DEVICES)]
+        graph = bench.chain_graph(slices, bench.step(0.0))
+        x = await cluster.put(np.zeros(1, np.float32), 0)
+        for _ in range(3):
+            [out] = cluster.run_graph(graph, [x])
+            assert (await cluster.fetch(out))[0] == DEVICES
+            await cluster.free(out)
