@@ -312,10 +312,12 @@ class Controller(Actor):
         alloc = self.resources.get(node.slice.slice_id)
         if len(alloc.devices) != node.slice.size:
             raise AtollError(f"{node.name}: slice {node.slice.slice_id} changed size")
-        if getattr(node.kernel, "single_host", False) and len(self._hosts(alloc.devices)) > 1:
-            raise AtollError(
-                f"{node.name}: a JAX node runs as one sharded computation on one host; "
-                f"its slice spans hosts {self._hosts(alloc.devices)}"
+        one_host = getattr(node.kernel, "single_host", False) and not any(self.host_addresses)
+        if one_host and len(hosts := self._hosts(alloc.devices)) > 1:  # in-process only:
+            raise AtollError(  # host processes run it as one SPMD program over the hosts
+                f"{node.name}: in an in-process cluster a JAX node runs on one host; its "
+                f"slice spans hosts {hosts} (host processes, as process_cluster or "
+                "atoll up --device jax start them, run it across hosts)"
             )
         gang_id = f"gang{next(self._gangs)}"
         shape, axes = node.slice.shape, node.slice.axis_names

@@ -195,8 +195,19 @@ def _die_with_parent() -> None:
 def _start_hosts(
     count: int, address: str, token: bytes, devices: int
 ) -> list[subprocess.Popen[bytes]]:
+    """Start ``count`` host processes here that join the controller at ``address``.
+
+    They also get the parameters of one ``jax.distributed`` runtime (see
+    ``devices/_jax_multi``; ``atoll up`` with remote hosts sets them in this
+    process's environment first): JAX hosts join it when their devices
+    start, so that a gang over several hosts runs as one SPMD program;
+    simulated hosts ignore it. Each gets its start index as its JAX process id.
+    """
+    from .devices._jax_multi import PROCESS_ID, coordinator_env
+
     env = dict(os.environ, ATOLL_TOKEN=token.hex(), ATOLL_PARENT_PID=str(os.getpid()))
     env["ATOLL_JAX_LOCAL"] = "1"  # a JaxDevice takes its host's own JAX devices
+    env.update(coordinator_env(count))
     if "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
         # without accelerators, give each host process enough fake CPU devices
         flags = env.get("XLA_FLAGS", "")
@@ -205,7 +216,10 @@ def _start_hosts(
     # close_fds=False lets subprocess use posix_spawn: no fork, so no at-fork
     # hooks (JAX warns in one, rightly, for forks of a threaded process). Our
     # own descriptors are non-inheritable anyway.
-    return [subprocess.Popen(command, env=env, close_fds=False) for _ in range(count)]
+    return [
+        subprocess.Popen(command, env=dict(env, **{PROCESS_ID: str(i)}), close_fds=False)
+        for i in range(count)
+    ]
 
 
 def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:

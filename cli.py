@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
     up.add_argument("--scheduler", default="fifo")
     up.add_argument("--cluster-file", default="atoll-cluster.json")
+    up.add_argument(
+        "--jax-coordinator",
+        metavar="HOST:PORT",
+        help="where the first host serves the hosts' JAX runtime (--device jax; "
+        "default: a free port on --host), for --remote-hosts to join",
+    )
     host = sub.add_parser("host", help="join a host to a running cluster")
     host.add_argument("--join", required=True, help="controller address, capnp://HOST:PORT")
     host.add_argument("--cluster-file", help="take the token from this file")
@@ -69,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
         default="capnp://127.0.0.1:0",
         help="where this host serves its buffers to other hosts",
     )
+    host.add_argument(
+        "--jax-coordinator",
+        metavar="HOST:PORT",
+        help="join the hosts' JAX runtime there (as atoll up --device jax printed)",
+    )
+    host.add_argument("--jax-process-id", type=int, help="this host's JAX process id")
+    host.add_argument("--jax-processes", type=_positive, help="how many hosts join it")
     run = sub.add_parser("run", help="run an example (each is checked against plain JAX)")
     run.add_argument("example", choices=EXAMPLES)
     run.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
@@ -104,8 +117,35 @@ def _up(args: argparse.Namespace) -> int:
         device_cls=device_cls,
         remote_hosts=args.remote_hosts,
     )
+    if args.device == "jax" and args.remote_hosts:
+        _share_jax_runtime(args)
     asyncio.run(run_up(layout, f"capnp://{args.host}:{args.port}", args.cluster_file))
     return 0
+
+
+def _share_jax_runtime(args: argparse.Namespace) -> None:
+    """``up --device jax --remote-hosts N``: one JAX runtime for local and remote hosts.
+
+    The launcher's environment carries it to the hosts it starts (JAX
+    process ids 0 to ``--hosts`` - 1); remote hosts are told how to join.
+    """
+    import os
+
+    from .devices._jax_multi import COORDINATOR, PROCESSES, coordinator_env
+
+    total = args.hosts + args.remote_hosts
+    if args.jax_coordinator:
+        os.environ[COORDINATOR] = args.jax_coordinator
+    else:
+        port = coordinator_env(total)[COORDINATOR].rsplit(":", 1)[1]
+        os.environ[COORDINATOR] = f"{args.host}:{port}"
+    os.environ[PROCESSES] = str(total)
+    print(
+        f"atoll: remote hosts join the JAX runtime with --jax-coordinator "
+        f"{os.environ[COORDINATOR]} --jax-processes {total} --jax-process-id K "
+        f"(K from {args.hosts} to {total - 1}, one each)",
+        flush=True,
+    )
 
 
 def _host(args: argparse.Namespace) -> int:
@@ -116,8 +156,28 @@ def _host(args: argparse.Namespace) -> int:
     from .transports.capnp import default_token
 
     token = ClusterFile.read(args.cluster_file).token if args.cluster_file else default_token()
+    if args.jax_coordinator:
+        _join_jax_runtime(args)
     asyncio.run(run_host(args.join, token, args.listen))
     return 0
+
+
+def _join_jax_runtime(args: argparse.Namespace) -> None:
+    """``host --jax-coordinator``: this host's JAX devices join the others' runtime."""
+    import os
+
+    from .devices._jax_multi import COORDINATOR, PROCESS_ID, PROCESSES
+
+    if args.jax_process_id is None or args.jax_processes is None:
+        raise SystemExit("atoll host: --jax-coordinator needs --jax-process-id and --jax-processes")
+    os.environ.update(
+        {
+            COORDINATOR: args.jax_coordinator,
+            PROCESSES: str(args.jax_processes),
+            PROCESS_ID: str(args.jax_process_id),
+            "ATOLL_JAX_LOCAL": "1",  # its atoll devices take its own JAX devices
+        }
+    )
 
 
 BENCHMARKS = {

@@ -9,6 +9,12 @@ devices in tests, real GPUs when JAX sees them). It runs two kinds of work:
   runs it as ONE sharded JAX computation over a mesh of the gang's devices,
   so collectives inside it are real; the other shards wait at the gang's
   barrier while it runs (they are busy with the same program).
+* a :class:`JaxKernel` gang whose devices span host *processes* (that joined
+  one ``jax.distributed`` runtime, see ``_jax_multi``): on every host, the
+  gang's first device there (its host leader) runs the same SPMD program
+  over the global mesh with that host's shards; collectives cross hosts
+  (gloo on CPU). Outputs come out replicated and the gang leader keeps its
+  copy, so it holds them whole, as in one process.
 
 Compiled executables are cached by signature (function, devices, input
 shapes, dtypes and shardings). Outputs stay on the devices, as ``jax.Array``
@@ -23,15 +29,17 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import Any
 
 import anyio
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..kernel import endpoint
 from ..kernel._program import JaxKernel
+from . import _jax_multi
 from ._base import BufferHandle, Computation, Device, Host
 from ._gang import GangTask
 
@@ -59,13 +67,15 @@ def jax_device(device_id: int) -> jax.Device:
     """The JAX device behind atoll device ``device_id``.
 
     In one process, device ``d`` is ``jax.devices()[d]``. In a cluster of host
-    processes (``atoll up --device jax``), each process sees only its own
-    devices: ``ATOLL_JAX_LOCAL=1`` makes ``d`` map to ``d % len(jax.devices())``,
-    its place among the host's devices when hosts hold equal numbers.
+    processes (``atoll up --device jax``), each process owns only its own
+    devices: ``ATOLL_JAX_LOCAL=1`` makes ``d`` map to
+    ``jax.local_devices()[d % len(jax.local_devices())]``, its place among the
+    host's devices when hosts hold equal numbers.
     """
-    devices = jax.devices()
     if os.environ.get("ATOLL_JAX_LOCAL") == "1":
-        return devices[device_id % len(devices)]
+        local = jax.local_devices()
+        return local[device_id % len(local)]
+    devices = jax.devices()
     if device_id >= len(devices):
         raise RuntimeError(f"atoll device {device_id} has no JAX device: JAX sees {len(devices)}")
     return devices[device_id]
@@ -75,6 +85,7 @@ class JaxDevice(Device):
     """A device actor on one JAX device; see the module docstring."""
 
     host_cls = JaxHost
+    device: jax.Device  # set in on_start, once this process's JAX runtime is up
 
     @classmethod
     def available(cls) -> int | None:
@@ -82,9 +93,20 @@ class JaxDevice(Device):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.device = jax_device(self.device_id)
         self._cache: dict[tuple[Any, ...], Any] = {}
         self.compilations = 0
+
+    async def on_start(self) -> None:
+        """Join the hosts' JAX runtime if there is one, then take the device.
+
+        Joining waits for every host process (on a worker thread: this host
+        keeps answering meanwhile); messages queue until it is done.
+        """
+        await super().on_start()
+        if _jax_multi.configured():
+            await anyio.to_thread.run_sync(_jax_multi.ensure_runtime)
+        self.device = jax_device(self.device_id)
+        _jax_multi.register(self.device_id, self.device)
 
     async def execute(self, computation: Computation, inputs: list[np.ndarray]) -> np.ndarray:
         """A plain computation, jitted onto this device; returns host bytes."""
@@ -98,29 +120,62 @@ class JaxDevice(Device):
         out = await self._timed(compiled, arrays)
         return np.asarray(out)
 
+    async def _gather(
+        self, task: GangTask, inputs: Sequence[Any], leader: bool, taken: list[str]
+    ) -> list[BufferHandle]:
+        """As every device, except that a JAX gang's host leaders read inputs too.
+
+        (A failed device lookup here leaves the shard a reader of nothing:
+        :meth:`run_shard` meets it again and fails past the barrier.)
+        """
+        if not leader and isinstance(task.kernel, JaxKernel):
+            with suppress(Exception):
+                leader = self.device_id == _jax_multi.host_leader(
+                    task.devices, await self._gang(task)
+                )
+        return await super()._gather(task, inputs, leader, taken)
+
     async def run_shard(
         self, task: GangTask, inputs: list[BufferHandle], owner: str
     ) -> list[BufferHandle]:
-        """A JaxKernel gang: the leader runs the sharded program, the rest wait."""
+        """A JaxKernel gang: each host leader runs the sharded program, the rest wait.
+
+        Every shard arrives at the ``out`` barrier, whatever happens, so that
+        no shard of the gang waits there for one that failed.
+        """
         if not isinstance(task.kernel, JaxKernel):
             return await super().run_shard(task, inputs, owner)
-        if self.device_id != task.leader:
-            await self.arrive(task, "out")
-            return []
         try:
-            return await self._lead(task, inputs, owner)
+            devices = await self._gang(task)
+            if self.device_id != _jax_multi.host_leader(task.devices, devices):
+                return []
+            if _jax_multi.spans_processes(devices):
+                return await self._lead_spmd(task, devices, inputs, owner)
+            return await self._lead(task, devices, inputs, owner)
         finally:
             if task.collective:
                 await self.arrive(task, "out")
 
+    async def _gang(self, task: GangTask) -> list[jax.Device]:
+        """The gang's JAX devices in mesh order (looked up once, on a thread)."""
+        devices = _jax_multi.resolve_now(task.devices)
+        if devices is None:
+            devices = await anyio.to_thread.run_sync(_jax_multi.resolve, task.devices)
+        return devices
+
+    def _mesh(self, task: GangTask, devices: Sequence[jax.Device]) -> Mesh:
+        return Mesh(np.array(devices).reshape(task.mesh_shape), task.axis_names)
+
     async def _lead(
-        self, task: GangTask, inputs: list[BufferHandle], owner: str
+        self,
+        task: GangTask,
+        devices: Sequence[jax.Device],
+        inputs: list[BufferHandle],
+        owner: str,
     ) -> list[BufferHandle]:
+        """One process holds the whole gang: run it, keep the outputs as they come."""
         kernel: JaxKernel = task.kernel
-        mesh = Mesh(
-            np.array([jax_device(d) for d in task.devices]).reshape(task.mesh_shape),
-            task.axis_names,
-        )
+        mesh = self._mesh(task, devices)
         shardings = [NamedSharding(mesh, spec) for spec in kernel.in_specs]
         arrays = [
             jax.device_put(await self._read(handle), sharding)
@@ -136,19 +191,78 @@ class JaxDevice(Device):
             raise
         return [self._handle(self.store.put(out, owner, reserved=True), out) for out in outs]
 
-    def _compiled(self, kernel: JaxKernel, mesh: Mesh, arrays: Sequence[jax.Array]) -> Any:
+    async def _lead_spmd(
+        self,
+        task: GangTask,
+        devices: Sequence[jax.Device],
+        inputs: list[BufferHandle],
+        owner: str,
+    ) -> list[BufferHandle]:
+        """This host's part of a gang over several processes.
+
+        Every host leader reads the whole inputs and hands its own devices
+        their shards; the program's outputs come out replicated (XLA gathers
+        them), and the gang leader keeps its device's copy.
+        """
+        mesh = self._mesh(task, devices)
+        arrays = [np.asarray(await self._read(handle)) for handle in inputs]
+        keeper = self.device_id == task.leader  # the one that stores the outputs
+        nbytes = sum(aval.nbytes for aval in task.outputs) if keeper else 0
+        if keeper:
+            await self.store.reserve(nbytes)  # back-pressure: wait for room first
+        started = time.perf_counter()
+        try:
+            outs = await anyio.to_thread.run_sync(self._run_spmd, task.kernel, mesh, arrays)
+        except BaseException:
+            self.store.reserved_bytes -= nbytes
+            raise
+        self.busy_s += time.perf_counter() - started
+        if not keeper:
+            return []
+        return [self._handle(self.store.put(out, owner, reserved=True), out) for out in outs]
+
+    def _run_spmd(self, kernel: JaxKernel, mesh: Mesh, arrays: list[np.ndarray]) -> list[Any]:
+        """On a worker thread: the SPMD call, blocking in cross-host collectives."""
+        shards = [
+            jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), x.__getitem__)
+            for x, spec in zip(arrays, kernel.in_specs, strict=True)
+        ]
+        compiled = self._compiled(kernel, mesh, shards, replicated=True)
+        outs = compiled(*shards)
+        jax.block_until_ready(outs)  # type: ignore[no-untyped-call]
+        return [_jax_multi.local_copy(out, self.device) for out in outs]
+
+    def _compiled(
+        self,
+        kernel: JaxKernel,
+        mesh: Mesh,
+        arrays: Sequence[jax.Array],
+        *,
+        replicated: bool = False,
+    ) -> Any:
+        """The kernel compiled for this mesh and these inputs (cached).
+
+        ``replicated``: every output whole on every device, whatever the
+        kernel's ``out_specs`` say (how a gang over processes hands its
+        outputs to the leader).
+        """
         key = (
-            kernel,
+            kernel.fn,  # not the kernel: each message over the wire brings a new copy
+            kernel.in_specs,
+            kernel.out_specs,
             tuple(d.id for d in mesh.devices.flat),
             mesh.axis_names,
             tuple((a.shape, str(a.dtype)) for a in arrays),
+            replicated,
         )
         compiled = self._cache.get(key)
         if compiled is None:
+            whole = PartitionSpec()  # type: ignore[no-untyped-call]
+            out_specs = [whole] * len(kernel.out_specs) if replicated else kernel.out_specs
             jitted = jax.jit(
                 kernel.fn,
                 in_shardings=[NamedSharding(mesh, s) for s in kernel.in_specs],
-                out_shardings=[NamedSharding(mesh, s) for s in kernel.out_specs],
+                out_shardings=[NamedSharding(mesh, s) for s in out_specs],
             )
             compiled = jitted.lower(*arrays).compile()
             self._cache[key] = compiled

@@ -58,8 +58,10 @@ class JaxKernel:
 
     ``in_specs``/``out_specs`` give one ``PartitionSpec`` per flat input and
     output, over the axes of the slice the node runs on. JAX gangs always meet
-    at a barrier, because their leader runs the whole sharded program, and a
-    JAX node must sit on one host (one process runs one sharded computation).
+    at a barrier, because their leader runs the whole sharded program. A node
+    whose slice spans host processes runs as one multi-process SPMD program
+    (``devices/_jax_multi.py``); ``single_host`` makes an in-process cluster,
+    where hosts share one JAX runtime, refuse a slice over several hosts.
     """
 
     fn: Callable[..., Any]
@@ -138,13 +140,8 @@ def _add_node(builder: GraphBuilder, placed: PlacedFunction, args: tuple[Any, ..
             )
     structs = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in leaves]  # type: ignore[no-untyped-call]
 
-    def call(*xs: Any) -> Any:
-        return placed.fn(*jax.tree_util.tree_unflatten(in_tree, xs))
-
-    def flat(*xs: Any) -> list[Any]:
-        return list(jax.tree_util.tree_leaves(call(*xs)))
-
-    out_shape = jax.eval_shape(call, *structs)
+    flat = _FlatCall(placed.fn, in_tree)
+    out_shape = jax.eval_shape(flat.nested, *structs)
     out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
     kernel = JaxKernel(
         flat,
@@ -157,6 +154,29 @@ def _add_node(builder: GraphBuilder, placed: PlacedFunction, args: tuple[Any, ..
     return jax.tree_util.tree_unflatten(
         out_tree, [Traced(r, a) for r, a in zip(refs, avals, strict=True)]
     )
+
+
+@dataclass(frozen=True)
+class _FlatCall:
+    """``fn`` over flat array inputs, returning its flat outputs.
+
+    A plain module-level value (not a closure), so a node's kernel pickles
+    and can travel to host processes; equal calls compare equal, which keeps
+    compile caches warm across copies.
+    """
+
+    fn: Callable[..., Any]
+    in_tree: Any  # a jax PyTreeDef
+
+    def nested(self, *xs: Any) -> Any:
+        import jax
+
+        return self.fn(*jax.tree_util.tree_unflatten(self.in_tree, xs))
+
+    def __call__(self, *xs: Any) -> list[Any]:
+        import jax
+
+        return list(jax.tree_util.tree_leaves(self.nested(*xs)))
 
 
 def _in_specs(placed: PlacedFunction, args: tuple[Any, ...]) -> list[Any]:

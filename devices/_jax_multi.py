@@ -1,0 +1,224 @@
+"""One JAX runtime across host processes, for gangs whose devices span hosts.
+
+In a cluster of host processes (``atoll up --device jax``, ``process_cluster``)
+every host process joins one ``jax.distributed`` runtime when its first
+:class:`~atoll.devices.jax_device.JaxDevice` starts. CPU collectives then go
+over gloo (TCP), GPU ones over NCCL, and every process sees the *global*
+device list. A gang over devices of several hosts runs as ONE SPMD
+computation: on each host, the gang's first device there (its *host leader*)
+calls the same compiled program over the global mesh with that host's shards,
+in the same order everywhere, which is what island gang scheduling guarantees.
+
+The launcher passes the runtime's parameters through the environment:
+
+* ``ATOLL_JAX_COORDINATOR``: ``host:port`` of the coordination service, which
+  JAX process 0 serves (a free port on the launcher's machine, see
+  :func:`coordinator_env`);
+* ``ATOLL_JAX_PROCESSES``: how many host processes join;
+* ``ATOLL_JAX_PROCESS_ID``: this process's JAX process id (the launcher's start
+  order, not the atoll host id: the builder numbers hosts as they join).
+
+Because JAX process ids and atoll host ids differ, each device publishes which
+JAX device it owns in the runtime's key-value store (``atoll/jax-device/D``),
+and a gang's devices are looked up there (:func:`resolve`).
+
+JAX is imported inside the functions: the launcher imports this module to
+build the environment and must stay light when it runs simulated devices.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..kernel import AtollError
+
+if TYPE_CHECKING:
+    import jax
+
+__all__ = [
+    "COORDINATOR",
+    "PROCESSES",
+    "PROCESS_ID",
+    "coordinator_env",
+    "ensure_runtime",
+    "host_leader",
+    "local_copy",
+    "register",
+    "resolve",
+    "resolve_now",
+    "spans_processes",
+]
+
+COORDINATOR = "ATOLL_JAX_COORDINATOR"
+PROCESSES = "ATOLL_JAX_PROCESSES"
+PROCESS_ID = "ATOLL_JAX_PROCESS_ID"
+
+_KEY = "atoll/jax-device/{}"
+_LOOKUP_TIMEOUT_MS = 120_000  # a device publishes once its runtime is up
+_INIT_TIMEOUT_S = 300  # every host process must join within this
+_SHUTDOWN_TIMEOUT_S = 30
+
+_lock = threading.Lock()
+_here: dict[int, jax.Device] = {}  # atoll device id -> JAX device, devices of this process
+_elsewhere: dict[int, jax.Device] = {}  # the same, looked up in the key-value store
+
+
+# -- the launcher's side ------------------------------------------------------------
+def coordinator_env(processes: int) -> dict[str, str]:
+    """The runtime's parameters for host processes started here (all but the id).
+
+    Values already in this process's environment win (``atoll up`` sets them
+    when hosts join from other machines too); otherwise the coordinator gets
+    a free port on this machine and every process joins from here.
+    """
+    coordinator = os.environ.get(COORDINATOR) or f"127.0.0.1:{_free_port()}"
+    return {COORDINATOR: coordinator, PROCESSES: os.environ.get(PROCESSES, str(processes))}
+
+
+def _free_port() -> int:
+    """A TCP port free right now (process 0 binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+# -- a host process's side -----------------------------------------------------------
+def configured() -> bool:
+    """Whether this process was started to join a multi-process JAX runtime."""
+    return bool(os.environ.get(COORDINATOR))
+
+
+def ensure_runtime() -> None:
+    """Join the runtime once (blocking: call it on a worker thread).
+
+    Returns when every host process has joined and JAX's backend exists, so
+    ``jax.devices()`` is the global list. Does nothing unless the launcher
+    configured a runtime, or when this process already joined one.
+    """
+    import jax
+
+    with _lock:
+        if not configured() or jax.distributed.is_initialized():
+            return
+        update: Any = jax.config.update
+        update("jax_cpu_collectives_implementation", "gloo")
+        update("jax_enable_preemption_service", False)  # its SIGTERM handler: not ours
+        coordinator = os.environ[COORDINATOR]
+        jax.distributed.initialize(
+            coordinator,
+            int(os.environ[PROCESSES]),
+            int(os.environ[PROCESS_ID]),
+            cluster_detection_method="deactivate",
+            coordinator_bind_address=_bind_address(coordinator),
+            initialization_timeout=_INIT_TIMEOUT_S,
+            shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT_S,
+        )
+        jax.devices()  # the backend: waits for every process's topology
+
+
+def _bind_address(coordinator: str) -> str | None:
+    """Where process 0 serves: loopback stays loopback; else every interface (None)."""
+    host = coordinator.rsplit(":", 1)[0]
+    return coordinator if host in ("127.0.0.1", "localhost") else None
+
+
+def register(device_id: int, device: jax.Device) -> None:
+    """Atoll device ``device_id`` of this process owns ``device``; tell the others."""
+    _here[device_id] = device
+    client = _client()
+    if client is not None:
+        client.key_value_set(_KEY.format(device_id), str(device.id), allow_overwrite=True)
+
+
+def resolve_now(device_ids: Sequence[int]) -> list[jax.Device] | None:
+    """The gang's JAX devices, if that needs no lookup in the runtime (else None)."""
+    found = [_known(d) for d in device_ids]
+    known = [device for device in found if device is not None]
+    if len(known) == len(found):
+        return known
+    if _client() is None:
+        return resolve(device_ids)
+    return None
+
+
+def resolve(device_ids: Sequence[int]) -> list[jax.Device]:
+    """The JAX devices behind atoll devices, in order (may block: lookups).
+
+    In one process, device ``d`` is ``jax.devices()[d]``. In a runtime shared
+    by host processes, other hosts' devices come from the key-value store.
+    A host process that shares no runtime sees only its own devices: a gang
+    over another host's is an error.
+    """
+    from .jax_device import jax_device
+
+    client = _client()
+    devices = []
+    for d in device_ids:
+        device = _known(d)
+        if device is None and client is not None:
+            device = _elsewhere[d] = _lookup(client, d)
+        elif device is None and os.environ.get("ATOLL_JAX_LOCAL") == "1":
+            raise AtollError(
+                f"atoll device {d} is on another host process, and the host processes "
+                "share no JAX runtime: start them with atoll up --device jax (or "
+                "process_cluster), or join with atoll host --jax-coordinator ..."
+            )
+        devices.append(device if device is not None else jax_device(d))
+    return devices
+
+
+def _known(device_id: int) -> jax.Device | None:
+    if device_id in _here:
+        return _here[device_id]
+    return _elsewhere.get(device_id)
+
+
+def _lookup(client: Any, device_id: int) -> jax.Device:
+    import jax
+
+    try:
+        value = client.blocking_key_value_get(_KEY.format(device_id), _LOOKUP_TIMEOUT_MS)
+    except Exception as exc:
+        raise AtollError(f"atoll device {device_id} never joined the JAX runtime: {exc}") from exc
+    by_id = {device.id: device for device in jax.devices()}
+    return by_id[int(value)]
+
+
+def _client() -> Any:
+    """The runtime's client, or None when this process joined no runtime."""
+    if not configured():
+        return None
+    from jax._src import distributed  # the client: no public handle on its key-value store
+
+    return distributed.global_state.client
+
+
+# -- one gang ------------------------------------------------------------------------
+def host_leader(device_ids: Sequence[int], devices: Sequence[jax.Device]) -> int:
+    """This process's host leader of a gang: its first device here, in gang order."""
+    import jax
+
+    me = jax.process_index()
+    for device_id, device in zip(device_ids, devices, strict=True):
+        if device.process_index == me:
+            return device_id
+    raise AtollError(f"no device of gang {list(device_ids)} is in this process")
+
+
+def spans_processes(devices: Sequence[jax.Device]) -> bool:
+    """Whether a gang's devices belong to more than one JAX process."""
+    return len({device.process_index for device in devices}) > 1
+
+
+def local_copy(array: jax.Array, device: jax.Device) -> jax.Array:
+    """The copy on ``device`` of a replicated global array (a one-device array)."""
+    for shard in array.addressable_shards:
+        if shard.device == device:
+            data: jax.Array = shard.data
+            return data
+    raise AtollError(f"no copy of the output on {device}")
