@@ -289,7 +289,7 @@ class Controller(Actor):
         pushes: dict[int, list[PushTarget]] = {}
         for (producer, output, host), keys in readers.items():
             address = self.host_addresses[host]  # a process of its own: dialled directly
-            host_ref = None if address else self.host_refs[host]
+            host_ref = None if address else self.host_refs[host]  # a capability costs
             target = PushTarget(output, host, host_ref, address, tuple(keys))
             pushes.setdefault(producer, []).append(target)
         return [
@@ -347,10 +347,11 @@ def _as_promise(value: Any) -> Promise[Any]:
 
 
 def _free_after(value: Promise[BufferHandle], readers: list[Promise[list[BufferHandle]]]) -> None:
-    """Drop the value's reference once every reader has run (or failed)."""
-    left = [len(readers)]
+    """Drop the value's reference once every reader has run (or failed) and
+    the value itself settled (a reader fed by a push may finish first)."""
+    left = [len(readers) + 1]
 
-    def one_done(_: Promise[list[BufferHandle]]) -> None:
+    def one_done(_: Promise[Any]) -> None:
         left[0] -= 1
         if left[0] == 0 and value.done() and value.exception() is None:
             handle = value.result()
@@ -358,6 +359,7 @@ def _free_after(value: Promise[BufferHandle], readers: list[Promise[list[BufferH
 
     for reader in readers:
         reader.add_done_callback(one_done)
+    value.add_done_callback(one_done)
 
 
 @asynccontextmanager
@@ -408,6 +410,7 @@ async def local_cluster(
             scheduler,
             device_cls,
             owner,
+            push,
         ) as cluster:
             yield cluster
         return
@@ -474,6 +477,7 @@ async def _in_processes(
     scheduler: str | Mapping[int, str],
     device_cls: type[Device],
     owner: str,
+    push: bool | None,
 ) -> AsyncIterator[Cluster]:
     """``transport="capnp"``: the same actors, each host in a process of its own."""
     from ._distributed import process_cluster
@@ -492,6 +496,8 @@ async def _in_processes(
         owner=owner,
         device_cls=device_cls,
     ) as cluster:
+        if push is not None:
+            await cluster.controller.set_push(push)
         yield cluster
 
 

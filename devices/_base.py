@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,6 +25,7 @@ import numpy as np
 
 from ..kernel import Actor, ActorRef, AtollError, Clock, ObjectStore, Promise, endpoint
 from ..kernel._graph import then
+from ..kernel._store import BufferMissing
 from ._gang import GangTask
 
 _log = logging.getLogger(__name__)
@@ -200,17 +202,25 @@ class Device(Actor):
             try:
                 handles = await self._gather(task, inputs, leader, taken)
             except Exception as exc:  # an input failed: so does this shard, as it is
+                await self.leave_barriers(task)
                 return _failed(exc)
             if task.collective:
                 await self.arrive(task, "in")
             outputs = await self.run_shard(task, handles, owner)
         finally:
             for buffer_id in taken:
-                self.store.decref(buffer_id)
+                with suppress(BufferMissing):  # its owner's session may have ended
+                    self.store.decref(buffer_id)
         self.computations += 1
         if leader and task.push:
             return await self._push(task, outputs, owner)
         return outputs
+
+    async def leave_barriers(self, task: GangTask) -> None:
+        """A shard that fails before running still passes its gang's barriers,
+        so that the shards that did start are not left waiting there."""
+        if task.collective:
+            await self.arrive(task, "in")
 
     async def _gather(
         self, task: GangTask, inputs: Sequence[Any], leader: bool, taken: list[str]
@@ -218,49 +228,52 @@ class Device(Actor):
         """Await the inputs this shard needs; the leader gets every handle.
 
         A non-leader shard skips *resident* inputs (its part is on this device
-        already) and gets no handles: only the leader reads data. An input
-        with an inbox key on this host is taken from the push as soon as it
-        lands, without waiting for the controller's promise.
+        already), waits for the others' promises, and gets no handles: only
+        the leader reads data. The leader takes an input with an inbox key
+        from the push as soon as it lands, without waiting for the
+        controller's promise.
         """
         count = len(inputs)
-        keys = task.inbox or (None,) * count
+        keys = task.inbox if leader and self.host_id == task.inbox_host else ()
+        keys = keys or (None,) * count
         resident = task.resident or (False,) * count
-        here = self.host_id == task.inbox_host
         handles: list[BufferHandle] = []
         for i, (value, key, local) in enumerate(zip(inputs, keys, resident, strict=True)):
             if local and not leader:
                 continue
             try:
-                handles.append(await self._input(value, key if here else None, leader, taken))
+                handles.append(await self._input(value, key, taken))
             except BaseException:
-                if leader and here:
-                    for later in keys[i:]:
-                        if later is not None:
-                            self.store.abandon(later)
+                for later in keys[i + 1 :]:  # not waited on yet: free them when they land
+                    if later is not None:
+                        self.store.abandon(later)
                 raise
         return handles if leader else []
 
-    async def _input(self, value: Any, key: str | None, leader: bool, taken: list[str]) -> Any:
+    async def _input(self, value: Any, key: str | None, taken: list[str]) -> Any:
         """One input: pushed under ``key`` if that comes first, else its promise.
 
-        The producer's promise settles only after its pushes landed, so once
-        it has, a missing push means the push was declined (no room here).
+        The producer's promise settles only after its pushes were answered,
+        so once it has, a missing push means the push was declined (no room
+        here) or the producer failed: nothing more will land under ``key``.
         """
         if key is None:
             return await value if isinstance(value, Promise) else value
         arrival = self.store.arrival(key)
-        if isinstance(value, Promise) and not value.done():
-            await _first(arrival, value)
+        try:
+            if isinstance(value, Promise) and not value.done():
+                await _first(arrival, value)
+        except BaseException:  # cancelled while waiting: free the copy when it lands
+            self.store.abandon(key)
+            raise
         if arrival.done():
             landed: Arrival = arrival.result()
-            if leader:
-                self.store.take(key)  # this shard now owns the pushed copy
-                taken.append(landed.handle.id)
-                await self._charge_transfer(landed.transfer_s)
+            self.store.take(key)  # this shard now owns the pushed copy
+            taken.append(landed.handle.id)
+            await self._charge_transfer(landed.transfer_s)
             return landed.handle
-        handle = await value if isinstance(value, Promise) else value
         self.store.forget(key)
-        return handle
+        return await value if isinstance(value, Promise) else value
 
     async def _push(
         self, task: GangTask, outputs: list[BufferHandle], owner: str
@@ -275,9 +288,14 @@ class Device(Actor):
                     self.store.incref(handle.id)
                     self.store.deliver(key, Arrival(handle, 0.0), handle.id)
                 continue
-            host = await self._host_ref(target.host_id, target.address, target.host)
-            array = np.asarray(self.store.get(handle.id))
-            answers.append(host.receive(list(target.keys), array, owner, self.island))
+            try:  # a push only saves time: failing one must not fail the producer
+                host = await self._host_ref(target.host_id, target.address, target.host)
+                array = np.asarray(self.store.get(handle.id))
+                answers.append(host.receive(list(target.keys), array, owner, self.island))
+            except Exception as exc:
+                _log.warning(
+                    "push to host %d failed; its reader will fetch: %s", target.host_id, exc
+                )
         return _after_all(answers, outputs)
 
     async def _charge_transfer(self, seconds: float) -> None:

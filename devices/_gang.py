@@ -23,9 +23,10 @@ __all__ = ["GangTask", "PushTarget", "Rendezvous"]
 class PushTarget:
     """Where the leader sends output ``output`` as soon as it exists.
 
-    The host ``host_id`` (at capnp ``address`` when it is a process of its
-    own, else through the reference ``host``) gets the bytes once and delivers them to each of
-    ``keys``, the inbox keys its readers wait on.
+    The host ``host_id`` (dialled at capnp ``address`` when it is a process
+    of its own, else through ``host``) gets the bytes once and delivers them
+    to each of ``keys``, the inbox keys its readers wait on. A push that
+    cannot be made is logged and skipped: its readers fetch instead.
     """
 
     output: int

@@ -135,6 +135,12 @@ class JaxDevice(Device):
                 )
         return await super()._gather(task, inputs, leader, taken)
 
+    async def leave_barriers(self, task: GangTask) -> None:
+        """A JAX gang's shards meet at ``out`` too: a failed shard passes both."""
+        await super().leave_barriers(task)
+        if task.collective and isinstance(task.kernel, JaxKernel):
+            await self.arrive(task, "out")
+
     async def run_shard(
         self, task: GangTask, inputs: list[BufferHandle], owner: str
     ) -> list[BufferHandle]:

@@ -77,9 +77,12 @@ class ObjectStore:
         self.reserved_bytes += nbytes
 
     def fits(self, nbytes: int) -> bool:
-        """Whether ``nbytes`` more fit now, without waiting."""
+        """Whether ``nbytes`` more fit now, without waiting, and without
+        getting ahead of anyone already waiting for room."""
         cap = self.capacity_bytes
-        return cap is None or self.used_bytes + self.reserved_bytes + nbytes <= cap
+        if cap is None:
+            return True
+        return not self._room and self.used_bytes + self.reserved_bytes + nbytes <= cap
 
     def put(self, array: Any, owner: str = "", *, reserved: bool = False) -> str:
         """Store ``array`` and return its id.
@@ -168,8 +171,8 @@ class ObjectStore:
             self._abandoned.add(key)
 
     def pending_arrivals(self) -> int:
-        """Keys waited on or delivered and not taken yet (for tests)."""
-        return len(self._arrivals)
+        """Keys waited on, delivered and not taken, or given up on (for tests)."""
+        return len(self._arrivals) + len(self._abandoned)
 
     def _entry(self, buffer_id: str) -> _Entry:
         try:

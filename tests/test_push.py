@@ -151,3 +151,48 @@ async def test_chain_over_host_processes_pushes() -> None:
         usage = await cluster.store_usage()
         assert sum(u["buffers"] for u in usage) == 0
         assert sum(u["arrivals"] for u in usage) == 0
+
+
+async def test_a_failed_resident_input_does_not_strand_a_collective_gang() -> None:
+    """The leader fails on its input; the shards that went ahead to the barrier
+    must not wait there for ever (the devices answer afterwards)."""
+    collective = Computation("allreduce", lambda a: a, 1e9, collective=True)
+    async with atoll.local_cluster(1, 1, 2, cost=COST) as cluster:
+        both = await cluster.devices(2)
+        builder = GraphBuilder()
+        x = builder.input(bench.SCALAR)
+        [y] = builder.add(Computation("broken", broken, 1e6), both, [x], [bench.SCALAR])
+        [y] = builder.add(collective, both, [y], [bench.SCALAR])
+        x0 = await cluster.put(np.zeros(1, np.float32), 0)
+        [out] = cluster.run_graph(builder.build([y]), [x0])
+        with pytest.raises(atoll.RemoteActorError):
+            await cluster.fetch(out)
+        for device in (0, 1):
+            handle = await cluster.put(np.ones(1, np.float32), device)
+            await cluster.free(handle)
+        await cluster.free(x0)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_readers_done_before_their_producer_reports_free_its_output() -> None:
+    """Zero-cost readers fed by pushes can finish before the controller hears
+    of the producer; the producer's output must still be freed."""
+    async with atoll.local_cluster(1, 3, 1, transport="capnp", cost=COST) as cluster:
+        a, b, c = [await cluster.devices(1) for _ in range(3)]
+        builder = GraphBuilder()
+        x = builder.input(bench.SCALAR)
+        [y] = builder.add(bench.step(0.0), a, [x], [bench.SCALAR])
+        [u] = builder.add(bench.step(0.0), b, [y], [bench.SCALAR])
+        [v] = builder.add(bench.step(0.0), c, [y], [bench.SCALAR])
+        graph = builder.build([u, v])
+        x0 = await cluster.put(np.zeros(1, np.float32), 0)
+        for _ in range(5):
+            outs = cluster.run_graph(graph, [x0])
+            for out in outs:
+                assert (await cluster.fetch(out))[0] == 2
+                await cluster.free(out)
+        await cluster.free(x0)
+        usage = await cluster.store_usage()
+        assert [u["buffers"] for u in usage] == [0, 0, 0]
+        assert sum(u["arrivals"] for u in usage) == 0
