@@ -17,7 +17,7 @@ import numpy as np
 
 from .devices import BufferHandle, Computation, Device, DeviceStats, Host
 from .kernel import ActorRef, ActorSystem, AtollError, Clock, Promise
-from .kernel._graph import Aval, Graph, ValueRef, flatten, then
+from .kernel._graph import Aval, Graph, ValueRef, as_promise, flatten, then, value_of
 from .kernel._latency import Wire
 from .kernel._program import PlacedFunction, Program, VirtualSlice, aval_of
 
@@ -185,15 +185,17 @@ class Cluster:
         inputs, temporary = self._inputs(graph, leaves)
         values: dict[ValueRef, Any] = {ValueRef(-1, i): v for i, v in enumerate(inputs)}
         for node in graph.nodes:
-            node_inputs = [await _resolved(values[ref]) for ref in node.inputs]
+            node_inputs = [await value_of(values[ref]) for ref in node.inputs]
             handles = await self._reply(self._call("run_node", node, node_inputs, self.owner))
             for i, handle in enumerate(handles):
                 values[ValueRef(node.id, i)] = handle
         kept = set(graph.outputs)
         for ref in graph.consumers():
             if ref not in kept and (ref.node >= 0 or ref.index in temporary):
-                await self.free(await _resolved(values[ref]))
-        return [ArrayRef(_done(await _resolved(values[r])), graph.aval(r)) for r in graph.outputs]
+                await self.free(await value_of(values[ref]))
+        return [
+            ArrayRef(as_promise(await value_of(values[r])), graph.aval(r)) for r in graph.outputs
+        ]
 
     def _inputs(self, graph: Graph, leaves: Sequence[Any]) -> tuple[list[Any], list[int]]:
         readers = graph.consumers()
@@ -247,13 +249,13 @@ class Cluster:
 
     async def fetch(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> np.ndarray:
         """The value of a buffer, read from the host that holds it."""
-        handle = await _resolved(value.promise if isinstance(value, ArrayRef) else value)
+        handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
         array: np.ndarray = await handle.host.fetch(handle.id)
         return array
 
     async def free(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> bool:
         """Drop this client's reference to a buffer; True if it was freed."""
-        handle = await _resolved(value.promise if isinstance(value, ArrayRef) else value)
+        handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
         freed: bool = await handle.host.free(handle.id)
         return freed
 
@@ -287,13 +289,3 @@ def _trace(program: Program, args: tuple[Any, ...]) -> tuple[list[Any], Any]:
                 "pass an ArrayRef (outputs.refs), not a bare promise: its shape is needed"
             )
     return leaves, program.trace([aval_of(leaf) for leaf in leaves], in_tree)
-
-
-async def _resolved(value: BufferHandle | Promise[BufferHandle]) -> BufferHandle:
-    return await value if isinstance(value, Promise) else value
-
-
-def _done(handle: BufferHandle) -> Promise[BufferHandle]:
-    promise: Promise[BufferHandle] = Promise("handle")
-    promise.set_result(handle)
-    return promise

@@ -26,7 +26,7 @@ from ._client import Cluster
 from .devices import BufferHandle, Computation, CostModel, Device, Host, SimDevice
 from .devices._gang import GangTask, PushTarget, Rendezvous
 from .kernel import Actor, ActorRef, ActorSystem, AtollError, Clock, Promise, endpoint
-from .kernel._graph import Graph, Node, ValueRef, forward, then
+from .kernel._graph import Graph, Node, ValueRef, all_settled, as_promise, forward, then
 from .kernel._latency import DelayLine, Wire
 from .kernel._program import VirtualSlice
 from .kernel._resources import ResourceManager
@@ -181,13 +181,17 @@ class Controller(Actor):
     async def on_start(self) -> None:
         answers = [host.address() for host in self.host_refs]
         self.host_addresses = [await answer for answer in answers]
-        if self.push is None:
-            self.push = any(self.host_addresses)
+        self.set_push(self.push)
+
+    @property
+    def hosts_in_processes(self) -> bool:
+        """Whether hosts run in processes of their own (they have addresses)."""
+        return any(self.host_addresses)
 
     @endpoint
     def set_push(self, push: bool | None) -> bool:
         """Turn pushing on or off (None: automatic); returns the setting in force."""
-        self.push = any(self.host_addresses) if push is None else push
+        self.push = self.hosts_in_processes if push is None else push
         return self.push
 
     @endpoint
@@ -257,7 +261,7 @@ class Controller(Actor):
         """
         tasks = self._wire_up(graph, [self._task(node) for node in graph.nodes])
         values: dict[ValueRef, Promise[BufferHandle]] = {
-            ValueRef(-1, i): _as_promise(v) for i, v in enumerate(inputs)
+            ValueRef(-1, i): as_promise(v) for i, v in enumerate(inputs)
         }
         ran: dict[int, Promise[list[BufferHandle]]] = {}
         for node, task in zip(graph.nodes, tasks, strict=True):
@@ -277,8 +281,8 @@ class Controller(Actor):
         inbox: list[list[str | None]] = [[None] * len(node.inputs) for node in graph.nodes]
         resident = [[False] * len(node.inputs) for node in graph.nodes]
         readers: dict[tuple[int, int, int], list[str]] = {}  # (node, output, host) -> keys
-        for node, task in zip(graph.nodes, tasks, strict=True):
-            host = self.topology_.device(task.leader).host
+        leader_hosts = [self.topology_.device(task.leader).host for task in tasks]
+        for node, task, host in zip(graph.nodes, tasks, leader_hosts, strict=True):
             for i, ref in enumerate(node.inputs):
                 if ref.node < 0:
                     continue
@@ -296,7 +300,7 @@ class Controller(Actor):
             replace(
                 task,
                 inbox=tuple(inbox[n]),
-                inbox_host=self.topology_.device(task.leader).host if self.push else -1,
+                inbox_host=leader_hosts[n] if self.push else -1,
                 resident=tuple(resident[n]),
                 push=tuple(pushes.get(n, ())),
             )
@@ -312,7 +316,7 @@ class Controller(Actor):
         alloc = self.resources.get(node.slice.slice_id)
         if len(alloc.devices) != node.slice.size:
             raise AtollError(f"{node.name}: slice {node.slice.slice_id} changed size")
-        one_host = getattr(node.kernel, "single_host", False) and not any(self.host_addresses)
+        one_host = getattr(node.kernel, "single_host", False) and not self.hosts_in_processes
         if one_host and len(hosts := self._hosts(alloc.devices)) > 1:  # in-process only:
             raise AtollError(  # host processes run it as one SPMD program over the hosts
                 f"{node.name}: in an in-process cluster a JAX node runs on one host; its "
@@ -338,28 +342,16 @@ def _first(handles: list[BufferHandle]) -> BufferHandle:
     return handles[0]
 
 
-def _as_promise(value: Any) -> Promise[Any]:
-    if isinstance(value, Promise):
-        return value
-    promise: Promise[Any] = Promise("value")
-    promise.set_result(value)
-    return promise
-
-
 def _free_after(value: Promise[BufferHandle], readers: list[Promise[list[BufferHandle]]]) -> None:
     """Drop the value's reference once every reader has run (or failed) and
     the value itself settled (a reader fed by a push may finish first)."""
-    left = [len(readers) + 1]
 
-    def one_done(_: Promise[Any]) -> None:
-        left[0] -= 1
-        if left[0] == 0 and value.done() and value.exception() is None:
+    def free(_: Promise[None]) -> None:
+        if value.exception() is None:
             handle = value.result()
             handle.host.free(handle.id)
 
-    for reader in readers:
-        reader.add_done_callback(one_done)
-    value.add_done_callback(one_done)
+    all_settled([*readers, value]).add_done_callback(free)
 
 
 @asynccontextmanager

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..kernel import Actor, ActorRef, AtollError, Clock, ObjectStore, Promise, endpoint
-from ..kernel._graph import then
+from ..kernel._graph import all_settled, failed, first_settled, then, value_of
 from ..kernel._store import BufferMissing
 from ._gang import GangTask
 
@@ -53,6 +53,23 @@ class BufferHandle:
     nbytes: int
     island: int = 0
     address: str = ""  # the holder's capnp address, in multi-process clusters
+
+    @classmethod
+    def of(
+        cls,
+        buffer_id: str,
+        array: Any,
+        host: ActorRef[Host],
+        host_id: int,
+        device_id: int,
+        island: int,
+    ) -> BufferHandle:
+        """The handle of ``array``, stored as ``buffer_id`` on that host (and
+        this process's capnp address, if it announced one)."""
+        shape, dtype, nbytes = tuple(array.shape), str(array.dtype), int(array.nbytes)
+        return cls(
+            buffer_id, host, host_id, device_id, shape, dtype, nbytes, island, _local_address()
+        )
 
 
 @dataclass(frozen=True)
@@ -203,7 +220,7 @@ class Device(Actor):
                 handles = await self._gather(task, inputs, leader, taken)
             except Exception as exc:  # an input failed: so does this shard, as it is
                 await self.leave_barriers(task)
-                return _failed(exc)
+                return failed(exc)
             if task.collective:
                 await self.arrive(task, "in")
             outputs = await self.run_shard(task, handles, owner)
@@ -258,11 +275,11 @@ class Device(Actor):
         here) or the producer failed: nothing more will land under ``key``.
         """
         if key is None:
-            return await value if isinstance(value, Promise) else value
+            return await value_of(value)
         arrival = self.store.arrival(key)
         try:
             if isinstance(value, Promise) and not value.done():
-                await _first(arrival, value)
+                await first_settled(arrival, value)
         except BaseException:  # cancelled while waiting: free the copy when it lands
             self.store.abandon(key)
             raise
@@ -273,7 +290,7 @@ class Device(Actor):
             await self._charge_transfer(landed.transfer_s)
             return landed.handle
         self.store.forget(key)
-        return await value if isinstance(value, Promise) else value
+        return await value_of(value)
 
     async def _push(
         self, task: GangTask, outputs: list[BufferHandle], owner: str
@@ -296,7 +313,9 @@ class Device(Actor):
                 _log.warning(
                     "push to host %d failed; its reader will fetch: %s", target.host_id, exc
                 )
-        return _after_all(answers, outputs)
+        for answer in answers:
+            answer.add_done_callback(_log_failed_push)
+        return then(all_settled(answers), lambda _: outputs)
 
     async def _charge_transfer(self, seconds: float) -> None:
         if seconds > 0:
@@ -355,16 +374,8 @@ class Device(Actor):
         return array
 
     def _handle(self, buffer_id: str, array: np.ndarray) -> BufferHandle:
-        return BufferHandle(
-            buffer_id,
-            self.host,
-            self.host_id,
-            self.device_id,
-            tuple(array.shape),
-            str(array.dtype),
-            int(array.nbytes),
-            self.island,
-            _local_address(),
+        return BufferHandle.of(
+            buffer_id, array, self.host, self.host_id, self.device_id, self.island
         )
 
     async def _host_ref(
@@ -396,37 +407,9 @@ class Arrival:
     transfer_s: float
 
 
-def _failed(error: Exception) -> Promise[Any]:
-    promise: Promise[Any] = Promise("failed input")
-    promise.set_exception(error)
-    return promise
-
-
-async def _first(*promises: Promise[Any]) -> None:
-    """Return when the first of ``promises`` settles (whichever way)."""
-    either: Promise[None] = Promise("first of")
-    for promise in promises:
-        promise.add_done_callback(lambda _: either.set_result(None))
-    await either
-
-
-def _after_all(answers: list[Promise[Any]], value: list[BufferHandle]) -> Promise[Any]:
-    """A promise of ``value`` once every answer settled (failures are only logged)."""
-    out: Promise[list[BufferHandle]] = Promise("pushed")
-    left = [len(answers)]
-
-    def one(answer: Promise[Any]) -> None:
-        if answer.exception() is not None:
-            _log.warning("a push failed; its reader will fetch: %s", answer.exception())
-        left[0] -= 1
-        if left[0] == 0:
-            out.set_result(value)
-
-    if not answers:
-        out.set_result(value)
-    for answer in answers:
-        answer.add_done_callback(one)
-    return out
+def _log_failed_push(answer: Promise[Any]) -> None:
+    if answer.exception() is not None:
+        _log.warning("a push failed; its reader will fetch: %s", answer.exception())
 
 
 def _local_address() -> str:
@@ -512,17 +495,7 @@ class Host(Actor):
         buffer_id = self.store.put(array, owner)
         for _ in keys[1:]:
             self.store.incref(buffer_id)
-        handle = BufferHandle(
-            buffer_id,
-            self.ctx.ref,
-            self.host_id,
-            -1,
-            tuple(array.shape),
-            str(array.dtype),
-            int(array.nbytes),
-            self.island,
-            _local_address(),
-        )
+        handle = BufferHandle.of(buffer_id, array, self.ctx.ref, self.host_id, -1, self.island)
         seconds = self.cost.transfer_time(handle.nbytes, island != self.island)
         for key in keys:
             self.store.deliver(key, Arrival(handle, seconds), buffer_id)

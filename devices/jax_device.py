@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -188,14 +188,7 @@ class JaxDevice(Device):
             for handle, sharding in zip(inputs, shardings, strict=True)
         ]
         compiled = self._compiled(kernel, mesh, arrays)
-        nbytes = sum(aval.nbytes for aval in task.outputs)
-        await self.store.reserve(nbytes)  # back-pressure: wait for room first
-        try:
-            outs = await self._timed(compiled, arrays)
-        except BaseException:
-            self.store.reserved_bytes -= nbytes
-            raise
-        return [self._handle(self.store.put(out, owner, reserved=True), out) for out in outs]
+        return await self._keep(task, owner, lambda: self._timed(compiled, arrays))
 
     async def _lead_spmd(
         self,
@@ -213,17 +206,35 @@ class JaxDevice(Device):
         mesh = self._mesh(task, devices)
         arrays = [np.asarray(await self._read(handle)) for handle in inputs]
         keeper = self.device_id == task.leader  # the one that stores the outputs
-        nbytes = sum(aval.nbytes for aval in task.outputs) if keeper else 0
-        if keeper:
-            await self.store.reserve(nbytes)  # back-pressure: wait for room first
-        started = time.perf_counter()
-        try:
+
+        async def run() -> Any:
+            started = time.perf_counter()
             outs = await anyio.to_thread.run_sync(self._run_spmd, task.kernel, mesh, arrays)
+            self.busy_s += time.perf_counter() - started
+            return outs
+
+        return await self._keep(task, owner, run, keep=keeper)
+
+    async def _keep(
+        self,
+        task: GangTask,
+        owner: str,
+        run: Callable[[], Awaitable[Any]],
+        keep: bool = True,
+    ) -> list[BufferHandle]:
+        """Reserve room for the gang's outputs, ``run``, store what it returns.
+
+        The room is reserved *before* running: a full store stalls the device
+        (back-pressure). ``keep=False``: run only, store nothing.
+        """
+        nbytes = sum(aval.nbytes for aval in task.outputs) if keep else 0
+        await self.store.reserve(nbytes)
+        try:
+            outs = await run()
         except BaseException:
-            self.store.reserved_bytes -= nbytes
+            self.store.unreserve(nbytes)
             raise
-        self.busy_s += time.perf_counter() - started
-        if not keeper:
+        if not keep:
             return []
         return [self._handle(self.store.put(out, owner, reserved=True), out) for out in outs]
 

@@ -8,7 +8,8 @@ graph ahead of its data.
 
 The helpers :func:`then` and :func:`flatten` derive promises from promises
 without waiting: the controller uses them to hand out one promise per output
-of a node whose result is not there yet.
+of a node whose result is not there yet. The others convert between values
+and promises, and join several promises, for code that may be handed either.
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ __all__ = [
     "Node",
     "SliceSpec",
     "ValueRef",
+    "all_settled",
+    "as_promise",
+    "failed",
+    "first_settled",
     "flatten",
     "forward",
     "then",
+    "value_of",
 ]
 
 T = TypeVar("T")
@@ -183,18 +189,7 @@ def flatten(promise: Promise[Promise[T] | T], label: str = "") -> Promise[T]:
         if error is not None:
             out.set_exception(error)
             return
-        value = done.result()
-        if isinstance(value, Promise):
-            value.add_done_callback(inner)
-        else:
-            out.set_result(value)
-
-    def inner(done: Promise[T]) -> None:
-        error = done.exception()
-        if error is not None:
-            out.set_exception(error)
-        else:
-            out.set_result(done.result())
+        forward(as_promise(done.result()), out)
 
     promise.add_done_callback(outer)
     return out
@@ -211,3 +206,50 @@ def forward(source: Promise[T], target: Promise[T]) -> None:
             target.set_result(done.result())
 
     source.add_done_callback(settle)
+
+
+def as_promise(value: Promise[T] | T, label: str = "value") -> Promise[T]:
+    """``value`` if it is a promise, else a promise already settled with it."""
+    if isinstance(value, Promise):
+        return value
+    promise: Promise[T] = Promise(label)
+    promise.set_result(value)
+    return promise
+
+
+def failed(error: BaseException, label: str = "failed") -> Promise[Any]:
+    """A promise that already failed with ``error``."""
+    promise: Promise[Any] = Promise(label)
+    promise.set_exception(error)
+    return promise
+
+
+async def value_of(value: Promise[T] | T) -> T:
+    """The value: awaited if it is a promise (raising its error), else itself."""
+    return await value if isinstance(value, Promise) else value
+
+
+def all_settled(promises: Sequence[Promise[Any]], label: str = "all settled") -> Promise[None]:
+    """A promise that settles (with None) once every one of ``promises`` has,
+    whichever way; callers look at the promises themselves for the outcome."""
+    out: Promise[None] = Promise(label)
+    left = [len(promises)]
+
+    def one(_: Promise[Any]) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            out.set_result(None)
+
+    if not promises:
+        out.set_result(None)
+    for promise in promises:
+        promise.add_done_callback(one)
+    return out
+
+
+async def first_settled(*promises: Promise[Any]) -> None:
+    """Return when the first of ``promises`` settles (whichever way)."""
+    either: Promise[None] = Promise("first settled")
+    for promise in promises:
+        promise.add_done_callback(lambda _: either.set_result(None))
+    await either

@@ -76,6 +76,11 @@ class ObjectStore:
             await event.wait()
         self.reserved_bytes += nbytes
 
+    def unreserve(self, nbytes: int) -> None:
+        """Give back a reservation that will not be :meth:`put` (the work failed)."""
+        self.reserved_bytes -= nbytes
+        self._wake()
+
     def fits(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit now, without waiting, and without
         getting ahead of anyone already waiting for room."""
@@ -148,13 +153,10 @@ class ObjectStore:
         self._landed[key] = buffer_id
         self.arrival(key).set_result(value)
 
-    def take(self, key: str) -> Any | None:
-        """Remove a delivered ``key`` and return its value; its reader now owns
-        the buffer reference. None (and nothing removed) if not delivered."""
-        if key not in self._landed:
-            return None
+    def take(self, key: str) -> None:
+        """Remove a delivered ``key``: its reader now owns the buffer reference."""
         del self._landed[key]
-        return self._arrivals.pop(key).result()
+        del self._arrivals[key]
 
     def forget(self, key: str) -> None:
         """Drop a pending ``key`` that nobody will push to (the push was declined)."""
@@ -183,5 +185,9 @@ class ObjectStore:
     def _drop(self, buffer_id: str) -> None:
         entry = self._entries.pop(buffer_id)
         self.used_bytes -= entry.nbytes
+        self._wake()
+
+    def _wake(self) -> None:
+        """Room was made: every waiter checks again."""
         while self._room:
             self._room.popleft().set()
