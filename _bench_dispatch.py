@@ -247,33 +247,47 @@ async def parity_point(hosts: int, nodes: int = 8) -> list[Row]:
     ]
 
 
+STAGE_S = 0.002  # W4: each pipeline stage runs 2 ms of device time
+
+
+async def _pipeline(c: Cluster, stages: int) -> Callable[[bool], Awaitable[float]]:
+    """The W4 chain on ``stages`` one-device slices. Returns one timed run of
+    it, dispatched in parallel (False) or sequentially (True): the ms beyond
+    the floor until its output exists (freeing it is not timed)."""
+    slices = [await c.devices(1) for _ in range(stages)]
+    graph = chain_graph(slices, step(STAGE_S))
+    x = await c.put(np.zeros(1, np.float32), 0)
+
+    async def overhead_ms(sequential: bool) -> float:
+        started = time.perf_counter()
+        if sequential:
+            [out] = await c.run_graph_sequential(graph, [x])
+        else:
+            [out] = c.run_graph(graph, [x])
+        await out.promise
+        took = time.perf_counter() - started
+        await c.free(out)
+        return (took - stages * STAGE_S) * 1e3
+
+    return overhead_ms
+
+
 async def pipeline_overhead(
     sequential: bool, reps: int = 5, stages: int = 16, rpc_latency_s: float = 0.0
 ) -> Row:
-    """A chain of ``stages`` nodes of 2 ms on as many hosts: wall time over the floor.
+    """A chain of ``stages`` nodes of 2 ms on as many hosts: wall time over the floor
+    (the best of ``reps`` runs).
 
     ``rpc_latency_s`` > 0 adds a modelled latency to every control-plane hop
     (see ``kernel/_latency.py``); the case name then says how much.
     """
-    floor = stages * 0.002
-    best = float("inf")
     async with local_cluster(1, stages, 1, cost=COST, rpc_latency_s=rpc_latency_s) as c:
-        slices = [await c.devices(1) for _ in range(stages)]
-        graph = chain_graph(slices, step(0.002))
-        x = await c.put(np.zeros(1, np.float32), 0)
-        for _ in range(reps):
-            started = time.perf_counter()
-            if sequential:
-                [out] = await c.run_graph_sequential(graph, [x])
-            else:
-                [out] = c.run_graph(graph, [x])
-            await out.promise
-            best = min(best, time.perf_counter() - started - floor)
-            await c.free(out)
+        overhead_ms = await _pipeline(c, stages)
+        best = min([await overhead_ms(sequential) for _ in range(reps)])
     case = f"pipeline{stages}_{'sequential' if sequential else 'parallel'}_overhead"
     if rpc_latency_s > 0:
         case += f"_rpc{rpc_latency_s * 1e6:.0f}us"
-    return Row("dispatch", case, "atoll", best * 1e3, "ms", stages, stages)
+    return Row("dispatch", case, "atoll", best, "ms", stages, stages)
 
 
 async def pipeline_processes(runs: int = 15, stages: int = 16) -> list[Row]:
@@ -283,33 +297,17 @@ async def pipeline_processes(runs: int = 15, stages: int = 16) -> list[Row]:
     their readers through the controller's promises) and ``sequential``;
     median wall time beyond the floor of ``runs`` runs each (asyncio only).
     """
-    floor_ms = stages * 2.0
+    modes = {"parallel": (True, False), "parallel_no_push": (False, False)}
+    modes["sequential"] = (False, True)  # (push, sequential)
+    samples: dict[str, list[float]] = {name: [] for name in modes}
     async with local_cluster(1, stages, 1, transport="capnp", cost=COST) as c:
-        slices = [await c.devices(1) for _ in range(stages)]
-        graph = chain_graph(slices, step(0.002))
-        x = await c.put(np.zeros(1, np.float32), 0)
-
-        async def parallel() -> None:
-            [out] = c.run_graph(graph, [x])
-            await out.promise
-            await c.free(out)
-
-        async def sequential() -> None:
-            [out] = await c.run_graph_sequential(graph, [x])
-            await c.free(out)
-
-        modes = {
-            "parallel": (True, parallel),
-            "parallel_no_push": (False, parallel),
-            "sequential": (False, sequential),
-        }
-        samples: dict[str, list[float]] = {name: [] for name in modes}
+        overhead_ms = await _pipeline(c, stages)
         for run in range(runs + 1):  # the first round warms up and is dropped
-            for name, (push, job) in modes.items():
+            for name, (push, sequential) in modes.items():
                 await c.controller.set_push(push)
-                took = await _timed(job)
+                took = await overhead_ms(sequential)
                 if run:
-                    samples[name].append(took * 1e3 - floor_ms)
+                    samples[name].append(took)
     return [
         Row(
             "dispatch",
