@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -184,20 +184,16 @@ class Device(Actor):
     @endpoint
     async def put(self, array: np.ndarray, owner: str = "") -> BufferHandle:
         """Place a host array on this device (its host's store)."""
-        array = np.asarray(array)
-        await self.store.reserve(array.nbytes)
-        return self._handle(self.store.put(array, owner, reserved=True), array)
+        return await self._stored(np.asarray(array), owner)
 
     @endpoint
     async def run(
         self, computation: Computation, inputs: Sequence[BufferHandle], owner: str = ""
     ) -> BufferHandle:
         """Run after every input is here; returns the output's handle."""
-        arrays = [await self._read(handle) for handle in inputs]
-        out = np.asarray(await self.execute(computation, arrays))
-        await self.store.reserve(out.nbytes)
+        handle = await self._compute(computation, inputs, owner)
         self.computations += 1
-        return self._handle(self.store.put(out, owner, reserved=True), out)
+        return handle
 
     @endpoint(resolve_args=False)
     async def run_gang(
@@ -345,10 +341,35 @@ class Device(Actor):
             await self.clock.sleep(seconds)
             self.busy_s += seconds
             return []
+        return [await self._compute(computation, inputs, owner)]
+
+    async def _compute(
+        self, computation: Computation, inputs: Sequence[BufferHandle], owner: str
+    ) -> BufferHandle:
+        """Read the inputs, run ``computation``, store its output here."""
         arrays = [await self._read(handle) for handle in inputs]
-        out = np.asarray(await self.execute(computation, arrays))
-        await self.store.reserve(out.nbytes)
-        return [self._handle(self.store.put(out, owner, reserved=True), out)]
+        return await self._stored(np.asarray(await self.execute(computation, arrays)), owner)
+
+    async def _stored(self, array: Any, owner: str) -> BufferHandle:
+        """Store ``array`` once there is room (back-pressure); its handle."""
+        await self.store.reserve(array.nbytes)
+        return self._handle(self.store.put(array, owner, reserved=True), array)
+
+    async def _keep(
+        self, nbytes: int, owner: str, run: Callable[[], Awaitable[Sequence[Any]]]
+    ) -> list[BufferHandle]:
+        """Reserve ``nbytes`` *before* ``run``, then store the arrays it returns.
+
+        For work whose output size is known ahead (a gang's avals): a full
+        store stalls the device before it starts, not after.
+        """
+        await self.store.reserve(nbytes)
+        try:
+            outs = await run()
+        except BaseException:
+            self.store.unreserve(nbytes)
+            raise
+        return [self._handle(self.store.put(out, owner, reserved=True), out) for out in outs]
 
     @endpoint
     def stats(self) -> DeviceStats:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -48,11 +48,6 @@ __all__ = ["JaxDevice", "JaxHost", "JaxKernel"]
 
 class JaxHost(Host):
     """A host whose store keeps device arrays; remote readers get numpy bytes."""
-
-    @endpoint
-    def fetch(self, buffer_id: str) -> np.ndarray:
-        """The bytes of a buffer held here, copied off its device."""
-        return np.asarray(self.store.get(buffer_id))
 
     @endpoint
     def placement(self, buffer_id: str) -> list[int]:
@@ -188,7 +183,8 @@ class JaxDevice(Device):
             for handle, sharding in zip(inputs, shardings, strict=True)
         ]
         compiled = self._compiled(kernel, mesh, arrays)
-        return await self._keep(task, owner, lambda: self._timed(compiled, arrays))
+        nbytes = sum(aval.nbytes for aval in task.outputs)
+        return await self._keep(nbytes, owner, lambda: self._timed(compiled, arrays))
 
     async def _lead_spmd(
         self,
@@ -205,38 +201,13 @@ class JaxDevice(Device):
         """
         mesh = self._mesh(task, devices)
         arrays = [np.asarray(await self._read(handle)) for handle in inputs]
-        keeper = self.device_id == task.leader  # the one that stores the outputs
-
-        async def run() -> Any:
-            started = time.perf_counter()
-            outs = await anyio.to_thread.run_sync(self._run_spmd, task.kernel, mesh, arrays)
-            self.busy_s += time.perf_counter() - started
-            return outs
-
-        return await self._keep(task, owner, run, keep=keeper)
-
-    async def _keep(
-        self,
-        task: GangTask,
-        owner: str,
-        run: Callable[[], Awaitable[Any]],
-        keep: bool = True,
-    ) -> list[BufferHandle]:
-        """Reserve room for the gang's outputs, ``run``, store what it returns.
-
-        The room is reserved *before* running: a full store stalls the device
-        (back-pressure). ``keep=False``: run only, store nothing.
-        """
-        nbytes = sum(aval.nbytes for aval in task.outputs) if keep else 0
-        await self.store.reserve(nbytes)
-        try:
-            outs = await run()
-        except BaseException:
-            self.store.unreserve(nbytes)
-            raise
-        if not keep:
+        if self.device_id != task.leader:  # the gang leader alone keeps the outputs
+            await self._busy(self._run_spmd, task.kernel, mesh, arrays)
             return []
-        return [self._handle(self.store.put(out, owner, reserved=True), out) for out in outs]
+        nbytes = sum(aval.nbytes for aval in task.outputs)
+        return await self._keep(
+            nbytes, owner, lambda: self._busy(self._run_spmd, task.kernel, mesh, arrays)
+        )
 
     def _run_spmd(self, kernel: JaxKernel, mesh: Mesh, arrays: list[np.ndarray]) -> list[Any]:
         """On a worker thread: the SPMD call, blocking in cross-host collectives."""
@@ -287,9 +258,21 @@ class JaxDevice(Device):
         return compiled
 
     async def _timed(self, compiled: Any, arrays: Sequence[Any]) -> Any:
-        """Run on a worker thread until the outputs are ready; count busy time."""
+        """Run ``compiled`` until its outputs are ready (see :meth:`_busy`)."""
+        return await self._busy(_ready, compiled, arrays)
+
+    async def _busy(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on a worker thread, so other actors keep dispatching;
+        the time it takes counts as this device's busy time."""
         started = time.perf_counter()
-        out = compiled(*arrays)
-        await anyio.to_thread.run_sync(jax.block_until_ready, out)
-        self.busy_s += time.perf_counter() - started
-        return out
+        try:
+            return await anyio.to_thread.run_sync(fn, *args)
+        finally:
+            self.busy_s += time.perf_counter() - started
+
+
+def _ready(compiled: Any, arrays: Sequence[Any]) -> Any:
+    """Call ``compiled`` and wait until its outputs exist (on a worker thread)."""
+    out = compiled(*arrays)
+    jax.block_until_ready(out)  # type: ignore[no-untyped-call]
+    return out
