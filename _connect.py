@@ -26,6 +26,7 @@ from .transports.capnp import CapnpTransport, capnp_runtime
 
 if TYPE_CHECKING:
     from ._client import Cluster
+    from ._distributed import ClusterInfo
 
 __all__ = ["Client", "ClusterFile", "connect"]
 
@@ -78,19 +79,12 @@ class Client:
         (``cluster.owner`` tells it), and frees every slice and buffer under
         that label once this connection closes, however it closes.
         """
-        from ._client import Cluster
-
-        builder = await self.node.lookup("cluster")
-        info = await builder.cluster()
+        info: ClusterInfo = await self.node.lookup("cluster").cluster()  # one round trip
         label = await self._open_session(info.sessions, owner)
-        return Cluster(self.system, info.controller, info.topology, info.devices, info.hosts, label)
+        return info.client(self.system, label)
 
-    async def _open_session(
-        self, sessions: ActorRef[SessionWatcher] | None, owner: str | None
-    ) -> str:
+    async def _open_session(self, sessions: ActorRef[SessionWatcher], owner: str | None) -> str:
         """A session's owner label; the anchor that binds it is made once."""
-        if sessions is None:  # a controller without sessions: nothing frees on a drop
-            return owner or "client0"
         if self._anchor is None:
             self._anchor = self.system.spawn(SessionAnchor)
         label: str = await sessions.open(self._anchor, owner or "client")
@@ -98,8 +92,7 @@ class Client:
 
     async def status(self) -> list[dict[str, Any]]:
         """The cluster's hosts and whether each still answers."""
-        builder = await self.node.lookup("cluster")
-        report: list[dict[str, Any]] = await builder.status()
+        report: list[dict[str, Any]] = await self.node.lookup("cluster").status()
         return report
 
 
@@ -110,8 +103,8 @@ async def connect(
     """Connect to ``capnp://HOST:PORT`` or to the cluster a cluster file names.
 
     An async context manager (asyncio; trio apps use
-    ``atoll.transports.capnp.bridge``). The token comes from the cluster
-    file, else ``token=``, else the ``ATOLL_TOKEN`` environment variable.
+    ``atoll.transports.capnp.bridge``). The token is ``token=`` if given,
+    else the cluster file's, else the ``ATOLL_TOKEN`` environment variable.
     """
     text = os.fspath(target)
     if text.startswith("capnp://"):

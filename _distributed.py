@@ -40,10 +40,10 @@ from .kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise
 from .transports.capnp import (
     CapnpListener,
     CapnpTransport,
-    HostLost,
     capnp_runtime,
     default_token,
 )
+from .transports.capnp._process import stop_on_signals
 
 if TYPE_CHECKING:
     from ._client import Cluster
@@ -70,7 +70,13 @@ class ClusterInfo:
     topology: Topology
     devices: list[ActorRef[Device]]
     hosts: list[ActorRef[Host]]
-    sessions: ActorRef[SessionWatcher] | None = None
+    sessions: ActorRef[SessionWatcher]
+
+    def client(self, system: ActorSystem, owner: str) -> Cluster:
+        """A :class:`Cluster` handle on this cluster, for ``owner``, in ``system``."""
+        from ._client import Cluster
+
+        return Cluster(system, self.controller, self.topology, self.devices, self.hosts, owner)
 
 
 class ClusterBuilder(Actor):
@@ -164,7 +170,7 @@ class ClusterBuilder(Actor):
                         await host.store_usage()
                 except TimeoutError:
                     self.lost[host_id] = f"no answer within {timeout} s"
-                except (HostLost, AtollError) as exc:
+                except AtollError as exc:
                     self.lost[host_id] = str(exc)
             report.append(
                 {
@@ -276,7 +282,7 @@ async def _controller(
             on_listening(listener)
         processes = _start_hosts(layout.hosts, listener.address, token, layout.devices_per_host)
         try:
-            info = await asyncio.wait_for(_awaitable(builder.cluster()), start_timeout)
+            info = await asyncio.wait_for(builder.cluster(), start_timeout)
             yield system, listener, info
         finally:
             _stop_hosts(processes)
@@ -301,12 +307,11 @@ async def process_cluster(
     hosts join it over Cap'n Proto. Yields the same :class:`Cluster` client.
     asyncio only. The host processes stop when the block ends.
     """
-    from ._client import Cluster
 
     layout = Layout(hosts, islands, devices_per_host, scheduler, cost or CostModel(), device_cls)
     address, token = "capnp://127.0.0.1:0", default_token()
     async with _controller(layout, address, token, start_timeout) as (system, _, info):
-        yield Cluster(system, info.controller, info.topology, info.devices, info.hosts, owner)
+        yield info.client(system, owner)
 
 
 async def run_up(layout: Layout, address: str, cluster_file: str, timeout: float = 600) -> None:
@@ -316,7 +321,7 @@ async def run_up(layout: Layout, address: str, cluster_file: str, timeout: float
     other machines can take the token from it and join.
     """
     token = default_token()
-    stop = _stop_event()
+    stop = stop_on_signals()
 
     def listening(listener: CapnpListener) -> None:
         ClusterFile(listener.address, token).write(cluster_file)
@@ -347,44 +352,22 @@ async def run_host(join: str, token: bytes, listen: str = "capnp://127.0.0.1:0")
     from .transports.capnp import directory
 
     _die_with_parent()
-    stop = _stop_event()
+    stop = stop_on_signals()
     async with capnp_runtime(), ActorSystem("host") as system:
         transport = CapnpTransport(token)
         listener = await transport.serve(system, listen)
         directory.announce(listener.address, token)
         connection = await transport.connect(join, system)
         try:
-            builder = await connection.node.lookup("cluster")
-            host_id = await builder.join(listener.node, f"pid {os.getpid()}")
+            host_id = await connection.node.lookup("cluster").join(
+                listener.node, f"pid {os.getpid()}"
+            )
             print(f"atoll host {host_id} joined {join}, serving {listener.address}", flush=True)
-            lost = asyncio.ensure_future(_until_lost(connection.node))
-            done = asyncio.ensure_future(stop.wait())
-            await asyncio.wait({lost, done}, return_when=asyncio.FIRST_COMPLETED)
-            lost.cancel()
-            done.cancel()
+            # a host never outlives its controller: the link's heartbeat closes
+            # it when the controller dies or stops answering
+            connection.peer.on_close(lambda _: stop.set())
+            await stop.wait()
         finally:
             await directory.close_all()
             await connection.aclose()
             await listener.aclose()
-
-
-async def _until_lost(controller: ActorRef[NodeActor]) -> None:
-    """Return when the controller stops answering: a host never outlives it."""
-    while True:
-        try:
-            await asyncio.wait_for(_awaitable(controller.ping()), 10)
-        except Exception:
-            return
-        await asyncio.sleep(1.0)
-
-
-async def _awaitable(promise: Promise[Any]) -> Any:
-    return await promise
-
-
-def _stop_event() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    return stop

@@ -197,15 +197,7 @@ def flatten(promise: Promise[Promise[T] | T], label: str = "") -> Promise[T]:
 
 def forward(source: Promise[T], target: Promise[T]) -> None:
     """Settle ``target`` the way ``source`` settles (now or later)."""
-
-    def settle(done: Promise[T]) -> None:
-        error = done.exception()
-        if error is not None:
-            target.set_exception(error)
-        else:
-            target.set_result(done.result())
-
-    source.add_done_callback(settle)
+    target._follow(source)
 
 
 def as_promise(value: Promise[T] | T, label: str = "value") -> Promise[T]:

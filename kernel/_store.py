@@ -108,10 +108,7 @@ class ObjectStore:
         return buffer_id
 
     def get(self, buffer_id: str) -> Any:
-        try:
-            return self._entries[buffer_id].array
-        except KeyError:
-            raise BufferMissing(f"no buffer {buffer_id!r} in store {self.name}") from None
+        return self._entry(buffer_id).array
 
     def incref(self, buffer_id: str) -> None:
         self._entry(buffer_id).refs += 1

@@ -37,6 +37,7 @@ from ...kernel import (
     Promise,
     TransportError,
 )
+from ...kernel._graph import failed
 from ...kernel._promise import detach_wait_counter
 from ...kernel._system import _resolve
 from ._codec import decode, decode_error, encode, encode_actor, encode_error
@@ -155,7 +156,6 @@ class Peer:
             task.cancel()
         for promise in list(self._pending):
             promise._reject(HostLost(f"connection to {self.label} lost: {reason}"))
-            promise._wire = promise._pipe = None
         for channel in list(self._holders):
             channel.cap = None
         callbacks, self._on_close = list(self._on_close.values()), {}
@@ -400,8 +400,7 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
             target, values, named = self._prepare(endpoint, args, kwargs)
             promise: Promise[Any] = await target.send(*values, **named)
         except AtollError as exc:
-            promise = Promise("refused")
-            promise._reject(exc)
+            promise = failed(exc, "refused")
         self._remember(callId, promise)
         _context.results.later = LaterServer(promise, self._peer)
 

@@ -22,9 +22,18 @@ from collections.abc import Sequence
 from ...kernel import ActorSystem, TransportError
 from ._transport import CapnpTransport, capnp_runtime, default_token
 
-__all__ = ["READY_PREFIX", "NodeProcess", "main", "serve_node"]
+__all__ = ["READY_PREFIX", "NodeProcess", "main", "serve_node", "stop_on_signals"]
 
 READY_PREFIX = "ATOLL-NODE "
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set on SIGTERM or SIGINT (this process's asyncio loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    return stop
 
 
 async def serve_node(
@@ -35,10 +44,7 @@ async def serve_node(
     With ``cluster_file``, also write the address and token there (mode 0600)
     for ``atoll.connect``.
     """
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+    stop = stop_on_signals()
     transport = CapnpTransport(token, login_timeout=login_timeout)
     async with capnp_runtime(), ActorSystem("node") as system:
         listener = await transport.serve(system, address)

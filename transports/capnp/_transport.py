@@ -147,7 +147,7 @@ class CapnpConnection:
         while self.peer.closed is None:
             await asyncio.sleep(every)
             try:
-                await asyncio.wait_for(_ping(self.node), timeout)
+                await asyncio.wait_for(self.node.ping(), timeout)
             except TimeoutError:
                 self._lose(f"no heartbeat answer within {timeout} s")
                 return
@@ -165,10 +165,6 @@ class CapnpConnection:
         self._watch.cancel()
         self._beat.cancel()
         self._lose("connection closed by this side")
-
-
-async def _ping(node: ActorRef[NodeActor]) -> None:
-    await node.ping()
 
 
 class CapnpTransport:
