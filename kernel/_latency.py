@@ -21,7 +21,7 @@ from ._clock import Clock
 from ._graph import forward
 from ._promise import Promise
 
-__all__ = ["DelayLine", "Wire", "delayed", "send"]
+__all__ = ["DelayLine", "Wire"]
 
 
 class DelayLine(Actor):
@@ -56,15 +56,22 @@ class DelayLine(Actor):
 
 
 class Wire:
-    """One sender's outgoing link: a delay line (or none) and its latency."""
+    """One sender's outgoing link: its delay line and latency.
 
-    def __init__(self, clock: Clock, latency_s: float, line: ActorRef[DelayLine] | None) -> None:
+    Senders hold ``None`` instead of a wire when there is no modelled latency;
+    :meth:`through` takes either.
+    """
+
+    def __init__(self, clock: Clock, latency_s: float, line: ActorRef[DelayLine]) -> None:
         self.clock = clock
         self.latency_s = latency_s
         self.line = line
 
-    def call(self, target: Any, name: str, *args: Any, reply: bool = False) -> Promise[Any]:
-        return send(self.line, self.clock, self.latency_s, target, name, *args, reply=reply)
+    def call(self, target: Any, name: str, *args: Any) -> Promise[Any]:
+        """``target.name(*args)``, made ``latency_s`` from now (returns at once)."""
+        result: Promise[Any] = Promise(f"{name} (delayed)")
+        self.line.push(self.clock.now() + self.latency_s, target, name, args, result)
+        return result
 
     @staticmethod
     def through(wire: Wire | None, target: Any, name: str, *args: Any) -> Promise[Any]:
@@ -75,41 +82,11 @@ class Wire:
         return wire.call(target, name, *args)
 
     def reply(self, promise: Promise[Any]) -> Promise[Any]:
-        return delayed(self.line, self.clock, self.latency_s, promise)
+        """A promise that settles like ``promise``, ``latency_s`` later (a reply's hop)."""
+        late: Promise[Any] = Promise("reply (delayed)")
 
+        def answer(_: Promise[Any]) -> None:
+            self.line.push(self.clock.now() + self.latency_s, None, "", (promise,), late)
 
-def send(
-    line: ActorRef[DelayLine] | None,
-    clock: Clock,
-    latency_s: float,
-    target: Any,
-    name: str,
-    *args: Any,
-    reply: bool = False,
-) -> Promise[Any]:
-    """``target.name(*args)``, through ``line`` when there is one (else directly).
-
-    With ``reply=True`` the result also reaches the caller ``latency_s`` after
-    the call settled, as an RPC's answer would.
-    """
-    if line is None:
-        direct: Promise[Any] = getattr(target, name)(*args)
-        return direct
-    result: Promise[Any] = Promise(f"{name} (delayed)")
-    line.push(clock.now() + latency_s, target, name, args, result)
-    return delayed(line, clock, latency_s, result) if reply else result
-
-
-def delayed(
-    line: ActorRef[DelayLine] | None, clock: Clock, latency_s: float, promise: Promise[Any]
-) -> Promise[Any]:
-    """A promise that settles like ``promise``, ``latency_s`` later (a reply's hop)."""
-    if line is None:
-        return promise
-    late: Promise[Any] = Promise("reply (delayed)")
-
-    def answer(_: Promise[Any]) -> None:
-        line.push(clock.now() + latency_s, None, "", (promise,), late)
-
-    promise.add_done_callback(answer)
-    return late
+        promise.add_done_callback(answer)
+        return late

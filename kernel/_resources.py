@@ -87,7 +87,9 @@ class ResourceManager:
 
     def release(self, slice_id: int) -> None:
         """Give a slice's devices back."""
-        self._free.update(self._slices.pop(slice_id, self.get(slice_id)).devices)
+        alloc = self.get(slice_id)  # raises for an unknown slice
+        del self._slices[slice_id]
+        self._free.update(alloc.devices)
 
     def release_owner(self, owner: str) -> int:
         """Give back every slice of ``owner``; returns how many."""

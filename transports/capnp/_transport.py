@@ -24,10 +24,17 @@ from typing import Any
 import capnp
 
 from ...kernel import ActorRef, ActorSystem, NodeActor, TransportError
-from ._peer import GateServer, HostLost, Peer
+from ._peer import GateServer, Peer
 from ._schema import schema
 
-__all__ = ["CapnpConnection", "CapnpListener", "CapnpTransport", "capnp_runtime", "parse_address"]
+__all__ = [
+    "CapnpConnection",
+    "CapnpListener",
+    "CapnpTransport",
+    "capnp_runtime",
+    "default_token",
+    "parse_address",
+]
 
 _in_runtime: contextvars.ContextVar[bool] = contextvars.ContextVar("atoll_capnp", default=False)
 _nodes = itertools.count()
@@ -224,6 +231,3 @@ class CapnpTransport:
             raise TransportError(f"login to {address} refused: {exc.description}") from None
         del gate, response
         return CapnpConnection(node, peer, client, *self.heartbeat)
-
-
-__all__ += ["HostLost", "default_token"]

@@ -21,7 +21,7 @@ from typing import Any
 from ...kernel import ActorRef, ActorSystem
 from ._transport import CapnpConnection, CapnpTransport
 
-__all__ = ["announce", "direct_actor", "local_address", "stats"]
+__all__ = ["announce", "close_all", "direct_actor", "local_address"]
 
 
 @dataclass
@@ -31,8 +31,6 @@ class _Directory:
     connections: dict[str, CapnpConnection] = field(default_factory=dict)
     refs: dict[tuple[str, str], ActorRef[Any]] = field(default_factory=dict)
     dialing: dict[str, asyncio.Lock] = field(default_factory=dict)
-    dialed: int = 0
-    lookups: int = 0
 
 
 _here = _Directory()
@@ -67,7 +65,6 @@ async def direct_actor(address: str, name: str, system: ActorSystem) -> ActorRef
     except Exception:
         return None
     _here.refs[key] = ref
-    _here.lookups += 1
     return ref
 
 
@@ -82,7 +79,6 @@ async def _dial(address: str, system: ActorSystem) -> CapnpConnection:
     if not _usable(connection):
         connection = await CapnpTransport(_here.token).connect(address, system)
         _here.connections[address] = connection
-        _here.dialed += 1
         for key in [k for k in _here.refs if k[0] == address]:
             del _here.refs[key]
     assert connection is not None
@@ -96,11 +92,6 @@ async def _lookup(connection: CapnpConnection, name: str) -> ActorRef[Any]:
 
 def _usable(connection: CapnpConnection | None) -> bool:
     return connection is not None and connection.peer.closed is None
-
-
-def stats() -> dict[str, int]:
-    """How many direct links this process dialed, and actors it looked up."""
-    return {"dialed": _here.dialed, "lookups": _here.lookups, "open": len(_here.connections)}
 
 
 async def close_all() -> None:
