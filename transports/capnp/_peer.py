@@ -87,11 +87,15 @@ class Peer:
 
     def remote_promise(self, later: Any) -> Promise[Any]:
         promise: Promise[Any] = Promise("remote")
-        answer = later.get()
+        self.attach(promise, later.get(), later)
+        return promise
+
+    def attach(self, promise: Promise[Any], answer: Any, later: Any) -> asyncio.Future[Any]:
+        """Make ``promise`` follow a remote ``Later``: usable for pipelining and
+        for passing on (``_pipe``, ``_wire``) before ``answer`` settles it."""
         promise._wire = later
         promise._pipe = functools.partial(RemoteChannel.promised, self, answer)
-        self.settle_later(answer, promise)
-        return promise
+        return self.settle_later(answer, promise)
 
     def track(self, promise: Promise[Any]) -> None:
         """Fail ``promise`` with ``HostLost`` if this connection closes first."""
@@ -275,10 +279,9 @@ class RemoteChannel:
         return self._endpoints
 
     def _request(self, method: str, call: Call) -> Any:
-        if self.cap is None:
-            raise HostLost(f"connection to {self.peer.label} is closed")
+        cap = self._live()
         self.peer.calls_sent += 1
-        request = getattr(self.cap, f"{method}_request")()
+        request = getattr(cap, f"{method}_request")()
         request.endpoint = call.endpoint
         request.callId = call.meta["call_id"] = self.peer.calls_sent
         for builder, arg in zip(request.init("args", len(call.args)), call.args, strict=True):
@@ -311,9 +314,7 @@ class RemoteChannel:
 
     def _track(self, call: Call, answer: Any, later: Any) -> None:
         promise = call.promise
-        promise._wire = later
-        promise._pipe = functools.partial(RemoteChannel.promised, self.peer, answer)
-        task = self.peer.settle_later(answer, promise)
+        task = self.peer.attach(promise, answer, later)
         promise._canceller = functools.partial(self._cancel_call, task, answer, call)
 
     def _cancel_call(self, task: asyncio.Future[Any], answer: Any, call: Call, reason: str) -> bool:
