@@ -17,7 +17,7 @@ import functools
 import itertools
 import math
 import operator
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -32,7 +32,15 @@ from .kernel._program import VirtualSlice
 from .kernel._resources import ResourceManager
 from .schedulers import Completed, Dispatch, Submit, get_scheduler
 
-__all__ = ["Cluster", "Controller", "DeviceInfo", "IslandScheduler", "Topology", "local_cluster"]
+__all__ = [
+    "Cluster",
+    "Controller",
+    "DeviceInfo",
+    "IslandScheduler",
+    "Topology",
+    "local_cluster",
+    "spawn_control",
+]
 
 
 @dataclass(frozen=True)
@@ -50,13 +58,24 @@ class Topology:
 
     devices: tuple[DeviceInfo, ...]
 
+    @classmethod
+    def even(cls, islands: int, hosts_per_island: int, devices_per_host: int) -> Topology:
+        """Devices numbered host by host, hosts island by island, all alike."""
+        per_island = hosts_per_island * devices_per_host
+        return cls(
+            tuple(
+                DeviceInfo(d, d // devices_per_host, d // per_island)
+                for d in range(islands * per_island)
+            )
+        )
+
     @property
     def islands(self) -> int:
         return len({d.island for d in self.devices})
 
-    @property
-    def hosts(self) -> int:
-        return len({d.host for d in self.devices})
+    def on_host(self, host: int) -> list[int]:
+        """The ids of host ``host``'s devices."""
+        return [d.id for d in self.devices if d.host == host]
 
     def device(self, device_id: int) -> DeviceInfo:
         if not 0 <= device_id < len(self.devices):
@@ -415,17 +434,13 @@ async def local_cluster(
     cost = cost or CostModel()
     host_cls = device_cls.host_cls or Host
     async with ActorSystem("cluster", clock=clock) as system:
-        infos = [
-            DeviceInfo(d, d // devices_per_host, d // (devices_per_host * hosts_per_island))
-            for d in range(islands * hosts_per_island * devices_per_host)
-        ]
-        topology = Topology(tuple(infos))
+        topology = Topology.even(islands, hosts_per_island, devices_per_host)
         hosts = [
             system.spawn(
                 host_cls,
                 h,
                 h // hosts_per_island,
-                [i.id for i in infos if i.host == h],
+                topology.on_host(h),
                 device_cls,
                 cost,
                 store_bytes,
@@ -434,26 +449,14 @@ async def local_cluster(
             for h in range(islands * hosts_per_island)
         ]
         devices = [ref for host in hosts for ref in await host.devices()]
-        schedulers = {
-            island: system.spawn(
-                IslandScheduler,
-                island,
-                policies[island],
-                {i.id: devices[i.id] for i in infos if i.island == island},
-                _wire(system, rpc_latency_s, f"island{island}"),
-                name=f"island{island}",
-            )
-            for island in range(islands)
-        }
-        controller = system.spawn(
-            Controller,
+        controller = spawn_control(
+            system.spawn,
             topology,
-            schedulers,
             devices,
             hosts,
-            _wire(system, rpc_latency_s, "controller"),
+            policies,
+            lambda sender: _wire(system, rpc_latency_s, sender),
             push,
-            name="controller",
         )
         client_wire = _wire(system, rpc_latency_s, owner)
         yield Cluster(system, controller, topology, devices, hosts, owner, client_wire)
@@ -491,6 +494,44 @@ async def _in_processes(
         if push is not None:
             await cluster.controller.set_push(push)
         yield cluster
+
+
+def spawn_control(
+    spawn: Callable[..., ActorRef[Any]],
+    topology: Topology,
+    devices: Sequence[ActorRef[Device]],
+    hosts: Sequence[ActorRef[Host]],
+    policies: Mapping[int, str],
+    wire: Callable[[str], Wire | None] = lambda sender: None,
+    push: bool | None = None,
+) -> ActorRef[Controller]:
+    """Spawn one island scheduler per island and the controller over them.
+
+    ``spawn`` is ``system.spawn`` or an actor's ``ctx.spawn``; ``wire(sender)``
+    gives each sender's modelled link (None: direct calls).
+    """
+    schedulers = {
+        island: spawn(
+            IslandScheduler,
+            island,
+            policies[island],
+            {d.id: devices[d.id] for d in topology.devices if d.island == island},
+            wire(f"island{island}"),
+            name=f"island{island}",
+        )
+        for island in range(topology.islands)
+    }
+    controller: ActorRef[Controller] = spawn(
+        Controller,
+        topology,
+        schedulers,
+        devices,
+        hosts,
+        wire("controller"),
+        push,
+        name="controller",
+    )
+    return controller
 
 
 def _wire(system: ActorSystem, latency_s: float, sender: str) -> Wire | None:

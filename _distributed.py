@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._cluster import Controller, DeviceInfo, IslandScheduler, Topology
+from ._cluster import Controller, Topology, spawn_control
 from ._connect import ClusterFile
 from ._sessions import SessionWatcher
 from .devices import CostModel, Device, Host, SimDevice
@@ -131,25 +131,9 @@ class ClusterBuilder(Actor):
         return host_id
 
     def _build(self) -> None:
-        per_island = self.expected // self.islands * self.per_host
-        infos = tuple(
-            DeviceInfo(d, d // self.per_host, d // per_island) for d in range(len(self.devices))
-        )
-        topology = Topology(infos)
-        schedulers = {
-            island: self.ctx.spawn(
-                IslandScheduler,
-                island,
-                self.scheduler,
-                {i.id: self.devices[i.id] for i in infos if i.island == island},
-                None,
-                name=f"island{island}",
-            )
-            for island in range(self.islands)
-        }
-        controller = self.ctx.spawn(
-            Controller, topology, schedulers, self.devices, self.hosts, None, name="controller"
-        )
+        topology = Topology.even(self.islands, self.expected // self.islands, self.per_host)
+        policies = dict.fromkeys(range(self.islands), self.scheduler)
+        controller = spawn_control(self.ctx.spawn, topology, self.devices, self.hosts, policies)
         sessions = self.ctx.spawn(SessionWatcher, controller, name="sessions")
         info = ClusterInfo(controller, topology, self.devices, self.hosts, sessions)
         self.ready.set_result(info)
