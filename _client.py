@@ -189,10 +189,8 @@ class Cluster:
             handles = await self._reply(self._call("run_node", node, node_inputs, self.owner))
             for i, handle in enumerate(handles):
                 values[ValueRef(node.id, i)] = handle
-        kept = set(graph.outputs)
-        for ref in graph.consumers():
-            if ref not in kept and (ref.node >= 0 or ref.index in temporary):
-                await self.free(await value_of(values[ref]))
+        for ref in graph.freeable(temporary):
+            await self.free(await value_of(values[ref]))
         return [
             ArrayRef(as_promise(await value_of(values[r])), graph.aval(r)) for r in graph.outputs
         ]

@@ -288,10 +288,8 @@ class Controller(Actor):
             ran[node.id] = self._submit(self._island(node), task, node_inputs, owner)
             for i in range(len(node.outputs)):
                 values[ValueRef(node.id, i)] = then(ran[node.id], operator.itemgetter(i))
-        kept = set(graph.outputs)
-        for ref, readers in graph.consumers().items():
-            if ref not in kept and (ref.node >= 0 or ref.index in temporary):
-                _free_after(values[ref], [ran[n] for n in readers])
+        for ref, readers in graph.freeable(temporary).items():
+            _free_after(values[ref], [ran[n] for n in readers])
         return [values[ref] for ref in graph.outputs]
 
     def _wire_up(self, graph: Graph, tasks: list[GangTask]) -> list[GangTask]:

@@ -193,10 +193,10 @@ def _start_hosts(
     start, so that a gang over several hosts runs as one SPMD program;
     simulated hosts ignore it. Each gets its start index as its JAX process id.
     """
-    from .devices._jax_multi import PROCESS_ID, coordinator_env
+    from .devices._jax_multi import LOCAL, PROCESS_ID, coordinator_env
 
     env = dict(os.environ, ATOLL_TOKEN=token.hex(), ATOLL_PARENT_PID=str(os.getpid()))
-    env["ATOLL_JAX_LOCAL"] = "1"  # a JaxDevice takes its host's own JAX devices
+    env[LOCAL] = "1"  # a JaxDevice takes its host's own JAX devices
     env.update(coordinator_env(count))
     if "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
         # without accelerators, give each host process enough fake CPU devices

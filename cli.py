@@ -131,14 +131,13 @@ def _share_jax_runtime(args: argparse.Namespace) -> None:
     """
     import os
 
-    from .devices._jax_multi import COORDINATOR, PROCESSES, coordinator_env
+    from .devices._jax_multi import COORDINATOR, PROCESSES, free_port
 
     total = args.hosts + args.remote_hosts
     if args.jax_coordinator:
         os.environ[COORDINATOR] = args.jax_coordinator
     else:
-        port = coordinator_env(total)[COORDINATOR].rsplit(":", 1)[1]
-        os.environ[COORDINATOR] = f"{args.host}:{port}"
+        os.environ[COORDINATOR] = f"{args.host}:{free_port()}"
     os.environ[PROCESSES] = str(total)
     print(
         f"atoll: remote hosts join the JAX runtime with --jax-coordinator "
@@ -166,7 +165,7 @@ def _join_jax_runtime(args: argparse.Namespace) -> None:
     """``host --jax-coordinator``: this host's JAX devices join the others' runtime."""
     import os
 
-    from .devices._jax_multi import COORDINATOR, PROCESS_ID, PROCESSES
+    from .devices._jax_multi import COORDINATOR, LOCAL, PROCESS_ID, PROCESSES
 
     if args.jax_process_id is None or args.jax_processes is None:
         raise SystemExit("atoll host: --jax-coordinator needs --jax-process-id and --jax-processes")
@@ -175,7 +174,7 @@ def _join_jax_runtime(args: argparse.Namespace) -> None:
             COORDINATOR: args.jax_coordinator,
             PROCESSES: str(args.jax_processes),
             PROCESS_ID: str(args.jax_process_id),
-            "ATOLL_JAX_LOCAL": "1",  # its atoll devices take its own JAX devices
+            LOCAL: "1",  # its atoll devices take its own JAX devices
         }
     )
 

@@ -41,12 +41,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COORDINATOR",
+    "LOCAL",
     "PROCESSES",
     "PROCESS_ID",
     "coordinator_env",
     "ensure_runtime",
+    "free_port",
     "host_leader",
     "local_copy",
+    "local_devices_only",
     "register",
     "resolve",
     "resolve_now",
@@ -56,6 +59,7 @@ __all__ = [
 COORDINATOR = "ATOLL_JAX_COORDINATOR"
 PROCESSES = "ATOLL_JAX_PROCESSES"
 PROCESS_ID = "ATOLL_JAX_PROCESS_ID"
+LOCAL = "ATOLL_JAX_LOCAL"  # "1": a host process's atoll devices take its own JAX devices
 
 _KEY = "atoll/jax-device/{}"
 _LOOKUP_TIMEOUT_MS = 120_000  # a device publishes once its runtime is up
@@ -75,11 +79,11 @@ def coordinator_env(processes: int) -> dict[str, str]:
     when hosts join from other machines too); otherwise the coordinator gets
     a free port on this machine and every process joins from here.
     """
-    coordinator = os.environ.get(COORDINATOR) or f"127.0.0.1:{_free_port()}"
+    coordinator = os.environ.get(COORDINATOR) or f"127.0.0.1:{free_port()}"
     return {COORDINATOR: coordinator, PROCESSES: os.environ.get(PROCESSES, str(processes))}
 
 
-def _free_port() -> int:
+def free_port() -> int:
     """A TCP port free right now (process 0 binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -88,6 +92,11 @@ def _free_port() -> int:
 
 
 # -- a host process's side -----------------------------------------------------------
+def local_devices_only() -> bool:
+    """Whether this is a host process whose atoll devices are its own JAX devices."""
+    return os.environ.get(LOCAL) == "1"
+
+
 def configured() -> bool:
     """Whether this process was started to join a multi-process JAX runtime."""
     return bool(os.environ.get(COORDINATOR))
@@ -162,7 +171,7 @@ def resolve(device_ids: Sequence[int]) -> list[jax.Device]:
         device = _known(d)
         if device is None and client is not None:
             device = _elsewhere[d] = _lookup(client, d)
-        elif device is None and os.environ.get("ATOLL_JAX_LOCAL") == "1":
+        elif device is None and local_devices_only():
             raise AtollError(
                 f"atoll device {d} is on another host process, and the host processes "
                 "share no JAX runtime: start them with atoll up --device jax (or "

@@ -26,7 +26,6 @@ thread while the actor awaits it, so other actors keep dispatching.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -67,7 +66,7 @@ def jax_device(device_id: int) -> jax.Device:
     ``jax.local_devices()[d % len(jax.local_devices())]``, its place among the
     host's devices when hosts hold equal numbers.
     """
-    if os.environ.get("ATOLL_JAX_LOCAL") == "1":
+    if _jax_multi.local_devices_only():
         local = jax.local_devices()
         return local[device_id % len(local)]
     devices = jax.devices()

@@ -105,6 +105,17 @@ class Graph:
             return self.inputs[ref.index]
         return self.nodes[ref.node].outputs[ref.index]
 
+    def freeable(self, temporary: Sequence[int]) -> dict[ValueRef, list[int]]:
+        """The values to free once their readers ran, with those readers: every
+        value read and not an output, except program inputs not listed in
+        ``temporary`` (the caller's own)."""
+        kept, mine = set(self.outputs), set(temporary)
+        return {
+            ref: readers
+            for ref, readers in self.consumers().items()
+            if ref not in kept and (ref.node >= 0 or ref.index in mine)
+        }
+
     def consumers(self) -> dict[ValueRef, list[int]]:
         """For every value, the nodes that read it (a node reading twice counts once)."""
         out: dict[ValueRef, list[int]] = {}
