@@ -53,9 +53,7 @@ class Outputs:
     in the structure the program returned; ``outputs.refs`` gives
     :class:`ArrayRef` in that structure, to chain into further runs."""
 
-    def __init__(
-        self, client: Cluster, refs: list[ArrayRef], out_tree: Any, graph: Graph | None = None
-    ) -> None:
+    def __init__(self, client: Cluster, refs: list[ArrayRef], out_tree: Any, graph: Graph) -> None:
         self.client = client
         self.flat = refs
         self.out_tree = out_tree

@@ -106,11 +106,7 @@ class JaxDevice(Device):
         """A plain computation, jitted onto this device; returns host bytes."""
         arrays = [jax.device_put(x, self.device) for x in inputs]
         key = (computation.fn, *((a.shape, str(a.dtype)) for a in arrays))
-        compiled = self._cache.get(key)
-        if compiled is None:
-            compiled = jax.jit(computation.fn).lower(*arrays).compile()
-            self._cache[key] = compiled
-            self.compilations += 1
+        compiled = self._cached(key, lambda: jax.jit(computation.fn), arrays)
         out = await self._timed(compiled, arrays)
         return np.asarray(out)
 
@@ -242,17 +238,24 @@ class JaxDevice(Device):
             tuple((a.shape, str(a.dtype)) for a in arrays),
             replicated,
         )
-        compiled = self._cache.get(key)
-        if compiled is None:
-            whole = PartitionSpec()  # type: ignore[no-untyped-call]
-            out_specs = [whole] * len(kernel.out_specs) if replicated else kernel.out_specs
-            jitted = jax.jit(
+        whole = PartitionSpec()  # type: ignore[no-untyped-call]
+        out_specs = [whole] * len(kernel.out_specs) if replicated else kernel.out_specs
+
+        def jitted() -> Any:
+            return jax.jit(
                 kernel.fn,
                 in_shardings=[NamedSharding(mesh, s) for s in kernel.in_specs],
                 out_shardings=[NamedSharding(mesh, s) for s in out_specs],
             )
-            compiled = jitted.lower(*arrays).compile()
-            self._cache[key] = compiled
+
+        return self._cached(key, jitted, arrays)
+
+    def _cached(self, key: Any, jitted: Callable[[], Any], arrays: Sequence[Any]) -> Any:
+        """The executable cached under ``key``, compiled from ``jitted()`` for
+        ``arrays`` on first use (counted in ``compilations``)."""
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._cache[key] = jitted().lower(*arrays).compile()
             self.compilations += 1
         return compiled
 

@@ -25,7 +25,7 @@ def scale(x: Any) -> Any:
     return x * 3.0 + 1.0
 
 
-def placement(cluster: atoll.Cluster, handle: atoll.devices.BufferHandle) -> Any:
+def placement(handle: atoll.devices.BufferHandle) -> Any:
     host: ActorRef[JaxHost] = handle.host  # type: ignore[assignment]
     return host.placement(handle.id)
 
@@ -62,8 +62,8 @@ async def test_sharded_node_is_one_jax_computation_over_the_slice() -> None:
         np.testing.assert_allclose(doubled, 2 * x)
         flat = out.flat
         handles = [await ref.promise for ref in flat]
-        assert await placement(cluster, handles[0]) == await placement(cluster, handles[1])
-        devices = await placement(cluster, handles[0])
+        assert await placement(handles[0]) == await placement(handles[1])
+        devices = await placement(handles[0])
         assert len(devices) == 4 and len({d // 4 for d in devices}) == 1  # one host
         stats = await cluster.device_stats()
         assert sorted(s.computations for s in stats) == [0, 0, 0, 0, 1, 1, 1, 1]
