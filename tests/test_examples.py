@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atoll.examples import custom_scheduler, partitioned_pipeline, pipeline, spmd, two_islands
+from atoll.examples import partitioned_pipeline, pipeline, spmd, two_islands
 
 pytestmark = pytest.mark.anyio
 
@@ -31,7 +31,8 @@ async def test_two_islands_cross_the_datacenter_link() -> None:
     np.testing.assert_allclose(result.output, two_islands.reference(), atol=1e-6)
     assert result.islands_of_work == [0, 1]
     assert result.transfer_s == pytest.approx(result.modelled_s)
-    assert result.modelled_s > two_islands.COST.transfer_time(result.crossed_bytes)
+    # charged at the datacenter link's rate, not the one inside an island
+    assert result.transfer_s > two_islands.COST.transfer_time(result.crossed_bytes)
 
 
 async def test_the_partitioner_splits_a_pipeline_that_matches_the_model() -> None:
@@ -42,12 +43,8 @@ async def test_the_partitioner_splits_a_pipeline_that_matches_the_model() -> Non
     assert split.throughput > split.even_throughput  # better than cutting evenly
 
 
-async def test_custom_scheduler_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    await custom_scheduler.main()
-    assert "matches numpy: True" in capsys.readouterr().out
-
-
 def test_examples_run_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    """The CLI's path; the custom scheduler example also checks itself here."""
     from atoll.examples import EXAMPLES, run_example
 
     assert set(EXAMPLES) == {
