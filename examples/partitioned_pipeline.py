@@ -5,10 +5,11 @@ ones), so cutting it into equal numbers of layers per stage would leave one
 stage much slower than the rest. The example describes each layer to the
 partitioner (FLOPs, weight bytes, activation bytes), asks
 ``atoll.partition.search`` for the best chain placement over 4 pipeline
-devices, turns the assignment into 4 stage functions, places each on its own
-one-device slice (a host of its own) and runs micro-batches through them as a
-GPipe-style program. The outputs are checked against the unpipelined model,
-and the chosen split against an even one by the partitioner's own cost model.
+devices, places the layers of each of the 4 stages on its own one-device
+slice (a host of its own) and runs micro-batches through them with the
+GPipe-style program of ``examples/pipeline.py``. The outputs are checked
+against the unpipelined model, and the chosen split against an even one by the
+partitioner's own cost model.
 
 Run it: ``atoll run partitioned_pipeline``.
 """
@@ -29,8 +30,9 @@ import numpy as np
 import atoll
 from atoll.devices.jax_device import JaxDevice
 from atoll.examples import use_fake_cpu_devices
+from atoll.examples.pipeline import gpipe
 
-__all__ = ["Split", "layer_graph", "main", "plan", "reference", "run"]
+__all__ = ["Split", "forward", "layer_graph", "main", "plan", "reference", "run"]
 
 WIDTHS = [16, 256, 256, 16, 16, 16, 16, 16, 16, 16, 16, 16, 16]  # 12 layers, 2 wide
 STAGES, BATCH = 4, 32
@@ -71,20 +73,17 @@ def plan(batch: int = BATCH) -> Split:
     chips = p.Chiplets(STAGES, sram_bytes=1 << 20, flops_per_s=1e9, link_bytes_per_s=1e9)
     best = p.search(graph, chips, method="dp")
     assert best.valid
-    stages = [[i for i, s in enumerate(best.assignment) if s == k] for k in range(STAGES)]
+    stages = [list(stage.nodes) for stage in best.stages]
     per = len(graph) // STAGES
     even = [min(i // per, STAGES - 1) for i in range(len(graph))]
     return Split(stages, best.throughput, p.throughput(graph, chips, even))
 
 
-def _stage_fn(layers: list[int]) -> Any:
-    def stage(weights: list[Any], x: Any) -> Any:
-        for w in weights:
-            x = jnp.tanh(x @ w)
-        return x
-
-    stage.__name__ = f"layers_{layers[0]}_{layers[-1]}"
-    return stage
+def forward(weights: list[Any], x: Any) -> Any:
+    """Layers ``tanh(x @ w)`` in turn: a stage's body, and the whole model's."""
+    for w in weights:
+        x = jnp.tanh(x @ w)
+    return x
 
 
 async def run(micro_batches: int = 4, seed: int = 0) -> tuple[np.ndarray, Split]:
@@ -92,19 +91,12 @@ async def run(micro_batches: int = 4, seed: int = 0) -> tuple[np.ndarray, Split]
     split = plan()
     weights = init(seed)
     async with atoll.local_cluster(1, STAGES, 1, device_cls=JaxDevice) as cluster:
-        stages = [(await cluster.devices(1)).jit(_stage_fn(layers)) for layers in split.stages]
-
-        @atoll.program
-        def pipeline(stage_weights: list[list[Any]], micro: list[Any]) -> list[Any]:
-            outs = []
-            for x in micro:
-                for stage, ws in zip(stages, stage_weights, strict=True):
-                    x = stage(ws, x)
-                outs.append(x)
-            return outs
-
+        stages = [
+            (await cluster.devices(1)).jit(forward, name=f"layers_{layers[0]}_{layers[-1]}")
+            for layers in split.stages
+        ]
         per_stage = [[weights[i] for i in layers] for layers in split.stages]
-        outs = await cluster.run(pipeline, per_stage, np.split(inputs(seed), micro_batches))
+        outs = await cluster.run(gpipe(stages), per_stage, np.split(inputs(seed), micro_batches))
     return np.concatenate(outs), split
 
 
@@ -114,14 +106,7 @@ def inputs(seed: int = 0) -> np.ndarray:
 
 def reference(seed: int = 0) -> np.ndarray:
     """The whole model in plain JAX, unpipelined."""
-
-    @jax.jit
-    def model(weights: list[Any], x: Any) -> Any:
-        for w in weights:
-            x = jnp.tanh(x @ w)
-        return x
-
-    return np.asarray(model(init(seed), inputs(seed)))
+    return np.asarray(jax.jit(forward)(init(seed), inputs(seed)))
 
 
 async def main() -> None:

@@ -17,6 +17,7 @@ Run it: ``python -m atoll.examples.pipeline``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ import atoll
 from atoll.devices.jax_device import JaxDevice
 from atoll.examples import use_fake_cpu_devices
 
-__all__ = ["PipelineResult", "block", "init", "main", "reference", "run"]
+__all__ = ["PipelineResult", "block", "gpipe", "init", "main", "reference", "run"]
 
 D, HEADS, SEQ, STAGES = 16, 2, 8, 4
 
@@ -66,6 +67,25 @@ def block(p: dict[str, Any], x: Any) -> Any:
     return x + jax.nn.gelu(_norm(x) @ p["up"]) @ p["down"]
 
 
+def gpipe(stages: Sequence[Any]) -> atoll.Program:
+    """The GPipe program: every micro-batch through every stage, in order.
+
+    ``stages[s]`` is called as ``stage(params[s], x)``; the pipelining comes
+    from the dataflow when the program is dispatched, not from this loop.
+    """
+
+    @atoll.program
+    def gpipe(params: list[Any], micro: list[Any]) -> list[Any]:
+        outs = []
+        for x in micro:
+            for stage, p in zip(stages, params, strict=True):
+                x = stage(p, x)
+            outs.append(x)
+        return outs
+
+    return gpipe
+
+
 @dataclass
 class PipelineResult:
     outputs: np.ndarray
@@ -82,22 +102,11 @@ async def run(batch: int = 8, micro_batches: int = 4, seed: int = 0) -> Pipeline
             )
             for s in range(STAGES)
         ]
-
-        @atoll.program
-        def gpipe(params: list[dict[str, Any]], micro: list[Any]) -> list[Any]:
-            outs = []
-            for x in micro:
-                for stage, p in zip(stages, params, strict=True):
-                    x = stage(p, x)
-                outs.append(x)
-            return outs
-
         x = inputs(batch, seed)
         micro = np.split(x, micro_batches)
-        run = cluster.run(gpipe, init(seed), micro)
+        run = cluster.run(gpipe(stages), init(seed), micro)
         outs = await run
         stats = await cluster.device_stats()
-        assert run.graph is not None
         nodes = len(run.graph.nodes)
     per_host = [sum(s.computations for s in stats if s.host_id == h) for h in range(STAGES)]
     return PipelineResult(np.concatenate(outs), nodes, per_host)

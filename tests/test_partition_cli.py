@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -120,5 +121,27 @@ def test_small_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
     assert "finetune_speedup" in cases
     assert {"bench", "case", "system", "value", "unit"} <= set(rows[0])
     assert {r["system"] for r in rows} == {"atoll", "paper"}
-    table = bench.format_table(rows)
-    assert "6.11" in table and "5.85" in table and "20.00" in table
+    ours = {r["case"]: r["value"] for r in rows if r["system"] == "atoll"}
+    assert all(isinstance(v, float) and math.isfinite(v) for v in ours.values())
+    for count in (4, 8):
+        for method in P.METHODS:  # every method found a valid partition
+            assert ours[f"bert_c{count}_{method}"] > 0
+            assert ours[f"bert_c{count}_{method}_of_solver"] > 0
+        assert ours[f"bert_c{count}_solver_of_solver"] == 1.0
+        assert ours[f"bert_c{count}_dp_of_solver"] == pytest.approx(
+            ours[f"bert_c{count}_dp"] / ours[f"bert_c{count}_solver"]
+        )
+        rl, sa = ours[f"bert_c{count}_rl"], ours[f"bert_c{count}_sa"]
+        assert ours[f"rl_vs_sa_pct_c{count}"] == pytest.approx(100.0 * (rl / sa - 1.0))
+        assert 0 < ours[f"bert_c{count}_solver_wall_s"] < 2 * bench.Config.small().solver_s
+        assert ours[f"bert_c{count}_solver_optimal"] in (0.0, 1.0)
+    for count in (4, 8, 16):  # random assignments are never valid; contiguous splits can be
+        assert ours[f"bert_c{count}_valid_uniform"] == 0
+        assert 0 <= ours[f"bert_c{count}_valid_contiguous"] <= 200
+    assert ours["finetune_speedup"] >= 0
+    # the table shows the measured value and the paper's beside it
+    line = next(x for x in bench.format_table(rows).splitlines() if x.startswith("finetune_"))
+    assert (
+        f"{ours['finetune_speedup']:.3f}" in line
+        and f"{bench.PAPER['finetune_speedup']:.2f}" in line
+    )

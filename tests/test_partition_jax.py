@@ -73,3 +73,19 @@ def test_load_rejects_other_files(tmp_path: Path) -> None:
     np.savez(path, a=np.zeros(2), __evaluations__=np.array(0))
     with pytest.raises(ValueError, match="not a partition policy"):
         P.Policy.load(path)
+
+
+def test_pretrain_scores_repairs_that_time_out_as_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every repair timing out: rewards are floored, nothing divides by zero or warns."""
+    from atoll.schedulers.partition import _rl
+
+    class Slow:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def __call__(self, candidate: object) -> object:
+            raise P.RepairTimeout("slow solver")
+
+    monkeypatch.setattr(_rl, "Repairer", Slow)
+    log = P.pretrain(P.Policy(seed=0), P.synthetic_cases(1, seed=0), evaluations=4, batch=4)
+    assert log.best == [0.0] and np.isfinite(log.mean_reward).all()

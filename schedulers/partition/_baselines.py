@@ -10,17 +10,36 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from ._cost import IntArray, throughput
+from ._cost import IntArray, valid_throughput
 from ._graph import Graph
 from ._hardware import Chiplets
 from ._repair import Repairer, RepairTimeout
 
-__all__ = ["Progress", "Tracker", "random_search", "simulated_annealing"]
+__all__ = ["Progress", "Tracker", "random_search", "score", "simulated_annealing"]
 
 Progress = Callable[[int, int, float], None]
+
+
+def score(
+    graph: Graph, chiplets: Chiplets, repairer: Repairer, candidate: Any, *, strict: bool = False
+) -> tuple[IntArray | None, float]:
+    """Repair ``candidate`` and score it: (the repaired assignment, its throughput).
+
+    A repair is valid, so its validity is not checked again. When the repair
+    times out the result is ``(None, 0.0)``, or with ``strict`` the
+    :class:`RepairTimeout` is raised.
+    """
+    try:
+        fixed = repairer(candidate)
+    except RepairTimeout:
+        if strict:
+            raise
+        return None, 0.0
+    return fixed, valid_throughput(graph, chiplets, fixed)
 
 
 @dataclass
@@ -33,7 +52,6 @@ class Tracker:
     budget: int
     progress: Progress | None = None
     best: IntArray | None = None
-    best_tp: float = 0.0
     history: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
@@ -43,6 +61,11 @@ class Tracker:
         """Evaluations still allowed."""
         return self.budget - len(self.history)
 
+    @property
+    def best_tp(self) -> float:
+        """The best throughput so far (0.0 before the first evaluation)."""
+        return self.history[-1] if self.history else 0.0
+
     def evaluate(self, candidate: IntArray) -> tuple[IntArray, float]:
         """Repair ``candidate``, score it, record it; returns (repaired, throughput).
 
@@ -50,16 +73,15 @@ class Tracker:
         for it) once some valid partition is known; before that the timeout
         is raised, since there is nothing valid to return.
         """
-        try:
-            fixed = self.repairer(candidate)
-            tp = throughput(self.graph, self.chiplets, fixed)
-        except RepairTimeout:
-            if self.best is None:
-                raise
-            fixed, tp = self.best, 0.0
+        fixed, tp = score(
+            self.graph, self.chiplets, self.repairer, candidate, strict=self.best is None
+        )
+        if fixed is None:  # timed out: not strict, so a best is known
+            assert self.best is not None
+            fixed = self.best
         if tp > self.best_tp:
-            self.best, self.best_tp = fixed, tp
-        self.history.append(self.best_tp)
+            self.best = fixed
+        self.history.append(max(tp, self.best_tp))
         self.times.append(time.perf_counter() - self.started)
         if self.progress is not None:
             self.progress(len(self.history), self.budget, self.best_tp)

@@ -7,6 +7,7 @@ the model down; this module is its only implementation, shared by every method.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,62 +97,75 @@ def link_traffic(graph: Graph, chiplets: Chiplets, a: IntArray) -> NDArray[np.fl
     return traffic
 
 
-def stage_times(graph: Graph, chiplets: Chiplets, a: Any) -> NDArray[np.float64]:
-    """Time of each stage: its compute plus the bytes on its two links."""
-    arr = as_assignment(graph, chiplets, a)
+def _stage_parts(
+    graph: Graph, chiplets: Chiplets, arr: IntArray
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Per stage: compute seconds and link seconds (bytes on its two links)."""
     c = chiplets.count
-    compute = np.bincount(arr, weights=node_times(graph, chiplets), minlength=c)
+    compute = np.asarray(
+        np.bincount(arr, weights=node_times(graph, chiplets), minlength=c), dtype=np.float64
+    )
     traffic = link_traffic(graph, chiplets, arr)
     comm = np.zeros(c)
     comm[:-1] += traffic
     comm[1:] += traffic
-    result: NDArray[np.float64] = compute + comm / chiplets.link_bytes_per_s
+    return compute, comm / chiplets.link_bytes_per_s
+
+
+def stage_times(graph: Graph, chiplets: Chiplets, a: Any) -> NDArray[np.float64]:
+    """Time of each stage: its compute plus the bytes on its two links."""
+    compute, comm = _stage_parts(graph, chiplets, as_assignment(graph, chiplets, a))
+    result: NDArray[np.float64] = compute + comm
     return result
+
+
+def _violations(graph: Graph, chiplets: Chiplets, arr: IntArray, limit: int) -> Iterator[str]:
+    """Every broken constraint, lazily (at most ``limit`` edges of each kind)."""
+    span = arr[graph.array("dst")] - arr[graph.array("src")]
+    for i in np.flatnonzero(span < 0)[:limit]:
+        e = graph.edges[int(i)]
+        yield f"edge {e.src}->{e.dst} flows backward ({arr[e.src]} -> {arr[e.dst]})"
+    for i in np.flatnonzero(span > chiplets.hop_limit)[:limit]:
+        e = graph.edges[int(i)]
+        yield f"edge {e.src}->{e.dst} skips chips ({arr[e.src]} -> {arr[e.dst]})"
+    mem = np.bincount(arr, weights=graph.array("weights"), minlength=chiplets.count)
+    for chip in np.flatnonzero(mem > chiplets.sram_bytes):
+        yield f"chip {chip} holds {mem[chip]:.0f} B of weights > {chiplets.sram_bytes:.0f}"
+    for chip in np.flatnonzero(np.bincount(arr, minlength=chiplets.count) == 0):
+        yield f"chip {chip} is unused"
+
+
+def is_valid_array(graph: Graph, chiplets: Chiplets, arr: IntArray) -> bool:
+    """:func:`is_valid` of an array :func:`as_assignment` already checked."""
+    return next(_violations(graph, chiplets, arr, 1), None) is None
 
 
 def violations(graph: Graph, chiplets: Chiplets, a: Any, limit: int = 5) -> list[str]:
     """Human-readable reasons why ``a`` is invalid (empty when it is valid)."""
-    arr = as_assignment(graph, chiplets, a)
-    out: list[str] = []
-    span = arr[graph.array("dst")] - arr[graph.array("src")]
-    for i in np.flatnonzero(span < 0)[:limit]:
-        e = graph.edges[int(i)]
-        out.append(f"edge {e.src}->{e.dst} flows backward ({arr[e.src]} -> {arr[e.dst]})")
-    for i in np.flatnonzero(span > chiplets.hop_limit)[:limit]:
-        e = graph.edges[int(i)]
-        out.append(f"edge {e.src}->{e.dst} skips chips ({arr[e.src]} -> {arr[e.dst]})")
-    mem = np.bincount(arr, weights=graph.array("weights"), minlength=chiplets.count)
-    for chip in np.flatnonzero(mem > chiplets.sram_bytes):
-        out.append(f"chip {chip} holds {mem[chip]:.0f} B of weights > {chiplets.sram_bytes:.0f}")
-    for chip in np.flatnonzero(np.bincount(arr, minlength=chiplets.count) == 0):
-        out.append(f"chip {chip} is unused")
-    return out
+    return list(_violations(graph, chiplets, as_assignment(graph, chiplets, a), limit))
 
 
 def is_valid(graph: Graph, chiplets: Chiplets, a: Any) -> bool:
     """Whether ``a`` meets every constraint (forward, hop limit, SRAM, all chips used)."""
-    arr = as_assignment(graph, chiplets, a)
-    span = arr[graph.array("dst")] - arr[graph.array("src")]
-    if span.size and (span.min() < 0 or span.max() > chiplets.hop_limit):
-        return False
-    if np.bincount(arr, minlength=chiplets.count).min() == 0:
-        return False
-    mem = np.bincount(arr, weights=graph.array("weights"), minlength=chiplets.count)
-    return bool(mem.max() <= chiplets.sram_bytes)
+    return is_valid_array(graph, chiplets, as_assignment(graph, chiplets, a))
+
+
+def valid_throughput(graph: Graph, chiplets: Chiplets, arr: IntArray) -> float:
+    """:func:`throughput` of an assignment already known valid (a repaired one), unchecked."""
+    compute, comm = _stage_parts(graph, chiplets, arr)
+    return float(1.0 / (compute + comm).max())
 
 
 def throughput(graph: Graph, chiplets: Chiplets, a: Any) -> float:
     """Pipeline steps per second: 1 / the slowest stage (0.0 when invalid)."""
-    if not is_valid(graph, chiplets, a):
-        return 0.0
-    return float(1.0 / stage_times(graph, chiplets, a).max())
+    arr = as_assignment(graph, chiplets, a)
+    return valid_throughput(graph, chiplets, arr) if is_valid_array(graph, chiplets, arr) else 0.0
 
 
 def evaluate(graph: Graph, chiplets: Chiplets, a: Any, **info: Any) -> Partition:
     """Build the :class:`Partition` record for assignment ``a``."""
     arr = as_assignment(graph, chiplets, a)
-    compute = np.bincount(arr, weights=node_times(graph, chiplets), minlength=chiplets.count)
-    total = stage_times(graph, chiplets, arr)
+    compute, comm = _stage_parts(graph, chiplets, arr)
     mem = np.bincount(arr, weights=graph.array("weights"), minlength=chiplets.count)
     stages = tuple(
         Stage(
@@ -159,10 +173,10 @@ def evaluate(graph: Graph, chiplets: Chiplets, a: Any, **info: Any) -> Partition
             nodes=tuple(int(i) for i in np.flatnonzero(arr == c)),
             weight_bytes=float(mem[c]),
             compute_s=float(compute[c]),
-            comm_s=float(total[c] - compute[c]),
+            comm_s=float(comm[c]),
         )
         for c in range(chiplets.count)
     )
-    valid = is_valid(graph, chiplets, arr)
-    tp = float(1.0 / total.max()) if valid else 0.0
+    valid = is_valid_array(graph, chiplets, arr)
+    tp = float(1.0 / (compute + comm).max()) if valid else 0.0
     return Partition(tuple(int(x) for x in arr), tp, valid, stages, **info)

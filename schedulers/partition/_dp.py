@@ -36,7 +36,8 @@ def cut_traffic(graph: Graph) -> F:
     return traffic
 
 
-def _stage_costs(graph: Graph, chiplets: Chiplets) -> tuple[F, F, NDArray[np.int64]]:
+def _stage_costs(graph: Graph, chiplets: Chiplets) -> F:
+    """``cost[s, e]``: the time of a stage of nodes ``[s, e)``, inf where it is not allowed."""
     n = len(graph)
     times = np.concatenate([[0.0], np.cumsum(node_times(graph, chiplets))])
     weights = np.concatenate([[0.0], np.cumsum(graph.array("weights"))])
@@ -45,8 +46,8 @@ def _stage_costs(graph: Graph, chiplets: Chiplets) -> tuple[F, F, NDArray[np.int
     s, e = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     cost = times[e] - times[s] + link[s] + link[e]
     ok = (e > s) & (weights[e] - weights[s] <= chiplets.sram_bytes) & (reach[s] < e)
-    cost = np.where(ok, cost, np.inf)
-    return cost, times, reach.astype(np.int64)
+    result: F = np.where(ok, cost, np.inf)
+    return result
 
 
 def dp_split(graph: Graph, chiplets: Chiplets) -> IntArray | None:
@@ -54,7 +55,7 @@ def dp_split(graph: Graph, chiplets: Chiplets) -> IntArray | None:
     n, c = len(graph), chiplets.count
     if n < c:
         return None
-    cost, _, _ = _stage_costs(graph, chiplets)
+    cost = _stage_costs(graph, chiplets)
     best = np.full((c + 1, n + 1), np.inf)
     arg = np.zeros((c + 1, n + 1), dtype=np.int64)
     best[0, 0] = 0.0

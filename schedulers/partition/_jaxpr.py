@@ -28,7 +28,8 @@ from ._graph import Graph, Node
 
 __all__ = ["from_jax"]
 
-ANCHORS = {"dot_general", "conv_general_dilated", "scan", "while", "cond"}
+CONTROL_FLOW = {"scan", "while", "cond"}  # opaque: costed by their bodies
+ANCHORS = {"dot_general", "conv_general_dilated", *CONTROL_FLOW}
 REDUCTIONS = {"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin"}
 FREE = {
     "reshape",
@@ -167,7 +168,7 @@ def _apply(st: _State, eqn: Any, ins: list[int | None]) -> list[int | None]:
     g = _target(st, eqn, acts, bool(roots))
     grp = st.groups[g]
     grp.prims.add(eqn.primitive.name)
-    opaque = eqn.primitive.name in ("scan", "while", "cond")
+    opaque = eqn.primitive.name in CONTROL_FLOW
     grp.flops += _inner_flops(eqn) if opaque else _flops(eqn)
     for r in roots - st.claimed:
         st.claimed.add(r)

@@ -107,24 +107,31 @@ def _encoder(heads: int) -> Callable[[Params, Any], Any]:
 
 
 def transformer_graph(
-    layers: int = 12, hidden: int = 768, heads: int = 12, seq: int = 128, vocab: int = 30522
+    layers: int = 12,
+    hidden: int = 768,
+    heads: int = 12,
+    seq: int = 128,
+    vocab: int = 30522,
+    name: str | None = None,
 ) -> Graph:
-    """A BERT-style encoder of the given size, traced by shapes."""
+    """A BERT-style encoder of the given size, traced by shapes.
+
+    ``name`` defaults to ``transformer_l{layers}_h{hidden}_s{seq}``.
+    """
     import jax
     import jax.numpy as jnp
 
     params = _encoder_params(layers, hidden, 4 * hidden, vocab, seq)
     struct: Any = jax.ShapeDtypeStruct
     ids = struct((seq,), jnp.int32)
-    name = f"transformer_l{layers}_h{hidden}_s{seq}"
+    name = name or f"transformer_l{layers}_h{hidden}_s{seq}"
     return from_jax(_encoder(heads), params, ids, weight_argnums=(0,), name=name)
 
 
 @functools.cache
 def bert_graph() -> Graph:
     """BERT-base: 12 layers, hidden 768, 12 heads, sequence 128 (bfloat16)."""
-    g = transformer_graph(12, 768, 12, 128)
-    return Graph(g.name.replace("transformer_l12_h768_s128", "bert_base"), g.nodes, g.edges)
+    return transformer_graph(12, 768, 12, 128, name="bert_base")
 
 
 def mlp_graph(widths: list[int], batch: int = 256) -> Graph:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...kernel import AtollError
-from ._cost import IntArray, as_assignment, is_valid
+from ._cost import IntArray, as_assignment, is_valid_array
 from ._graph import Graph
 from ._hardware import Chiplets
 
@@ -112,14 +112,11 @@ class Repairer:
         self.graph, self.chiplets, self.time_limit_s = graph, chiplets, time_limit_s
         self._sm: SolverModel | None = None
         self._cache: dict[bytes, IntArray] = {}
-        self.calls = 0
-        self.solves = 0
 
     def __call__(self, candidate: Any) -> IntArray:
         """The valid assignment with the least total displacement from ``candidate``."""
         cand = as_assignment(self.graph, self.chiplets, candidate)
-        self.calls += 1
-        if is_valid(self.graph, self.chiplets, cand):
+        if is_valid_array(self.graph, self.chiplets, cand):
             return cand
         key = cand.tobytes()
         if key not in self._cache:
@@ -149,7 +146,6 @@ class Repairer:
         solver.parameters.num_workers = 1
         solver.parameters.linearization_level = 2
         status = solver.solve(sm.model)
-        self.solves += 1
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             reason = describe_infeasible(self.graph, self.chiplets)
             if status != cp_model.INFEASIBLE:

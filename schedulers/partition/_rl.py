@@ -12,6 +12,7 @@ entropy bonus keeps the policy exploring.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -20,12 +21,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._baselines import Tracker
-from ._cost import IntArray, throughput
+from ._baselines import Tracker, score
+from ._cost import IntArray
 from ._graph import Graph
 from ._hardware import Chiplets
 from ._policy import Encoded, Params, Policy, encode, logits
-from ._repair import Repairer, RepairTimeout
+from ._repair import Repairer
 
 __all__ = ["Adam", "TrainLog", "finetune", "pretrain"]
 
@@ -67,6 +68,15 @@ class TrainLog:
     best: list[float] = field(default_factory=list)
     mean_reward: list[float] = field(default_factory=list)
     wall_s: list[float] = field(default_factory=list)
+
+    def add(
+        self, evaluations: int, best: float, rewards: NDArray[np.float64], start: float
+    ) -> None:
+        """Record one training step (``start``: the ``time.perf_counter`` training began at)."""
+        self.evaluations.append(evaluations)
+        self.best.append(best)
+        self.mean_reward.append(float(rewards.mean()))
+        self.wall_s.append(time.perf_counter() - start)
 
 
 def _loss(p: Params, enc: tuple[Any, ...], actions: Any, adv: Any, ent_coef: float) -> Any:
@@ -113,6 +123,26 @@ def update(
     policy.params = adam.step(policy.params, grads)
 
 
+def _train_step(
+    policy: Policy,
+    adam: Adam,
+    enc: Encoded,
+    batch: int,
+    rng: np.random.Generator,
+    score_fn: Callable[[IntArray], float],
+) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """Sample ``batch`` candidates, score each, take one REINFORCE step.
+
+    Returns the throughputs and the rewards (their logs, floored for a 0).
+    """
+    cands = sample(policy, enc, batch, rng)
+    tps = np.array([score_fn(c) for c in cands], dtype=np.float64)
+    rewards: NDArray[np.float64] = np.log(np.maximum(tps, 1e-30))
+    update(policy, adam, enc, cands, rewards)
+    policy.trained_evaluations += len(cands)
+    return tps, rewards
+
+
 def finetune(
     policy: Policy, tracker: Tracker, rng: np.random.Generator, batch: int = 8, lr: float = 3e-3
 ) -> TrainLog:
@@ -124,15 +154,13 @@ def finetune(
     enc, adam, log = encode(tracker.graph, tracker.chiplets), Adam(lr), TrainLog()
     start = time.perf_counter()
     tracker.evaluate(np.argmax(policy.logits(enc), axis=-1).astype(np.int64))
+
+    def score_fn(candidate: IntArray) -> float:
+        return tracker.evaluate(candidate)[1]
+
     while tracker.left > 0:
-        cands = sample(policy, enc, min(batch, tracker.left), rng)
-        rewards = np.log([max(tracker.evaluate(c)[1], 1e-30) for c in cands])
-        update(policy, adam, enc, cands, rewards)
-        policy.trained_evaluations += len(cands)
-        log.evaluations.append(len(tracker.history))
-        log.best.append(tracker.best_tp)
-        log.mean_reward.append(float(rewards.mean()))
-        log.wall_s.append(time.perf_counter() - start)
+        _, rewards = _train_step(policy, adam, enc, min(batch, tracker.left), rng, score_fn)
+        log.add(len(tracker.history), tracker.best_tp, rewards, start)
     return log
 
 
@@ -148,34 +176,28 @@ def pretrain(
     """Train ``policy`` across many graphs for about ``evaluations`` repaired samples.
 
     The logged "best" is the batch's mean throughput relative to the best seen
-    on that graph, a size-free measure of how good the policy's samples are.
+    on that graph, a size-free measure of how good the policy's samples are
+    (0 while every repair on that graph has timed out). A candidate whose
+    repair times out scores 0.
     """
     rng = np.random.default_rng(seed)
     encs = [encode(g, c) for g, c in cases]
-    repairers = [Repairer(g, c, time_limit_s=2.0) for g, c in cases]
+    scorers = [
+        functools.partial(_throughput, g, c, Repairer(g, c, time_limit_s=2.0)) for g, c in cases
+    ]
     best = [0.0] * len(cases)
     adam, log, done, start = Adam(lr), TrainLog(), 0, time.perf_counter()
     while done < evaluations:
         i = int(rng.integers(len(cases)))
-        g, ch = cases[i]
-        cands = sample(policy, encs[i], batch, rng)
-        tps = np.array([_score(g, ch, repairers[i], c) for c in cands])
+        tps, rewards = _train_step(policy, adam, encs[i], batch, rng, scorers[i])
         best[i] = max(best[i], float(tps.max()))
-        update(policy, adam, encs[i], cands, np.log(np.maximum(tps, 1e-30)))
-        done += len(cands)
-        policy.trained_evaluations += len(cands)
-        log.evaluations.append(done)
-        log.best.append(float(tps.mean() / best[i]))
-        log.mean_reward.append(float(np.log(tps).mean()))
-        log.wall_s.append(time.perf_counter() - start)
+        done += len(tps)
+        log.add(done, float(tps.mean()) / best[i] if best[i] > 0 else 0.0, rewards, start)
         if progress is not None:
             progress(min(done, evaluations), evaluations, log.best[-1])
     return log
 
 
-def _score(graph: Graph, chiplets: Chiplets, repairer: Repairer, candidate: Any) -> float:
+def _throughput(graph: Graph, chiplets: Chiplets, repairer: Repairer, candidate: IntArray) -> float:
     """Throughput of the repaired candidate; 0 when its repair timed out."""
-    try:
-        return throughput(graph, chiplets, repairer(candidate))
-    except RepairTimeout:
-        return 0.0
+    return score(graph, chiplets, repairer, candidate)[1]

@@ -58,8 +58,7 @@ def search(
         simulated_annealing(tracker, rng)
     elif method == "rl":
         pol = policy if policy is not None else Policy(seed=seed)
-        log = finetune(pol, tracker, rng)
-        extra["curve"] = log
+        finetune(pol, tracker, rng)
     elif method == "solver":
         assignment, extra = solve_bottleneck(graph, chips, time_limit_s, seed=seed)
         tracker.evaluate(assignment)

@@ -26,7 +26,6 @@ def solve_bottleneck(
     graph: Graph,
     chiplets: Chiplets,
     time_limit_s: float = 30.0,
-    hint: IntArray | None = None,
     seed: int = 0,
 ) -> tuple[IntArray, dict[str, Any]]:
     """The best assignment CP-SAT finds within ``time_limit_s``, and solve statistics."""
@@ -58,9 +57,6 @@ def solve_bottleneck(
                 stage += [w * z for w, z in link[side]]
         model.add(bottleneck >= sum(stage))
     model.minimize(bottleneck)
-    if hint is not None:
-        for i, k in enumerate(hint.tolist()):
-            model.add_hint(x[i][k], True)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
