@@ -167,10 +167,17 @@ class Chain(Actor):
 
 
 # -- helpers -----------------------------------------------------------------
-async def expect(kind: type[BaseException], awaitable: Awaitable[Any]) -> BaseException:
-    """Await ``awaitable`` and return the error of type ``kind`` it raised."""
+async def expect(
+    kind: type[BaseException], awaitable: Awaitable[Any], timeout: float = 10.0
+) -> BaseException:
+    """Await ``awaitable`` and return the error of type ``kind`` it raised.
+
+    Bounded: a promise that never settles fails the check with ``TimeoutError``
+    (a clean failure, not a hung suite).
+    """
     try:
-        value = await awaitable
+        with anyio.fail_after(timeout):
+            value = await awaitable
     except kind as exc:
         return exc
     raise AssertionError(f"expected {kind.__name__}, got a value: {value!r}")
