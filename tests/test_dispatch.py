@@ -18,34 +18,17 @@ COST = CostModel(flops_per_s=1e12, link_bytes_per_s=1e9, link_latency_s=50e-6)
 HOP = 50e-6 + 4 / 1e9  # one float32 between hosts
 
 
-@pytest.mark.parametrize("sequential", [False, True])
-async def test_sixteen_hosts_chain_takes_exactly_device_plus_transfer_time(
-    sequential: bool,
+@pytest.mark.parametrize(
+    ("sequential", "latency", "hops"),
+    [(False, 0.0, 0), (True, 0.0, 0), (False, 1e-3, 4), (True, 1e-3, 16 * 4)],
+)
+async def test_a_chain_costs_device_transfer_and_control_hops_exactly(
+    sequential: bool, latency: float, hops: int
 ) -> None:
-    """Device time is the same in both modes; what differs is wall time (the benchmark)."""
-    clock = VirtualClock()
-    async with atoll.local_cluster(1, 16, 1, clock=clock, cost=COST) as cluster:
-        slices = [await cluster.devices(1) for _ in range(16)]
-        graph = bench.chain_graph(slices, bench.step(0.002))
-        x = await cluster.put(np.zeros(1, np.float32), 0)
-        if sequential:
-            [out] = await cluster.run_graph_sequential(graph, [x])
-        else:
-            [out] = cluster.run_graph(graph, [x])
-        assert (await cluster.fetch(out))[0] == 16
-        assert clock.now() == pytest.approx(16 * 0.002 + 15 * HOP)
-        stats = await cluster.device_stats()
-        assert [s.computations for s in stats] == [1] * 16
-
-
-@pytest.mark.parametrize(("sequential", "hops"), [(False, 4), (True, 16 * 4)])
-async def test_parallel_dispatch_pays_control_latency_once_sequential_per_node(
-    sequential: bool, hops: int
-) -> None:
-    """With a modelled RPC latency L per control hop (client->controller->scheduler->
-    device, and the reply), a 16-node chain costs 4 L in parallel mode and 4 L per
-    node in sequential mode, on top of identical device and transfer time."""
-    latency = 1e-3
+    """Device and transfer time are the same in both modes. With a modelled RPC
+    latency L per control hop (client->controller->scheduler->device, and the
+    reply), a 16-node chain costs 4 L in parallel mode and 4 L per node in
+    sequential mode on top; with none, both cost exactly the same."""
     clock = VirtualClock()
     async with atoll.local_cluster(
         1, 16, 1, clock=clock, cost=COST, rpc_latency_s=latency
@@ -61,6 +44,8 @@ async def test_parallel_dispatch_pays_control_latency_once_sequential_per_node(
         await out.promise
         elapsed = clock.now() - start
         assert (await cluster.fetch(out))[0] == 16
+        stats = await cluster.device_stats()
+        assert [s.computations for s in stats] == [1] * 16
     assert elapsed == pytest.approx(16 * 0.002 + 15 * HOP + hops * latency)
 
 

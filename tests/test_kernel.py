@@ -26,6 +26,7 @@ from atoll.kernel import (
     endpoint,
     wait_idle,
 )
+from atoll.transports.conformance import expect
 
 pytestmark = pytest.mark.anyio
 
@@ -123,7 +124,7 @@ async def test_cancel_during_on_start() -> None:
         await wait_idle()
         with anyio.fail_after(5):
             await ref.cancel("enough")
-        error = await _raises(ActorStopped, pending)
+        error = await expect(ActorStopped, pending)
         assert "enough" in str(error)
 
 
@@ -145,7 +146,7 @@ async def test_actor_can_stop_itself() -> None:
     async with ActorSystem() as system:
         ref = system.spawn(Quitter)
         assert await ref.quit() == "bye"
-        await _raises(ActorStopped, ref.quit())
+        await expect(ActorStopped, ref.quit())
 
 
 async def test_lifecycle_hooks_run_in_order() -> None:
@@ -309,7 +310,7 @@ async def test_restart_keeps_ref_and_mailbox_but_resets_state() -> None:
         parent = system.spawn(Parent, Directive.RESTART)
         child = await parent.make_child()
         assert await child.bump() == 1
-        await _raises(RemoteActorError, child.crash())
+        await expect(RemoteActorError, child.crash())
         assert await child.bump() == 1  # a fresh instance, same reference
         assert Flaky.starts == 2
         assert len(await parent.failures_seen()) == 1
@@ -320,8 +321,8 @@ async def test_stop_directive_fails_later_calls() -> None:
     async with ActorSystem() as system:
         parent = system.spawn(Parent, Directive.STOP)
         child = await parent.make_child()
-        await _raises(RemoteActorError, child.crash())
-        await _raises(ActorStopped, child.bump())
+        await expect(RemoteActorError, child.crash())
+        await expect(ActorStopped, child.bump())
         assert await parent.failures_seen()  # the parent lives on
 
 
@@ -329,10 +330,10 @@ async def test_escalation_fails_the_parent_up_to_the_top() -> None:
     async with ActorSystem() as system:
         parent = system.spawn(Parent, Directive.ESCALATE)
         child = await parent.make_child()
-        await _raises(RemoteActorError, child.crash())
+        await expect(RemoteActorError, child.crash())
         await wait_idle()
-        await _raises(ActorStopped, parent.failures_seen())
-        await _raises(ActorStopped, child.bump())
+        await expect(ActorStopped, parent.failures_seen())
+        await expect(ActorStopped, child.bump())
         assert len(system.failures) == 1
         failed = system.failures[0]
         assert isinstance(failed, ActorFailed) and "Parent" in failed.actor
@@ -344,10 +345,10 @@ async def test_too_many_restarts_escalate() -> None:
         parent = system.spawn(Parent, Directive.RESTART)
         child = await parent.make_child()
         for _ in range(Flaky.max_restarts + 1):
-            await _raises(RemoteActorError, child.crash())
+            await expect(RemoteActorError, child.crash())
         await wait_idle()
         assert len(system.failures) == 1
-        await _raises(ActorStopped, child.bump())
+        await expect(ActorStopped, child.bump())
 
 
 async def test_failing_on_start_is_supervised() -> None:
@@ -367,7 +368,7 @@ async def test_failing_on_start_is_supervised() -> None:
 
     async with ActorSystem(supervise=supervise) as system:
         ref = system.spawn(BadStart)
-        error = await _raises(ActorStopped, ref.hello())
+        error = await expect(ActorStopped, ref.hello())
         assert "no device" in str(error)
     assert len(seen) == 1 and isinstance(seen[0].error, OSError)
 
@@ -377,7 +378,7 @@ async def test_children_stop_with_their_parent() -> None:
         parent = system.spawn(Parent, Directive.STOP)
         child = await parent.make_child()
         await parent.stop()
-        await _raises(ActorStopped, child.bump())
+        await expect(ActorStopped, child.bump())
 
 
 # -- clocks --------------------------------------------------------------------
@@ -411,12 +412,6 @@ async def test_system_is_required_for_spawning() -> None:
     system = ActorSystem()
     with pytest.raises(AtollError):
         system.spawn(Store)
-
-
-async def _raises(kind: type[BaseException], awaitable: Any) -> BaseException:
-    with pytest.raises(kind) as info:
-        await awaitable
-    return info.value
 
 
 async def test_signature_checks_fast_and_slow_paths_agree() -> None:
@@ -463,11 +458,11 @@ async def test_parent_restarted_after_a_child_escalated_keeps_serving() -> None:
         top = system.spawn(Grandparent)
         parent = await top.make_parent()
         child = await parent.make_child()
-        await _raises(RemoteActorError, child.crash())
+        await expect(RemoteActorError, child.crash())
         await wait_idle()
         assert await parent.failures_seen() == []  # a fresh instance, same reference
         assert system.stats(parent)["restarts"] == 1
-        await _raises(ActorStopped, child.bump())  # the old children went with it
+        await expect(ActorStopped, child.bump())  # the old children went with it
         assert system.failures == []
 
 

@@ -171,12 +171,7 @@ def _bridge_rows(address: str, token: bytes, quick: bool) -> list[Row]:
             echo = await node.spawn(f"{CONF}:Echo")
             for _ in range(50):
                 await echo.echo(1.0)
-            samples = []
-            for _ in range(calls):
-                start = time.perf_counter()
-                await echo.echo(1.0)
-                samples.append(time.perf_counter() - start)
-            return samples
+            return await _timed(lambda: echo.echo(1.0), calls)  # no loop-specific waits
 
     _progress("atoll from trio, through the bridge: small-call latency")
     return _latency_rows("atoll-trio-bridge", trio.run(measure))
