@@ -330,18 +330,21 @@ class Device(Actor):
         """Default shard semantics for a :class:`Computation` kernel.
 
         The leader reads the inputs, computes and stores the output; every
-        other shard spends the same device time on its part of the data (which
-        lives on itself, so nothing moves) and stores nothing.
+        other shard does its part of the data (which lives on itself, so
+        nothing moves, see :meth:`spend`) and stores nothing.
         """
         computation = task.kernel
         if not isinstance(computation, Computation):
             raise TypeError(f"{type(self).__name__} cannot run {type(computation).__name__}")
         if self.device_id != task.leader:
-            seconds = self.cost.compute_time(computation.flops)
-            await self.clock.sleep(seconds)
-            self.busy_s += seconds
+            await self.spend(computation)
             return []
         return [await self._compute(computation, inputs, owner)]
+
+    async def spend(self, computation: Computation) -> None:
+        """The device time of ``computation`` on a shard that only takes part
+        (not the leader, which runs the function). Real devices have nothing
+        to model here; simulated ones sleep the cost model's time."""
 
     async def _compute(
         self, computation: Computation, inputs: Sequence[BufferHandle], owner: str

@@ -21,7 +21,11 @@ class SimDevice(Device):
 
     async def execute(self, computation: Computation, inputs: list[np.ndarray]) -> np.ndarray:
         out = np.asarray(computation.fn(*inputs))
+        await self.spend(computation)
+        return out
+
+    async def spend(self, computation: Computation) -> None:
+        """Sleep the cost model's device time for ``computation`` (no CPU used)."""
         seconds = self.cost.compute_time(computation.flops)
         await self.clock.sleep(seconds)
         self.busy_s += seconds
-        return out
