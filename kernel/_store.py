@@ -28,7 +28,16 @@ import numpy as np
 from ._errors import AtollError
 from ._promise import Promise
 
-__all__ = ["BufferMissing", "ObjectStore"]
+__all__ = ["BufferMissing", "ObjectStore", "read_only"]
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` itself if it is read-only, else a read-only view of it (no copy)."""
+    if not array.flags.writeable:
+        return array
+    view = array.view()
+    view.flags.writeable = False
+    return view
 
 
 class BufferMissing(AtollError, KeyError):
@@ -97,8 +106,7 @@ class ObjectStore:
         change what others read.
         """
         if isinstance(array, np.ndarray):
-            array = array.view()
-            array.flags.writeable = False
+            array = read_only(array)
         nbytes = int(array.nbytes)
         if reserved:
             self.reserved_bytes -= nbytes

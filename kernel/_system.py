@@ -40,6 +40,7 @@ from ._errors import (
 )
 from ._mailbox import Mailbox
 from ._promise import Promise
+from ._store import read_only
 
 __all__ = ["ActorContext", "ActorSystem"]
 
@@ -517,10 +518,8 @@ def _only(group: BaseExceptionGroup[BaseException], error: object) -> bool:
 
 def _share(value: Any) -> Any:
     """Pass numpy arrays by reference, as read-only views (no copy)."""
-    if isinstance(value, np.ndarray) and value.flags.writeable:
-        view = value.view()
-        view.flags.writeable = False
-        return view
+    if isinstance(value, np.ndarray):
+        return read_only(value)
     if isinstance(value, list):
         return [_share(v) for v in value]
     if isinstance(value, tuple):
