@@ -7,7 +7,8 @@ check of the suite runs against each of them, unchanged.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from typing import Any
 
 import anyio
 import pytest
@@ -22,43 +23,11 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def inproc_harness() -> AsyncIterator[Harness]:
-    transport = get_transport("inproc")
-    async with ActorSystem("server") as server, ActorSystem("client") as client:
-        listener = await transport.serve(server)
-        connection = await transport.connect(listener.address, client)
-        yield Harness(connection.node, wait_idle)
-        await connection.aclose()
-        await listener.aclose()
-
-
-HARNESSES: dict[str, Callable[[], AbstractAsyncContextManager[Harness]]] = {
-    "inproc": inproc_harness,
-}
-
-
-@pytest.fixture(params=["inproc", "capnp", "capnp-process"])
-async def harness(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[Harness]:
-    if request.param != "inproc" and anyio_backend != "asyncio":
-        pytest.skip("pycapnp runs on asyncio; trio reaches it through the bridge")
-    async with HARNESSES[request.param]() as built:
-        yield built
-
-
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
-async def test_transport_conforms(
-    harness: Harness, check: Callable[[Harness], Awaitable[None]]
-) -> None:
-    await check(harness)
-
-
-@asynccontextmanager
-async def capnp_harness() -> AsyncIterator[Harness]:
-    from atoll.transports.capnp import CapnpTransport, capnp_runtime
-
-    transport = CapnpTransport(token=b"conformance")
+async def transport_harness(name: str) -> AsyncIterator[Harness]:
+    """Both ends in this process, over the registered transport ``name``."""
+    transport = get_transport(name)  # one instance: both ends share its token
     async with (
-        capnp_runtime(),
+        _runtime(name),
         ActorSystem("server") as server,
         ActorSystem("client") as client,
     ):
@@ -71,7 +40,18 @@ async def capnp_harness() -> AsyncIterator[Harness]:
             await listener.aclose()
 
 
-HARNESSES["capnp"] = capnp_harness
+def _runtime(name: str) -> AbstractAsyncContextManager[Any]:
+    if name == "inproc":
+        return nullcontext()
+    from atoll.transports.capnp import capnp_runtime
+
+    return capnp_runtime()
+
+
+HARNESSES: dict[str, Callable[[], AbstractAsyncContextManager[Harness]]] = {
+    "inproc": lambda: transport_harness("inproc"),
+    "capnp": lambda: transport_harness("capnp"),
+}
 
 
 @asynccontextmanager
@@ -124,3 +104,18 @@ def _stop_shared_node() -> Iterator[None]:
 
 
 HARNESSES["capnp-process"] = capnp_process_harness
+
+
+@pytest.fixture(params=list(HARNESSES))
+async def harness(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIterator[Harness]:
+    if request.param != "inproc" and anyio_backend != "asyncio":
+        pytest.skip("pycapnp runs on asyncio; trio reaches it through the bridge")
+    async with HARNESSES[request.param]() as built:
+        yield built
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+async def test_transport_conforms(
+    harness: Harness, check: Callable[[Harness], Awaitable[None]]
+) -> None:
+    await check(harness)
