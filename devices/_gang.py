@@ -63,6 +63,11 @@ class GangTask:
     push: tuple[PushTarget, ...] = ()
 
     @property
+    def output_bytes(self) -> int:
+        """The bytes of all the gang's outputs (known before it runs)."""
+        return sum(aval.nbytes for aval in self.outputs)
+
+    @property
     def leader(self) -> int:
         return self.devices[0]
 

@@ -178,8 +178,7 @@ class JaxDevice(Device):
             for handle, sharding in zip(inputs, shardings, strict=True)
         ]
         compiled = self._compiled(kernel, mesh, arrays)
-        nbytes = sum(aval.nbytes for aval in task.outputs)
-        return await self._keep(nbytes, owner, lambda: self._timed(compiled, arrays))
+        return await self._keep(task.output_bytes, owner, lambda: self._timed(compiled, arrays))
 
     async def _lead_spmd(
         self,
@@ -199,9 +198,8 @@ class JaxDevice(Device):
         if self.device_id != task.leader:  # the gang leader alone keeps the outputs
             await self._busy(self._run_spmd, task.kernel, mesh, arrays)
             return []
-        nbytes = sum(aval.nbytes for aval in task.outputs)
         return await self._keep(
-            nbytes, owner, lambda: self._busy(self._run_spmd, task.kernel, mesh, arrays)
+            task.output_bytes, owner, lambda: self._busy(self._run_spmd, task.kernel, mesh, arrays)
         )
 
     def _run_spmd(self, kernel: JaxKernel, mesh: Mesh, arrays: list[np.ndarray]) -> list[Any]:
