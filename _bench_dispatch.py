@@ -32,11 +32,9 @@ from typing import Any
 import anyio
 import numpy as np
 
-from ._client import Cluster
-from ._cluster import local_cluster
-from .devices import BufferHandle, Computation, CostModel
+from .devices import Aval, BufferHandle, Computation, CostModel
 from .kernel import WallClock
-from .kernel._graph import Aval, Graph, GraphBuilder, SliceSpec
+from .runtime import Cluster, Graph, GraphBuilder, SliceSpec, local_cluster
 
 __all__ = [
     "Row",

@@ -101,25 +101,26 @@ def _run(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     import asyncio
 
-    from ._distributed import Layout, run_up
     from .devices import Device, SimDevice
+    from .runtime.process import run_up
+    from .runtime.spec import ClusterSpec
 
     device_cls: type[Device] = SimDevice
     if args.device == "jax":
         from .devices.jax_device import JaxDevice
 
         device_cls = JaxDevice
-    layout = Layout(
-        args.hosts,
+    spec = ClusterSpec.of_hosts(
+        args.hosts + args.remote_hosts,
         args.islands,
-        args.devices_per_host,
-        args.scheduler,
+        devices_per_host=args.devices_per_host,
+        scheduler=args.scheduler,
         device_cls=device_cls,
         remote_hosts=args.remote_hosts,
     )
     if args.device == "jax" and args.remote_hosts:
         _share_jax_runtime(args)
-    asyncio.run(run_up(layout, f"capnp://{args.host}:{args.port}", args.cluster_file))
+    asyncio.run(run_up(spec, f"capnp://{args.host}:{args.port}", args.cluster_file))
     return 0
 
 
@@ -150,9 +151,8 @@ def _share_jax_runtime(args: argparse.Namespace) -> None:
 def _host(args: argparse.Namespace) -> int:
     import asyncio
 
-    from ._connect import ClusterFile
-    from ._distributed import run_host
-    from .transports.capnp import default_token
+    from .runtime.process import run_host
+    from .transports.capnp import ClusterFile, default_token
 
     token = ClusterFile.read(args.cluster_file).token if args.cluster_file else default_token()
     if args.jax_coordinator:
@@ -202,7 +202,7 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from .demo import format_demo, run_demo
+    from .examples.demo import format_demo, run_demo
 
     if args.step_ms < 0:
         raise SystemExit("atoll demo: --step-ms must not be negative")

@@ -1,9 +1,14 @@
 """Device actors: the protocol, hosts with their object stores, gangs, simulated devices.
 
+Also the plain data devices work on: :class:`Aval` (an array before it
+exists), :class:`JaxKernel` (what a JAX gang runs) and the host's
+:class:`ObjectStore`.
+
 JAX devices live in :mod:`atoll.devices.jax_device` (imported on demand, as it
 imports JAX).
 """
 
+from ._aval import Aval as Aval
 from ._base import BufferHandle as BufferHandle
 from ._base import Computation as Computation
 from ._base import CostModel as CostModel
@@ -11,17 +16,26 @@ from ._base import Device as Device
 from ._base import DeviceStats as DeviceStats
 from ._base import Host as Host
 from ._gang import GangTask as GangTask
+from ._gang import PushTarget as PushTarget
 from ._gang import Rendezvous as Rendezvous
+from ._jax_kernel import JaxKernel as JaxKernel
+from ._store import BufferMissing as BufferMissing
+from ._store import ObjectStore as ObjectStore
 from .sim import SimDevice as SimDevice
 
 __all__ = [
+    "Aval",
     "BufferHandle",
+    "BufferMissing",
     "Computation",
     "CostModel",
     "Device",
     "DeviceStats",
     "GangTask",
     "Host",
+    "JaxKernel",
+    "ObjectStore",
+    "PushTarget",
     "Rendezvous",
     "SimDevice",
 ]

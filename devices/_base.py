@@ -23,10 +23,21 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..kernel import Actor, ActorRef, AtollError, Clock, ObjectStore, Promise, endpoint
-from ..kernel._graph import all_settled, failed, first_settled, then, value_of
-from ..kernel._store import BufferMissing
+from ..kernel import (
+    Actor,
+    ActorRef,
+    AtollError,
+    Clock,
+    Promise,
+    all_settled,
+    endpoint,
+    failed,
+    first_settled,
+    then,
+    value_of,
+)
 from ._gang import GangTask
+from ._store import BufferMissing, ObjectStore
 
 _log = logging.getLogger(__name__)
 

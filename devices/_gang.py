@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..kernel import Actor, ActorRef, Promise, endpoint
-from ..kernel._graph import Aval
+from ._aval import Aval
 
 __all__ = ["GangTask", "PushTarget", "Rendezvous"]
 

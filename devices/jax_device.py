@@ -37,10 +37,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..kernel import endpoint
-from ..kernel._program import JaxKernel
 from . import _jax_multi
 from ._base import BufferHandle, Computation, Device, Host
 from ._gang import GangTask
+from ._jax_kernel import JaxKernel
 
 __all__ = ["JaxDevice", "JaxHost", "JaxKernel"]
 

@@ -47,14 +47,14 @@ def init(seed: int = 0) -> list[np.ndarray]:
 
 
 def layer_graph(batch: int = BATCH) -> Any:
-    """The model as the partitioner sees it: one node per layer, a chain."""
+    """The model as the partitioner sees it: one op per layer, a chain."""
     p = atoll.partition
     nodes = [
-        p.Node(f"layer{i}", "matmul", 2.0 * batch * a * b, 4.0 * a * b, 4.0 * batch * b)
+        p.Op(f"layer{i}", "matmul", 2.0 * batch * a * b, 4.0 * a * b, 4.0 * batch * b)
         for i, (a, b) in enumerate(itertools.pairwise(WIDTHS))
     ]
     edges = [(i, i + 1, nodes[i].output_bytes) for i in range(len(nodes) - 1)]
-    return p.Graph.build("uneven-mlp", nodes, edges)
+    return p.OpGraph.build("uneven-mlp", nodes, edges)
 
 
 @dataclass

@@ -1,6 +1,9 @@
 """atoll's actor microkernel: actors, promises, mailboxes, supervision, clocks.
 
 Everything public is re-exported here; the modules beside it are private.
+Transports reach the few internals they need through
+:mod:`atoll.kernel.lowlevel`. The kernel imports nothing else of atoll: it is
+the bottom layer (see ``docs/architecture.md``).
 """
 
 from ._actor import Actor as Actor
@@ -15,12 +18,21 @@ from ._clock import Clock as Clock
 from ._clock import VirtualClock as VirtualClock
 from ._clock import WallClock as WallClock
 from ._clock import wait_idle as wait_idle
+from ._combinators import all_settled as all_settled
+from ._combinators import as_promise as as_promise
+from ._combinators import failed as failed
+from ._combinators import first_settled as first_settled
+from ._combinators import flatten as flatten
+from ._combinators import forward as forward
+from ._combinators import then as then
+from ._combinators import value_of as value_of
 from ._errors import ActorCancelled as ActorCancelled
 from ._errors import ActorFailed as ActorFailed
 from ._errors import ActorStopped as ActorStopped
 from ._errors import AtollError as AtollError
 from ._errors import BadCall as BadCall
 from ._errors import CallCancelled as CallCancelled
+from ._errors import HostLost as HostLost
 from ._errors import MailboxFull as MailboxFull
 from ._errors import NoSuchEndpoint as NoSuchEndpoint
 from ._errors import RemoteActorError as RemoteActorError
@@ -31,8 +43,6 @@ from ._node import resolve_actor_class as resolve_actor_class
 from ._promise import Promise as Promise
 from ._promise import WaitCounter as WaitCounter
 from ._promise import count_waits as count_waits
-from ._store import BufferMissing as BufferMissing
-from ._store import ObjectStore as ObjectStore
 from ._system import ActorContext as ActorContext
 from ._system import ActorSystem as ActorSystem
 
@@ -46,7 +56,6 @@ __all__ = [
     "ActorSystem",
     "AtollError",
     "BadCall",
-    "BufferMissing",
     "Call",
     "CallCancelled",
     "Channel",
@@ -54,19 +63,40 @@ __all__ = [
     "Directive",
     "EndpointRef",
     "EndpointSpec",
+    "HostLost",
     "Mailbox",
     "MailboxFull",
     "NoSuchEndpoint",
     "NodeActor",
-    "ObjectStore",
     "Promise",
     "RemoteActorError",
     "TransportError",
     "VirtualClock",
     "WaitCounter",
     "WallClock",
+    "all_settled",
+    "as_promise",
     "count_waits",
     "endpoint",
+    "failed",
+    "first_settled",
+    "flatten",
+    "forward",
     "resolve_actor_class",
+    "then",
+    "value_of",
     "wait_idle",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Names that moved out of the kernel, still reachable here (deprecated)."""
+    if name in ("ObjectStore", "BufferMissing"):
+        import importlib
+        import warnings
+
+        warnings.warn(
+            f"atoll.kernel.{name} moved to atoll.devices.{name}", DeprecationWarning, stacklevel=2
+        )
+        return getattr(importlib.import_module("atoll.devices"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

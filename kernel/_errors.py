@@ -17,6 +17,7 @@ __all__ = [
     "AtollError",
     "BadCall",
     "CallCancelled",
+    "HostLost",
     "MailboxFull",
     "NoSuchEndpoint",
     "RemoteActorError",
@@ -133,3 +134,8 @@ class ActorFailed(AtollError):
 
 class TransportError(AtollError):
     """A transport could not deliver a message or reach an address."""
+
+
+class HostLost(TransportError):
+    """The connection to a peer broke (or its process died) while calls were
+    pending on it. Any network transport raises it; it is not Cap'n Proto's own."""

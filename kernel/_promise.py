@@ -85,6 +85,7 @@ class Promise(Generic[T]):
 
     __slots__ = (
         "__weakref__",
+        "_answer",
         "_callbacks",
         "_canceller",
         "_error",
@@ -92,7 +93,6 @@ class Promise(Generic[T]):
         "_label",
         "_pipe",
         "_value",
-        "_wire",
     )
 
     def __init__(self, label: str = "") -> None:
@@ -106,7 +106,7 @@ class Promise(Generic[T]):
         # before resolution (native pipelining), and the transport's own handle
         # on the pending result (so it can be passed on without a round trip).
         self._pipe: Callable[[], Channel] | None = None
-        self._wire: object | None = None
+        self._answer: object | None = None
 
     # -- inspection -----------------------------------------------------
     def done(self) -> bool:
@@ -167,7 +167,7 @@ class Promise(Generic[T]):
     def _settle(self) -> None:
         self._canceller = None
         self._pipe = None
-        self._wire = None
+        self._answer = None
         if self._event is not None:
             self._event.set()
         callbacks, self._callbacks = self._callbacks, None
@@ -240,7 +240,7 @@ class PipelinedEndpoint:
             inner: Promise[Any] = Promise(result._label)
             _forward_to(ActorRef(pipe()), self._name, args, kwargs, inner)
             result._canceller = inner.cancel
-            result._pipe, result._wire = inner._pipe, inner._wire
+            result._pipe, result._answer = inner._pipe, inner._answer
             inner.add_done_callback(lambda done: _settle_pipelined(self._target, done, result))
             return result
         self._target.add_done_callback(
@@ -284,7 +284,7 @@ def _forward_to(
         result._reject(exc)
         return
     result._canceller = inner.cancel
-    result._pipe, result._wire = inner._pipe, inner._wire  # keep pipelining natively
+    result._pipe, result._answer = inner._pipe, inner._answer  # keep pipelining natively
     result._follow(inner)
 
 

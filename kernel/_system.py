@@ -24,7 +24,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
-import numpy as np
 from anyio.abc import TaskGroup
 
 from ._actor import Actor, ActorRef, Call, Directive, EndpointSpec
@@ -40,7 +39,6 @@ from ._errors import (
 )
 from ._mailbox import Mailbox
 from ._promise import Promise
-from ._store import read_only
 
 __all__ = ["ActorContext", "ActorSystem"]
 
@@ -516,17 +514,23 @@ def _only(group: BaseExceptionGroup[BaseException], error: object) -> bool:
     return error is not None and len(group.exceptions) == 1 and group.exceptions[0] is error
 
 
-def _share(value: Any) -> Any:
-    """Pass numpy arrays by reference, as read-only views (no copy)."""
-    if isinstance(value, np.ndarray):
-        return read_only(value)
-    if isinstance(value, list):
-        return [_share(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_share(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _share(v) for k, v in value.items()}
+def _as_is(value: Any) -> Any:
     return value
+
+
+_share: Callable[[Any], Any] = _as_is
+
+
+def share_arguments_with(share: Callable[[Any], Any]) -> None:
+    """How a call's arguments are handed to an actor of this process.
+
+    ``share(value)`` runs on each argument as the call is queued. The kernel
+    itself passes values as they are; the in-process transport installs a
+    policy that hands numpy arrays over as read-only views, so a receiver can
+    no more write into the sender's memory than it could over a socket.
+    """
+    global _share
+    _share = share
 
 
 async def _resolve_all(

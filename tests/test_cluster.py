@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll.demo import affine, chain_devices, run_demo
 from atoll.devices import Computation, CostModel
+from atoll.examples.demo import affine, chain_devices, run_demo
 from atoll.kernel import ActorStopped, AtollError, Promise, VirtualClock, wait_idle
 
 pytestmark = pytest.mark.anyio

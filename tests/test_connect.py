@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from atoll._connect import ClusterFile, connect
 from atoll.kernel import AtollError, TransportError
+from atoll.runtime.connect import connect
+from atoll.transports.capnp import ClusterFile
 from atoll.transports.capnp._process import READY_PREFIX
 
 pytestmark = pytest.mark.anyio

@@ -24,10 +24,10 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll._cluster import IslandScheduler
 from atoll.devices import BufferHandle, Computation, Device
 from atoll.devices._gang import GangTask, Rendezvous
 from atoll.kernel import Actor, ActorRef, Promise, VirtualClock, endpoint
+from atoll.runtime import IslandScheduler
 from atoll.schedulers import get_scheduler
 
 pytestmark = pytest.mark.anyio

@@ -19,9 +19,9 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 import atoll
-from atoll._distributed import process_cluster
 from atoll.devices.jax_device import JaxDevice, JaxHost
 from atoll.kernel import ActorRef
+from atoll.runtime import ClusterSpec, process_cluster
 
 pytestmark = pytest.mark.anyio
 
@@ -68,7 +68,7 @@ async def test_a_gang_over_two_host_processes_is_one_spmd_program(
 ) -> None:
     jax.devices()  # this process's JAX keeps its own devices (flags are read once)
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")  # per host
-    async with process_cluster(2, 1, 4, device_cls=JaxDevice) as cluster:
+    async with process_cluster(ClusterSpec(1, 2, 4, device_cls=JaxDevice)) as cluster:
         both = await cluster.devices(8, mesh_shape=(2, 4), axis_names=("a", "b"))
         f = both.jit(layer, in_specs=(P("a", "b"), P("b")), out_specs=P("a"))
         g = both.jit(summary, out_specs=(P(), P("a", "b")))

@@ -11,18 +11,18 @@ import pytest
 from atoll.schedulers import partition as P
 
 
-def chain_graph(n: int, weight: float = 10.0) -> P.Graph:
+def chain_graph(n: int, weight: float = 10.0) -> P.OpGraph:
     """A small diamond-studded chain: i -> i+1, and i -> i+2 every third node."""
-    nodes = [P.Node(f"n{i}", "matmul", 1e9, weight, 1e5) for i in range(n)]
+    nodes = [P.Op(f"n{i}", "matmul", 1e9, weight, 1e5) for i in range(n)]
     edges = [(i, i + 1, 1e5) for i in range(n - 1)]
     edges += [(i, i + 2, 1e5) for i in range(0, n - 2, 3)]
-    return P.Graph.build("chain", nodes, edges)
+    return P.OpGraph.build("chain", nodes, edges)
 
 
-def random_graph(rng: np.random.Generator, n: int) -> P.Graph:
+def random_graph(rng: np.random.Generator, n: int) -> P.OpGraph:
     """A random DAG in topological order with random costs."""
     nodes = [
-        P.Node(
+        P.Op(
             f"n{i}",
             "op",
             float(rng.uniform(1e8, 1e10)),
@@ -36,7 +36,7 @@ def random_graph(rng: np.random.Generator, n: int) -> P.Graph:
         s = int(rng.integers(0, n - 2))
         d = int(rng.integers(s + 1, min(s + 4, n)))
         edges.append((s, d, nodes[s].output_bytes))
-    return P.Graph.build("random", nodes, edges)
+    return P.OpGraph.build("random", nodes, edges)
 
 
 def test_json_round_trip(tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_json_round_trip(tmp_path: Path) -> None:
 
 def test_graph_rejects_backward_edges() -> None:
     with pytest.raises(ValueError, match="not forward"):
-        P.Graph.build("bad", [P.Node("a"), P.Node("b")], [(1, 0, 1.0)])
+        P.OpGraph.build("bad", [P.Op("a"), P.Op("b")], [(1, 0, 1.0)])
 
 
 def test_constraints_each_reported() -> None:
@@ -64,8 +64,8 @@ def test_constraints_each_reported() -> None:
 
 
 def test_cost_model_stage_time_and_throughput() -> None:
-    g = P.Graph.build(
-        "two", [P.Node("a", flops=1e12, output_bytes=1e9), P.Node("b", flops=2e12)], [(0, 1, 1e9)]
+    g = P.OpGraph.build(
+        "two", [P.Op("a", flops=1e12, output_bytes=1e9), P.Op("b", flops=2e12)], [(0, 1, 1e9)]
     )
     chips = P.Chiplets(2, flops_per_s=1e12, link_bytes_per_s=1e9, mem_bytes_per_s=1e15)
     times = P.stage_times(g, chips, [0, 1])
@@ -74,7 +74,7 @@ def test_cost_model_stage_time_and_throughput() -> None:
     assert P.throughput(g, chips, [1, 0]) == 0.0  # invalid: backward
 
 
-def brute_force_nearest(g: P.Graph, chips: P.Chiplets, cand: np.ndarray) -> int | None:
+def brute_force_nearest(g: P.OpGraph, chips: P.Chiplets, cand: np.ndarray) -> int | None:
     best = None
     for a in itertools.product(range(chips.count), repeat=len(g)):
         if P.is_valid(g, chips, a):
@@ -173,6 +173,8 @@ def test_public_api_is_pinned() -> None:
             "Graph",
             "InfeasibleError",
             "Node",
+            "Op",
+            "OpGraph",
             "Partition",
             "Policy",
             "ProgressBar",
@@ -205,6 +207,12 @@ def test_public_api_is_pinned() -> None:
     )
     for name in P.__all__:
         assert hasattr(P, name), name
+
+
+def test_deprecated_graph_and_node_alias_op_graph_and_op() -> None:
+    assert P.Graph is P.OpGraph and P.Node is P.Op
+    g = P.Graph.build("old", [P.Node("a"), P.Node("b")], [(0, 1, 1.0)])
+    assert isinstance(g, P.OpGraph) and g.nodes == (P.Op("a"), P.Op("b"))
 
 
 def test_a_repair_that_times_out_scores_zero_and_the_search_goes_on() -> None:

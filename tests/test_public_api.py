@@ -47,9 +47,9 @@ def test_kernel_api() -> None:
             "ActorSystem",
             "AtollError",
             "BadCall",
-            "BufferMissing",
             "Call",
             "CallCancelled",
+            "HostLost",
             "Channel",
             "Clock",
             "Directive",
@@ -59,21 +59,38 @@ def test_kernel_api() -> None:
             "MailboxFull",
             "NoSuchEndpoint",
             "NodeActor",
-            "ObjectStore",
             "Promise",
             "RemoteActorError",
             "TransportError",
             "VirtualClock",
             "WaitCounter",
             "WallClock",
+            "all_settled",
+            "as_promise",
             "count_waits",
             "endpoint",
+            "failed",
+            "first_settled",
+            "flatten",
+            "forward",
             "resolve_actor_class",
+            "then",
+            "value_of",
             "wait_idle",
         ]
     )
     for name in atoll.kernel.__all__:
         assert hasattr(atoll.kernel, name), name
+
+
+def test_names_that_left_the_kernel_are_deprecated_aliases() -> None:
+    import pytest
+
+    import atoll.devices
+
+    for name in ("ObjectStore", "BufferMissing"):
+        with pytest.warns(DeprecationWarning, match=f"atoll.devices.{name}"):
+            assert getattr(atoll.kernel, name) is getattr(atoll.devices, name)
 
 
 def test_every_error_is_an_atoll_error() -> None:

@@ -17,10 +17,10 @@ import pytest
 
 import atoll
 from atoll import _bench_dispatch as bench
-from atoll.devices import BufferHandle, Computation, CostModel
+from atoll.devices import Aval, BufferHandle, Computation, CostModel
 from atoll.devices._gang import GangTask
 from atoll.kernel import Promise, VirtualClock
-from atoll.kernel._graph import Aval, GraphBuilder
+from atoll.runtime import GraphBuilder
 
 pytestmark = pytest.mark.anyio
 

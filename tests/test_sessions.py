@@ -26,12 +26,13 @@ import anyio
 import numpy as np
 import pytest
 
-from atoll._connect import ClusterFile, connect
-from atoll._distributed import ClusterBuilder, ClusterInfo
-from atoll._sessions import SessionAnchor
 from atoll.devices import CostModel, SimDevice
 from atoll.kernel import ActorSystem, AtollError
-from atoll.transports.capnp import CapnpTransport, capnp_runtime
+from atoll.runtime import ClusterSpec
+from atoll.runtime.connect import connect
+from atoll.runtime.process import ClusterBuilder, ClusterInfo
+from atoll.runtime.sessions import SessionAnchor
+from atoll.transports.capnp import CapnpTransport, ClusterFile, capnp_runtime
 from atoll.transports.capnp._peer import Peer
 
 pytestmark = pytest.mark.anyio
@@ -52,12 +53,7 @@ async def served_cluster() -> AsyncIterator[tuple[str, ClusterInfo, ActorSystem]
         try:
             builder = await listener.node.spawn(
                 f"{ClusterBuilder.__module__}:ClusterBuilder",
-                1,
-                1,
-                DEVICES,
-                "fifo",
-                CostModel(),
-                SimDevice,
+                ClusterSpec(1, 1, DEVICES, cost=CostModel(), device_cls=SimDevice),
                 name="cluster",
             )
             await builder.join(listener.node, "in the test process")

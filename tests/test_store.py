@@ -6,7 +6,8 @@ import anyio
 import numpy as np
 import pytest
 
-from atoll.kernel import AtollError, BufferMissing, ObjectStore, wait_idle
+from atoll.devices import BufferMissing, ObjectStore
+from atoll.kernel import AtollError, wait_idle
 
 pytestmark = pytest.mark.anyio
 

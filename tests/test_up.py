@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll._connect import connect
-from atoll.demo import affine
 from atoll.devices import BufferHandle, Computation
+from atoll.examples.demo import affine
 from atoll.kernel import Promise
+from atoll.runtime.connect import connect
 from atoll.transports.capnp import HostLost
 
 pytestmark = pytest.mark.anyio

@@ -14,11 +14,41 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from ..kernel import ActorRef, ActorSystem, NodeActor, TransportError
+from ..kernel.lowlevel import share_arguments_with
 from ._base import register_transport
 
-__all__ = ["InprocTransport"]
+__all__ = ["InprocTransport", "read_only", "share_read_only"]
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    """``array`` itself if it is read-only, else a read-only view of it (no copy)."""
+    if not array.flags.writeable:
+        return array
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def share_read_only(value: Any) -> Any:
+    """A call argument as an actor of this process receives it: numpy arrays
+    (also inside lists, tuples and dicts) as read-only views, no copy."""
+    if isinstance(value, np.ndarray):
+        return read_only(value)
+    if isinstance(value, list):
+        return [share_read_only(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(share_read_only(v) for v in value)
+    if isinstance(value, dict):
+        return {k: share_read_only(v) for k, v in value.items()}
+    return value
+
+
+share_arguments_with(share_read_only)  # every local call of this process, from now on
 
 _SERVED: dict[str, ActorRef[NodeActor]] = {}
 _names = itertools.count()

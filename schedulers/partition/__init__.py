@@ -19,8 +19,8 @@ from ._cost import throughput as throughput
 from ._cost import violations as violations
 from ._dp import dp_split as dp_split
 from ._graph import Edge as Edge
-from ._graph import Graph as Graph
-from ._graph import Node as Node
+from ._graph import Op as Op
+from ._graph import OpGraph as OpGraph
 from ._graph import load_graph as load_graph
 from ._graph import save_graph as save_graph
 from ._hardware import Chiplets as Chiplets
@@ -44,13 +44,20 @@ from ._search import search as search
 from ._synthetic import scaled_chiplets as scaled_chiplets
 from ._synthetic import synthetic_cases as synthetic_cases
 
+# Deprecated aliases: the op graph's old names, which clashed with the runtime's
+# dataflow Graph/Node. Use OpGraph and Op.
+Graph = OpGraph
+Node = Op
+
 __all__ = [
     "METHODS",
     "Chiplets",
     "Edge",
-    "Graph",
+    "Graph",  # deprecated alias of OpGraph, kept for existing code
     "InfeasibleError",
-    "Node",
+    "Node",  # deprecated alias of Op, kept for existing code
+    "Op",
+    "OpGraph",
     "Partition",
     "Policy",
     "ProgressBar",

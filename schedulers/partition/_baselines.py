@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._cost import IntArray, valid_throughput
-from ._graph import Graph
+from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._repair import Repairer, RepairTimeout
 
@@ -25,7 +25,7 @@ Progress = Callable[[int, int, float], None]
 
 
 def score(
-    graph: Graph, chiplets: Chiplets, repairer: Repairer, candidate: Any, *, strict: bool = False
+    graph: OpGraph, chiplets: Chiplets, repairer: Repairer, candidate: Any, *, strict: bool = False
 ) -> tuple[IntArray | None, float]:
     """Repair ``candidate`` and score it: (the repaired assignment, its throughput).
 
@@ -46,7 +46,7 @@ def score(
 class Tracker:
     """Counts evaluations, keeps the best valid assignment and its history."""
 
-    graph: Graph
+    graph: OpGraph
     chiplets: Chiplets
     repairer: Repairer
     budget: int

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._graph import Graph
+from ._graph import OpGraph
 from ._hardware import Chiplets
 
 __all__ = ["Partition", "Stage", "evaluate", "is_valid", "stage_times", "violations"]
@@ -57,7 +57,7 @@ class Partition:
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
 
-def as_assignment(graph: Graph, chiplets: Chiplets, a: Any) -> IntArray:
+def as_assignment(graph: OpGraph, chiplets: Chiplets, a: Any) -> IntArray:
     """Check and convert an assignment to an int64 array."""
     arr = np.asarray(a, dtype=np.int64)
     if arr.shape != (len(graph),):
@@ -67,7 +67,7 @@ def as_assignment(graph: Graph, chiplets: Chiplets, a: Any) -> IntArray:
     return arr
 
 
-def node_times(graph: Graph, chiplets: Chiplets) -> NDArray[np.float64]:
+def node_times(graph: OpGraph, chiplets: Chiplets) -> NDArray[np.float64]:
     """Per-node compute time: a roofline of FLOPs and bytes touched in SRAM."""
     touched = graph.array("weights") + graph.array("out") + graph.array("in")
     t: NDArray[np.float64] = np.maximum(
@@ -76,7 +76,7 @@ def node_times(graph: Graph, chiplets: Chiplets) -> NDArray[np.float64]:
     return t
 
 
-def link_traffic(graph: Graph, chiplets: Chiplets, a: IntArray) -> NDArray[np.float64]:
+def link_traffic(graph: OpGraph, chiplets: Chiplets, a: IntArray) -> NDArray[np.float64]:
     """Bytes crossing each of the ``count - 1`` links per pipeline step.
 
     A node's output travels once along the chain from its own chiplet to its
@@ -98,7 +98,7 @@ def link_traffic(graph: Graph, chiplets: Chiplets, a: IntArray) -> NDArray[np.fl
 
 
 def _stage_parts(
-    graph: Graph, chiplets: Chiplets, arr: IntArray
+    graph: OpGraph, chiplets: Chiplets, arr: IntArray
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Per stage: compute seconds and link seconds (bytes on its two links)."""
     c = chiplets.count
@@ -112,14 +112,14 @@ def _stage_parts(
     return compute, comm / chiplets.link_bytes_per_s
 
 
-def stage_times(graph: Graph, chiplets: Chiplets, a: Any) -> NDArray[np.float64]:
+def stage_times(graph: OpGraph, chiplets: Chiplets, a: Any) -> NDArray[np.float64]:
     """Time of each stage: its compute plus the bytes on its two links."""
     compute, comm = _stage_parts(graph, chiplets, as_assignment(graph, chiplets, a))
     result: NDArray[np.float64] = compute + comm
     return result
 
 
-def _violations(graph: Graph, chiplets: Chiplets, arr: IntArray, limit: int) -> Iterator[str]:
+def _violations(graph: OpGraph, chiplets: Chiplets, arr: IntArray, limit: int) -> Iterator[str]:
     """Every broken constraint, lazily (at most ``limit`` edges of each kind)."""
     span = arr[graph.array("dst")] - arr[graph.array("src")]
     for i in np.flatnonzero(span < 0)[:limit]:
@@ -135,34 +135,34 @@ def _violations(graph: Graph, chiplets: Chiplets, arr: IntArray, limit: int) -> 
         yield f"chip {chip} is unused"
 
 
-def is_valid_array(graph: Graph, chiplets: Chiplets, arr: IntArray) -> bool:
+def is_valid_array(graph: OpGraph, chiplets: Chiplets, arr: IntArray) -> bool:
     """:func:`is_valid` of an array :func:`as_assignment` already checked."""
     return next(_violations(graph, chiplets, arr, 1), None) is None
 
 
-def violations(graph: Graph, chiplets: Chiplets, a: Any, limit: int = 5) -> list[str]:
+def violations(graph: OpGraph, chiplets: Chiplets, a: Any, limit: int = 5) -> list[str]:
     """Human-readable reasons why ``a`` is invalid (empty when it is valid)."""
     return list(_violations(graph, chiplets, as_assignment(graph, chiplets, a), limit))
 
 
-def is_valid(graph: Graph, chiplets: Chiplets, a: Any) -> bool:
+def is_valid(graph: OpGraph, chiplets: Chiplets, a: Any) -> bool:
     """Whether ``a`` meets every constraint (forward, hop limit, SRAM, all chips used)."""
     return is_valid_array(graph, chiplets, as_assignment(graph, chiplets, a))
 
 
-def valid_throughput(graph: Graph, chiplets: Chiplets, arr: IntArray) -> float:
+def valid_throughput(graph: OpGraph, chiplets: Chiplets, arr: IntArray) -> float:
     """:func:`throughput` of an assignment already known valid (a repaired one), unchecked."""
     compute, comm = _stage_parts(graph, chiplets, arr)
     return float(1.0 / (compute + comm).max())
 
 
-def throughput(graph: Graph, chiplets: Chiplets, a: Any) -> float:
+def throughput(graph: OpGraph, chiplets: Chiplets, a: Any) -> float:
     """Pipeline steps per second: 1 / the slowest stage (0.0 when invalid)."""
     arr = as_assignment(graph, chiplets, a)
     return valid_throughput(graph, chiplets, arr) if is_valid_array(graph, chiplets, arr) else 0.0
 
 
-def evaluate(graph: Graph, chiplets: Chiplets, a: Any, **info: Any) -> Partition:
+def evaluate(graph: OpGraph, chiplets: Chiplets, a: Any, **info: Any) -> Partition:
     """Build the :class:`Partition` record for assignment ``a``."""
     arr = as_assignment(graph, chiplets, a)
     compute, comm = _stage_parts(graph, chiplets, arr)

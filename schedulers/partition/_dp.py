@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._cost import IntArray, node_times
-from ._graph import Graph
+from ._graph import OpGraph
 from ._hardware import Chiplets
 
 __all__ = ["cut_traffic", "dp_split"]
@@ -24,7 +24,7 @@ __all__ = ["cut_traffic", "dp_split"]
 F = NDArray[np.float64]
 
 
-def cut_traffic(graph: Graph) -> F:
+def cut_traffic(graph: OpGraph) -> F:
     """Bytes crossing a cut before node ``p``, for ``p = 0..n`` (0 at both ends)."""
     n = len(graph)
     last, out = graph.array("last"), graph.array("out")
@@ -36,7 +36,7 @@ def cut_traffic(graph: Graph) -> F:
     return traffic
 
 
-def _stage_costs(graph: Graph, chiplets: Chiplets) -> F:
+def _stage_costs(graph: OpGraph, chiplets: Chiplets) -> F:
     """``cost[s, e]``: the time of a stage of nodes ``[s, e)``, inf where it is not allowed."""
     n = len(graph)
     times = np.concatenate([[0.0], np.cumsum(node_times(graph, chiplets))])
@@ -50,7 +50,7 @@ def _stage_costs(graph: Graph, chiplets: Chiplets) -> F:
     return result
 
 
-def dp_split(graph: Graph, chiplets: Chiplets) -> IntArray | None:
+def dp_split(graph: OpGraph, chiplets: Chiplets) -> IntArray | None:
     """The best valid contiguous split, or ``None`` when no contiguous split is valid."""
     n, c = len(graph), chiplets.count
     if n < c:

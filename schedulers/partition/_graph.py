@@ -1,9 +1,14 @@
-"""The graph model: operations with FLOPs and bytes, joined by tensor edges.
+"""The op-graph model: operations with FLOPs and bytes, joined by tensor edges.
 
-A :class:`Graph` is what every partitioning method reads. Its nodes are kept
-in a topological order (every edge goes from a lower index to a higher one),
-which the cost model, the dynamic-programming split and the policy features
-all rely on. Graphs read and write a small JSON format.
+An :class:`OpGraph` is what every partitioning method reads. Its ops
+(``OpGraph.nodes``) are kept in a topological order (every edge goes from a
+lower index to a higher one), which the cost model, the dynamic-programming
+split and the policy features all rely on. Op graphs read and write a small
+JSON format.
+
+``Graph`` and ``Node`` are deprecated aliases of :class:`OpGraph` and
+:class:`Op`, kept so that older code keeps importing; they are unrelated to
+the runtime's dataflow ``Graph``/``Node``.
 """
 
 from __future__ import annotations
@@ -17,13 +22,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Edge", "Graph", "Node", "load_graph", "save_graph"]
+__all__ = ["Edge", "Op", "OpGraph", "load_graph", "save_graph"]
 
 FORMAT = "atoll.partition.graph/1"
 
 
 @dataclass(frozen=True)
-class Node:
+class Op:
     """One operation: its work, the weights it keeps resident and its output size."""
 
     name: str
@@ -35,7 +40,7 @@ class Node:
 
 @dataclass(frozen=True)
 class Edge:
-    """A tensor flowing from node ``src`` to node ``dst`` (indices into ``Graph.nodes``)."""
+    """A tensor flowing from op ``src`` to op ``dst`` (indices into ``OpGraph.nodes``)."""
 
     src: int
     dst: int
@@ -43,15 +48,15 @@ class Edge:
 
 
 @dataclass(frozen=True)
-class Graph:
-    """A computation graph in topological order, ready to be partitioned.
+class OpGraph:
+    """A computation graph of :class:`Op` in topological order, ready to be partitioned.
 
-    Construction checks the order: an edge must go from a lower node index to
+    Construction checks the order: an edge must go from a lower op index to
     a higher one, so ``range(len(nodes))`` is a valid schedule.
     """
 
     name: str
-    nodes: tuple[Node, ...]
+    nodes: tuple[Op, ...]
     edges: tuple[Edge, ...]
     _arrays: dict[str, NDArray[Any]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -67,9 +72,9 @@ class Graph:
 
     @classmethod
     def build(
-        cls, name: str, nodes: Iterable[Node], edges: Iterable[tuple[int, int, float]]
-    ) -> Graph:
-        """Make a graph from nodes and ``(src, dst, bytes)`` triples, merging duplicates."""
+        cls, name: str, nodes: Iterable[Op], edges: Iterable[tuple[int, int, float]]
+    ) -> OpGraph:
+        """Make a graph from ops and ``(src, dst, bytes)`` triples, merging duplicates."""
         merged: dict[tuple[int, int], float] = {}
         for s, d, b in edges:
             merged[(s, d)] = merged.get((s, d), 0.0) + float(b)
@@ -115,12 +120,12 @@ class Graph:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Graph:
-        """Inverse of :meth:`to_dict`; edges may name nodes by index or by name."""
+    def from_dict(cls, data: Mapping[str, Any]) -> OpGraph:
+        """Inverse of :meth:`to_dict`; edges may name ops by index or by name."""
         if data.get("format", FORMAT) != FORMAT:
             raise ValueError(f"unknown graph format {data.get('format')!r}")
         nodes = [
-            Node(
+            Op(
                 name=str(n["name"]),
                 kind=str(n.get("kind", "op")),
                 flops=float(n.get("flops", 0.0)),
@@ -138,7 +143,7 @@ class Graph:
         return cls.build(str(data.get("name", "graph")), nodes, edges)
 
 
-def _arrays(g: Graph) -> dict[str, NDArray[Any]]:
+def _arrays(g: OpGraph) -> dict[str, NDArray[Any]]:
     n = len(g.nodes)
     src = np.array([e.src for e in g.edges], dtype=np.int64)
     dst = np.array([e.dst for e in g.edges], dtype=np.int64)
@@ -159,11 +164,16 @@ def _arrays(g: Graph) -> dict[str, NDArray[Any]]:
     }
 
 
-def save_graph(graph: Graph, path: str | Path) -> None:
+def save_graph(graph: OpGraph, path: str | Path) -> None:
     """Write ``graph`` as JSON: ``{"format", "name", "nodes": [...], "edges": [[s, d, bytes]]}``."""
     Path(path).write_text(json.dumps(graph.to_dict(), indent=1))
 
 
-def load_graph(path: str | Path) -> Graph:
+def load_graph(path: str | Path) -> OpGraph:
     """Read a graph written by :func:`save_graph` (or by hand in the same format)."""
-    return Graph.from_dict(json.loads(Path(path).read_text()))
+    return OpGraph.from_dict(json.loads(Path(path).read_text()))
+
+
+# Deprecated aliases (the names before the rename to OpGraph/Op).
+Graph = OpGraph
+Node = Op

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._graph import Graph, Node
+from ._graph import Op, OpGraph
 
 __all__ = ["from_jax"]
 
@@ -220,8 +220,8 @@ def from_jax(
     *example_args: Any,
     weight_argnums: Sequence[int] = (),
     name: str | None = None,
-) -> Graph:
-    """Trace ``fn(*example_args)`` by shapes and coarsen its jaxpr into a :class:`Graph`.
+) -> OpGraph:
+    """Trace ``fn(*example_args)`` by shapes and coarsen its jaxpr into a :class:`OpGraph`.
 
     ``example_args`` may be arrays or ``jax.ShapeDtypeStruct`` pytrees: nothing
     is computed and no weights need exist. Arguments whose index is in
@@ -252,9 +252,9 @@ def from_jax(
     return _to_graph(st, str(name or getattr(fn, "__name__", "jax")))
 
 
-def _to_graph(st: _State, name: str) -> Graph:
+def _to_graph(st: _State, name: str) -> OpGraph:
     nodes = [
-        Node(
+        Op(
             name=f"{i}:{_kind(g)}",
             kind=_kind(g),
             flops=g.flops,
@@ -264,4 +264,4 @@ def _to_graph(st: _State, name: str) -> Graph:
         for i, g in enumerate(st.groups)
     ]
     edges = [(s, d, sum(st.nbytes[v] for v in vs)) for (s, d), vs in st.edges.items()]
-    return Graph.build(name, nodes, edges)
+    return OpGraph.build(name, nodes, edges)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._graph import Graph
+from ._graph import OpGraph
 from ._jaxpr import from_jax
 
 __all__ = [
@@ -113,7 +113,7 @@ def transformer_graph(
     seq: int = 128,
     vocab: int = 30522,
     name: str | None = None,
-) -> Graph:
+) -> OpGraph:
     """A BERT-style encoder of the given size, traced by shapes.
 
     ``name`` defaults to ``transformer_l{layers}_h{hidden}_s{seq}``.
@@ -129,12 +129,12 @@ def transformer_graph(
 
 
 @functools.cache
-def bert_graph() -> Graph:
+def bert_graph() -> OpGraph:
     """BERT-base: 12 layers, hidden 768, 12 heads, sequence 128 (bfloat16)."""
     return transformer_graph(12, 768, 12, 128, name="bert_base")
 
 
-def mlp_graph(widths: list[int], batch: int = 256) -> Graph:
+def mlp_graph(widths: list[int], batch: int = 256) -> OpGraph:
     """An MLP: one matmul (with its bias and ReLU fused) per pair of widths."""
     import jax
 
@@ -149,7 +149,7 @@ def mlp_graph(widths: list[int], batch: int = 256) -> Graph:
     return from_jax(mlp, params, _spec(batch, widths[0]), weight_argnums=(0,), name=name)
 
 
-def cnn_graph(channels: list[int], size: int = 32, residual_every: int = 2) -> Graph:
+def cnn_graph(channels: list[int], size: int = 32, residual_every: int = 2) -> OpGraph:
     """A CNN-like chain of 3x3 convolutions with a residual add every few layers."""
     import jax
 
@@ -172,7 +172,7 @@ def cnn_graph(channels: list[int], size: int = 32, residual_every: int = 2) -> G
     return from_jax(cnn, params, _spec(8, size, size, channels[0]), weight_argnums=(0,), name=name)
 
 
-BUILTINS: dict[str, Callable[[], Graph]] = {
+BUILTINS: dict[str, Callable[[], OpGraph]] = {
     "bert": bert_graph,
     "bert_base": bert_graph,
     "transformer_small": lambda: transformer_graph(4, 256, 4, 64, 8000),
@@ -186,7 +186,7 @@ def builtin_names() -> list[str]:
     return sorted(BUILTINS)
 
 
-def builtin_graph(name: str) -> Graph:
+def builtin_graph(name: str) -> OpGraph:
     """A built-in graph by name (see :func:`builtin_names`)."""
     try:
         return BUILTINS[name]()

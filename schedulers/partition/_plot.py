@@ -9,12 +9,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ._cost import Partition
-from ._graph import Graph
+from ._graph import OpGraph
 
 __all__ = ["plot_curves", "plot_partition"]
 
 
-def plot_partition(graph: Graph, part: Partition, path: str | Path) -> None:
+def plot_partition(graph: OpGraph, part: Partition, path: str | Path) -> None:
     """Write a PNG: nodes (in topological order) by chiplet, coloured by kind,
     beside each stage's compute and link time."""
     import matplotlib

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from ._cost import node_times
 from ._dp import cut_traffic
-from ._graph import Graph
+from ._graph import OpGraph
 from ._hardware import Chiplets
 
 __all__ = ["Encoded", "Policy", "encode", "init_params", "logits"]
@@ -56,7 +56,7 @@ def _mid_cumulative(x: NDArray[np.float64]) -> NDArray[np.float64]:
     return result
 
 
-def _node_features(graph: Graph, chiplets: Chiplets) -> NDArray[np.float64]:
+def _node_features(graph: OpGraph, chiplets: Chiplets) -> NDArray[np.float64]:
     n = len(graph)
     t, w, out = node_times(graph, chiplets), graph.array("weights"), graph.array("out")
     cut = cut_traffic(graph)[1:]
@@ -74,7 +74,7 @@ def _node_features(graph: Graph, chiplets: Chiplets) -> NDArray[np.float64]:
     return np.concatenate([np.stack(cols, axis=1), np.array(kinds)], axis=1)
 
 
-def encode(graph: Graph, chiplets: Chiplets) -> Encoded:
+def encode(graph: OpGraph, chiplets: Chiplets) -> Encoded:
     """Features and adjacency of ``graph`` on ``chiplets``, padded to a multiple of 32."""
     n, c = len(graph), chiplets.count
     size = -(-n // PAD) * PAD

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...kernel import AtollError
 from ._cost import IntArray, as_assignment, is_valid_array
-from ._graph import Graph
+from ._graph import OpGraph
 from ._hardware import Chiplets
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class SolverModel:
         )
 
 
-def build_model(graph: Graph, chiplets: Chiplets) -> SolverModel:
+def build_model(graph: OpGraph, chiplets: Chiplets) -> SolverModel:
     """Encode the four constraints of ``docs/partition.md`` as a CP-SAT model."""
     from ortools.sat.python import cp_model
 
@@ -84,7 +84,7 @@ def build_model(graph: Graph, chiplets: Chiplets) -> SolverModel:
     return SolverModel(model, x, ge)
 
 
-def describe_infeasible(graph: Graph, chiplets: Chiplets) -> str:
+def describe_infeasible(graph: OpGraph, chiplets: Chiplets) -> str:
     """Explain, as far as cheap checks can, why nothing is valid."""
     n, c = len(graph), chiplets.count
     w = graph.array("weights")
@@ -108,7 +108,7 @@ class Repairer:
     the solver proves that no valid assignment exists, or finds none in time.
     """
 
-    def __init__(self, graph: Graph, chiplets: Chiplets, time_limit_s: float = 5.0) -> None:
+    def __init__(self, graph: OpGraph, chiplets: Chiplets, time_limit_s: float = 5.0) -> None:
         self.graph, self.chiplets, self.time_limit_s = graph, chiplets, time_limit_s
         self._sm: SolverModel | None = None
         self._cache: dict[bytes, IntArray] = {}
@@ -156,6 +156,8 @@ class Repairer:
         return sm.chips(solver)
 
 
-def repair(graph: Graph, chiplets: Chiplets, candidate: Any, time_limit_s: float = 5.0) -> IntArray:
+def repair(
+    graph: OpGraph, chiplets: Chiplets, candidate: Any, time_limit_s: float = 5.0
+) -> IntArray:
     """One-shot :class:`Repairer`: the valid assignment nearest to ``candidate``."""
     return Repairer(graph, chiplets, time_limit_s)(candidate)

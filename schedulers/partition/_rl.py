@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from ._baselines import Tracker, score
 from ._cost import IntArray
-from ._graph import Graph
+from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._policy import Encoded, Params, Policy, encode, logits
 from ._repair import Repairer
@@ -166,7 +166,7 @@ def finetune(
 
 def pretrain(
     policy: Policy,
-    cases: Sequence[tuple[Graph, Chiplets]],
+    cases: Sequence[tuple[OpGraph, Chiplets]],
     evaluations: int,
     seed: int = 0,
     batch: int = 8,
@@ -198,6 +198,8 @@ def pretrain(
     return log
 
 
-def _throughput(graph: Graph, chiplets: Chiplets, repairer: Repairer, candidate: IntArray) -> float:
+def _throughput(
+    graph: OpGraph, chiplets: Chiplets, repairer: Repairer, candidate: IntArray
+) -> float:
     """Throughput of the repaired candidate; 0 when its repair timed out."""
     return score(graph, chiplets, repairer, candidate)[1]

@@ -10,7 +10,7 @@ import numpy as np
 from ._baselines import Progress, Tracker, random_search, simulated_annealing
 from ._cost import Partition, evaluate
 from ._dp import dp_split
-from ._graph import Graph
+from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._policy import Policy
 from ._repair import InfeasibleError, Repairer
@@ -23,7 +23,7 @@ METHODS = ("rl", "sa", "random", "solver", "dp")
 
 
 def search(
-    graph: Graph,
+    graph: OpGraph,
     chiplets: Chiplets | int,
     method: str = "rl",
     budget: int = 64,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._cost import IntArray, node_times
-from ._graph import Graph
+from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._repair import InfeasibleError, build_model, describe_infeasible
 
@@ -23,7 +23,7 @@ RESOLUTION = 200_000
 
 
 def solve_bottleneck(
-    graph: Graph,
+    graph: OpGraph,
     chiplets: Chiplets,
     time_limit_s: float = 30.0,
     seed: int = 0,

@@ -11,14 +11,14 @@ import numpy as np
 
 from ._cost import node_times
 from ._dp import cut_traffic, dp_split
-from ._graph import Graph
+from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._models import cnn_graph, mlp_graph, transformer_graph
 
 __all__ = ["scaled_chiplets", "synthetic_cases", "synthetic_graph"]
 
 
-def synthetic_graph(rng: np.random.Generator) -> Graph:
+def synthetic_graph(rng: np.random.Generator) -> OpGraph:
     """One random graph: MLP, CNN-like chain or small transformer."""
     family = int(rng.integers(3))
     if family == 0:
@@ -38,7 +38,7 @@ def synthetic_graph(rng: np.random.Generator) -> Graph:
 
 
 def scaled_chiplets(
-    graph: Graph, count: int, slack: float = 1.3, link_share: float = 0.3, hop_limit: int = 1
+    graph: OpGraph, count: int, slack: float = 1.3, link_share: float = 0.3, hop_limit: int = 1
 ) -> Chiplets:
     """Chiplets sized to ``graph``: SRAM = ``slack`` x its fair share of the weights
     (at least the largest node's), link speed such that a typical cut costs
@@ -52,10 +52,10 @@ def scaled_chiplets(
     return Chiplets(count, sram_bytes=sram, link_bytes_per_s=link, hop_limit=hop_limit)
 
 
-def synthetic_cases(count: int, seed: int = 0) -> list[tuple[Graph, Chiplets]]:
+def synthetic_cases(count: int, seed: int = 0) -> list[tuple[OpGraph, Chiplets]]:
     """``count`` random (graph, chiplets) cases with 2 to 8 chiplets."""
     rng = np.random.default_rng(seed)
-    cases: list[tuple[Graph, Chiplets]] = []
+    cases: list[tuple[OpGraph, Chiplets]] = []
     while len(cases) < count:
         g = synthetic_graph(rng)
         chips = int(rng.choice([2, 3, 4, 6, 8]))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ._cost import Partition
-from ._graph import Graph, load_graph
+from ._graph import OpGraph, load_graph
 from ._hardware import Chiplets, MiB
 from ._models import builtin_graph, builtin_names
 from ._policy import Policy
@@ -56,7 +56,7 @@ def add_commands(subparsers: Any) -> None:
     t.add_argument("--curve", type=Path, help="write a PNG of the training curve")
 
 
-def load_graph_arg(text: str) -> Graph:
+def load_graph_arg(text: str) -> OpGraph:
     """A graph from a JSON path, a built-in name or ``path/to/module.py:function``."""
     if ":" in text and text.split(":", 1)[0].endswith(".py"):
         path, func = text.rsplit(":", 1)
@@ -66,8 +66,10 @@ def load_graph_arg(text: str) -> Graph:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         graph = getattr(module, func)()
-        if not isinstance(graph, Graph):
-            raise SystemExit(f"atoll partition: {text} returned {type(graph).__name__}, not Graph")
+        if not isinstance(graph, OpGraph):
+            raise SystemExit(
+                f"atoll partition: {text} returned {type(graph).__name__}, not OpGraph"
+            )
         return graph
     if Path(text).is_file():
         return load_graph(text)
@@ -76,7 +78,7 @@ def load_graph_arg(text: str) -> Graph:
     raise SystemExit(f"atoll partition: {text!r} is no file, module.py:function or built-in")
 
 
-def format_partition(graph: Graph, part: Partition) -> str:
+def format_partition(graph: OpGraph, part: Partition) -> str:
     """A short human-readable report of a partition."""
     lines = [
         f"{graph.name}: {len(graph)} nodes on {len(part.stages)} chiplets by {part.method}",

@@ -26,13 +26,14 @@ from ...kernel import (
     AtollError,
     BadCall,
     CallCancelled,
+    HostLost,
     MailboxFull,
     NoSuchEndpoint,
     Promise,
     RemoteActorError,
     TransportError,
 )
-from ._errors import HostLost
+from ...kernel.lowlevel import channel_of
 
 if TYPE_CHECKING:
     from ._peer import Peer
@@ -103,7 +104,7 @@ def encode_actor(peer: Peer, builder: Any, ref: ActorRef[Any]) -> None:
     builder.cap = peer.actor_cap(ref)
     builder.id = ref.id
     builder.name = ref.name
-    endpoints = ref._channel.endpoints
+    endpoints = channel_of(ref).endpoints
     builder.endpoints = sorted(endpoints) if endpoints is not None else []
 
 
@@ -211,9 +212,9 @@ def _decode_pickled(peer: Peer, reader: Any) -> Any:
         try:
             for i in pulls:
                 caps[i] = await caps[i]
-            result._resolve(_Unpickler(io.BytesIO(data), caps, buffers).load())
+            result.set_result(_Unpickler(io.BytesIO(data), caps, buffers).load())
         except Exception as exc:
-            result._reject(exc)
+            result.set_exception(exc)
 
     peer.track(result)  # failed with HostLost if the connection goes first
     peer.spawn(finish())

@@ -34,14 +34,20 @@ from ...kernel import (
     Call,
     CallCancelled,
     EndpointSpec,
+    HostLost,
     Promise,
     TransportError,
+    failed,
 )
-from ...kernel._graph import failed
-from ...kernel._promise import detach_wait_counter
-from ...kernel._system import _resolve
+from ...kernel.lowlevel import (
+    attach_pipeline,
+    channel_of,
+    detach_wait_counter,
+    pipeline_answer,
+    resolve_arguments,
+    set_canceller,
+)
 from ._codec import decode, decode_error, encode, encode_actor, encode_error
-from ._errors import HostLost
 from ._schema import schema
 
 __all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel", "peer_of"]
@@ -66,14 +72,14 @@ class Peer:
 
     # -- local things out ------------------------------------------------
     def actor_cap(self, ref: ActorRef[Any]) -> Any:
-        channel = ref._channel
+        channel = channel_of(ref)
         if isinstance(channel, RemoteChannel) and channel.cap is not None:
             return channel.cap
         return ActorServer(channel, self)
 
     def later_cap(self, promise: Promise[Any]) -> Any:
-        wire = promise._wire
-        return wire if wire is not None else LaterServer(promise, self)
+        answer = pipeline_answer(promise)
+        return answer if answer is not None else LaterServer(promise, self)
 
     def serve_buffer(self, array: np.ndarray) -> Any:
         return BufferServer(array)
@@ -92,9 +98,8 @@ class Peer:
 
     def attach(self, promise: Promise[Any], answer: Any, later: Any) -> asyncio.Future[Any]:
         """Make ``promise`` follow a remote ``Later``: usable for pipelining and
-        for passing on (``_pipe``, ``_wire``) before ``answer`` settles it."""
-        promise._wire = later
-        promise._pipe = functools.partial(RemoteChannel.promised, self, answer)
+        for passing on before ``answer`` settles it."""
+        attach_pipeline(promise, functools.partial(RemoteChannel.promised, self, answer), later)
         return self.settle_later(answer, promise)
 
     def track(self, promise: Promise[Any]) -> None:
@@ -118,18 +123,18 @@ class Peer:
         try:
             response = await answer
         except capnp.KjException as exc:
-            promise._reject(self._lost(exc))
+            promise.set_exception(self._lost(exc))
             return
         reader = response.result
         if reader.which() == "error":
-            promise._reject(decode_error(reader.error))
+            promise.set_exception(decode_error(reader.error))
             return
         try:
-            value = await _resolve(decode(self, reader))
+            value = await resolve_arguments(decode(self, reader))
         except Exception as exc:
-            promise._reject(exc)
+            promise.set_exception(exc)
             return
-        promise._resolve(value)
+        promise.set_result(value)
 
     def _lost(self, exc: BaseException) -> AtollError:
         """The atoll error for a capnp failure: ``HostLost`` if the link broke."""
@@ -159,7 +164,7 @@ class Peer:
         for task in list(self._tasks):
             task.cancel()
         for promise in list(self._pending):
-            promise._reject(HostLost(f"connection to {self.label} lost: {reason}"))
+            promise.set_exception(HostLost(f"connection to {self.label} lost: {reason}"))
         for channel in list(self._holders):
             channel.cap = None
         callbacks, self._on_close = list(self._on_close.values()), {}
@@ -204,7 +209,7 @@ def peer_of(ref: ActorRef[Any]) -> Peer | None:
     call came in on, so a server can tie what a client asked for to the life
     of that client's connection (:meth:`Peer.on_close`).
     """
-    channel = ref._channel
+    channel = channel_of(ref)
     return channel.peer if isinstance(channel, RemoteChannel) else None
 
 
@@ -232,14 +237,14 @@ async def _pull(
     try:
         await asyncio.gather(*(windowed(o) for o in offsets))
     except capnp.KjException as exc:
-        promise._reject(HostLost(f"buffer transfer failed: {exc}"))
+        promise.set_exception(HostLost(f"buffer transfer failed: {exc}"))
         return
     except Exception as exc:  # a short or malformed chunk: fail, never hang
-        promise._reject(TransportError(f"buffer transfer failed: {exc!r}"))
+        promise.set_exception(TransportError(f"buffer transfer failed: {exc!r}"))
         return
     array = out.view(np.dtype(dtype)).reshape(shape)
     array.flags.writeable = False
-    promise._resolve(array)
+    promise.set_result(array)
 
 
 class RemoteChannel:
@@ -296,7 +301,7 @@ class RemoteChannel:
         try:
             answer = self._request("call", call).send()
         except HostLost as exc:
-            call.promise._reject(exc)
+            call.promise.set_exception(exc)
             return
         self._track(call, answer, answer.later)
 
@@ -304,10 +309,10 @@ class RemoteChannel:
         try:
             response = await self._request("send", call).send()
         except HostLost as exc:
-            call.promise._reject(exc)
+            call.promise.set_exception(exc)
             return
         except capnp.KjException as exc:
-            call.promise._reject(self.peer._lost(exc))
+            call.promise.set_exception(self.peer._lost(exc))
             return
         later = response.later
         self._track(call, later.get(), later)
@@ -315,7 +320,7 @@ class RemoteChannel:
     def _track(self, call: Call, answer: Any, later: Any) -> None:
         promise = call.promise
         task = self.peer.attach(promise, answer, later)
-        promise._canceller = functools.partial(self._cancel_call, task, answer, call)
+        set_canceller(promise, functools.partial(self._cancel_call, task, answer, call))
 
     def _cancel_call(self, task: asyncio.Future[Any], answer: Any, call: Call, reason: str) -> bool:
         """Cancel one call: say so on the wire first, then drop the question.
@@ -330,7 +335,7 @@ class RemoteChannel:
         self.peer.spawn(_ignore(notice))
         answer.cancel()
         task.cancel()
-        call.promise._reject(CallCancelled(self._name, call.endpoint, reason))
+        call.promise.set_exception(CallCancelled(self._name, call.endpoint, reason))
         return True
 
     async def stop(self, grace: float | None) -> None:

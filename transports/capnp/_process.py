@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from ...kernel import ActorSystem, TransportError
 from ._transport import CapnpTransport, capnp_runtime, default_token
+from .clusterfile import ClusterFile
 
 __all__ = ["READY_PREFIX", "NodeProcess", "main", "serve_node", "stop_on_signals"]
 
@@ -49,8 +50,6 @@ async def serve_node(
     async with capnp_runtime(), ActorSystem("node") as system:
         listener = await transport.serve(system, address)
         if cluster_file:
-            from ..._connect import ClusterFile
-
             ClusterFile(listener.address, token).write(cluster_file)
         print(f"{READY_PREFIX}{listener.address}", flush=True)
         try:

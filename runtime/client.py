@@ -15,14 +15,25 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from .devices import BufferHandle, Computation, Device, DeviceStats, Host
-from .kernel import ActorRef, ActorSystem, AtollError, Clock, Promise
-from .kernel._graph import Aval, Graph, ValueRef, as_promise, flatten, then, value_of
-from .kernel._latency import Wire
-from .kernel._program import PlacedFunction, Program, VirtualSlice, aval_of
+from ..devices import Aval, BufferHandle, Computation, Device, DeviceStats, Host
+from ..kernel import (
+    ActorRef,
+    ActorSystem,
+    AtollError,
+    Clock,
+    Promise,
+    as_promise,
+    flatten,
+    then,
+    value_of,
+)
+from .graph import Graph, ValueRef
+from .latency import Wire
+from .topology import DeviceInfo, Topology
+from .tracing import PlacedFunction, Program, VirtualSlice, aval_of
 
 if TYPE_CHECKING:
-    from ._cluster import Controller, DeviceInfo, Topology
+    from .controller import Controller
 
 __all__ = ["ArrayRef", "Cluster", "Outputs"]
 

@@ -25,19 +25,10 @@ from typing import Any
 import anyio
 import numpy as np
 
-from ._errors import AtollError
-from ._promise import Promise
+from ..kernel import AtollError, Promise
+from ..transports.inproc import read_only
 
-__all__ = ["BufferMissing", "ObjectStore", "read_only"]
-
-
-def read_only(array: np.ndarray) -> np.ndarray:
-    """``array`` itself if it is read-only, else a read-only view of it (no copy)."""
-    if not array.flags.writeable:
-        return array
-    view = array.view()
-    view.flags.writeable = False
-    return view
+__all__ = ["BufferMissing", "ObjectStore"]
 
 
 class BufferMissing(AtollError, KeyError):

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._cluster import Cluster, local_cluster
-from .devices import BufferHandle, Computation, CostModel, DeviceStats
-from .kernel import Clock, Promise, VirtualClock, WallClock
+from ..devices import BufferHandle, Computation, CostModel, DeviceStats
+from ..kernel import Clock, Promise, VirtualClock, WallClock
+from ..runtime import Cluster, local_cluster
 
 __all__ = ["DemoResult", "affine", "chain_devices", "run_demo"]
 

@@ -27,31 +27,33 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._cluster import Controller, Topology, spawn_control
-from ._connect import ClusterFile
-from ._sessions import SessionWatcher
-from .devices import CostModel, Device, Host, SimDevice
-from .kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint
-from .transports.capnp import (
+from ..devices import Device, Host
+from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint
+from ..transports.capnp import (
     CapnpListener,
     CapnpTransport,
+    ClusterFile,
     capnp_runtime,
     default_token,
+    directory,
+    stop_on_signals,
 )
-from .transports.capnp._process import stop_on_signals
+from .controller import Controller, spawn_control
+from .sessions import SessionWatcher
+from .spec import ClusterSpec
+from .topology import Topology
 
 if TYPE_CHECKING:
-    from ._client import Cluster
+    from .client import Cluster
 
 __all__ = [
     "ClusterBuilder",
     "ClusterInfo",
-    "Layout",
     "process_cluster",
     "run_host",
     "run_up",
@@ -74,7 +76,7 @@ class ClusterInfo:
 
     def client(self, system: ActorSystem, owner: str) -> Cluster:
         """A :class:`Cluster` handle on this cluster, for ``owner``, in ``system``."""
-        from ._client import Cluster
+        from .client import Cluster
 
         return Cluster(system, self.controller, self.topology, self.devices, self.hosts, owner)
 
@@ -86,19 +88,9 @@ class ClusterBuilder(Actor):
     :class:`SessionWatcher` (``"sessions"``) as children of this actor.
     """
 
-    def __init__(
-        self,
-        hosts: int,
-        islands: int,
-        devices_per_host: int,
-        scheduler: str,
-        cost: CostModel,
-        device_cls: type[Device] = SimDevice,
-    ) -> None:
-        if hosts % islands:
-            raise AtollError(f"{hosts} hosts do not split evenly into {islands} islands")
-        self.expected, self.islands, self.per_host = hosts, islands, devices_per_host
-        self.scheduler, self.cost, self.device_cls = scheduler, cost, device_cls
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.topology = spec.topology
         self.hosts: list[ActorRef[Host]] = []
         self.labels: list[str] = []
         self.devices: list[ActorRef[Device]] = []
@@ -108,34 +100,38 @@ class ClusterBuilder(Actor):
     @endpoint
     async def join(self, node: ActorRef[NodeActor], label: str) -> int:
         """A host offers its node; returns the host id it was given."""
-        host_id = len(self.hosts)
-        if host_id >= self.expected:
-            raise AtollError(f"the cluster is full ({self.expected} hosts)")
-        island = host_id * self.islands // self.expected
-        ids = list(range(host_id * self.per_host, (host_id + 1) * self.per_host))
-        host_cls = self.device_cls.host_cls or Host
+        host_id, spec = len(self.hosts), self.spec
+        if host_id >= spec.hosts:
+            raise AtollError(f"the cluster is full ({spec.hosts} hosts)")
+        host_cls = spec.device_cls.host_cls or Host
         host = await node.spawn(
             f"{host_cls.__module__}:{host_cls.__qualname__}",
             host_id,
-            island,
-            ids,
-            self.device_cls,
-            self.cost,
+            self.topology.island_of_host(host_id),
+            self.topology.on_host(host_id),
+            spec.device_cls,
+            spec.cost,
+            spec.store_bytes,
             name=f"host{host_id}",
         )
         self.devices += await host.devices()
         self.hosts.append(host)
         self.labels.append(label)
-        if len(self.hosts) == self.expected:
+        if len(self.hosts) == spec.hosts:
             self._build()
         return host_id
 
     def _build(self) -> None:
-        topology = Topology.even(self.islands, self.expected // self.islands, self.per_host)
-        policies = dict.fromkeys(range(self.islands), self.scheduler)
-        controller = spawn_control(self.ctx.spawn, topology, self.devices, self.hosts, policies)
+        controller = spawn_control(
+            self.ctx.spawn,
+            self.topology,
+            self.devices,
+            self.hosts,
+            self.spec.policies,
+            push=self.spec.push,
+        )
         sessions = self.ctx.spawn(SessionWatcher, controller, name="sessions")
-        info = ClusterInfo(controller, topology, self.devices, self.hosts, sessions)
+        info = ClusterInfo(controller, self.topology, self.devices, self.hosts, sessions)
         self.ready.set_result(info)
 
     @endpoint
@@ -193,7 +189,7 @@ def _start_hosts(
     start, so that a gang over several hosts runs as one SPMD program;
     simulated hosts ignore it. Each gets its start index as its JAX process id.
     """
-    from .devices._jax_multi import LOCAL, PROCESS_ID, coordinator_env
+    from ..devices._jax_multi import LOCAL, PROCESS_ID, coordinator_env
 
     env = dict(os.environ, ATOLL_TOKEN=token.hex(), ATOLL_PARENT_PID=str(os.getpid()))
     env[LOCAL] = "1"  # a JaxDevice takes its host's own JAX devices
@@ -224,26 +220,9 @@ def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 10.0) -
             process.wait(10)
 
 
-@dataclass(frozen=True)
-class Layout:
-    """The shape of a process cluster.
-
-    ``hosts`` host processes are started on this machine; ``remote_hosts``
-    more are expected to join from elsewhere with ``atoll host --join``.
-    """
-
-    hosts: int
-    islands: int = 1
-    devices_per_host: int = 4
-    scheduler: str = "fifo"
-    cost: CostModel = field(default_factory=CostModel)
-    device_cls: type[Device] = SimDevice
-    remote_hosts: int = 0
-
-
 @asynccontextmanager
 async def _controller(
-    layout: Layout,
+    spec: ClusterSpec,
     address: str,
     token: bytes,
     start_timeout: float,
@@ -252,19 +231,10 @@ async def _controller(
     """Serve a controller here, start the host processes, wait until all joined."""
     async with capnp_runtime(), ActorSystem("controller") as system:
         listener = await CapnpTransport(token).serve(system, address)
-        builder = await listener.node.spawn(
-            f"{__name__}:ClusterBuilder",
-            layout.hosts + layout.remote_hosts,
-            layout.islands,
-            layout.devices_per_host,
-            layout.scheduler,
-            layout.cost,
-            layout.device_cls,
-            name="cluster",
-        )
+        builder = await listener.node.spawn(f"{__name__}:ClusterBuilder", spec, name="cluster")
         if on_listening is not None:
             on_listening(listener)
-        processes = _start_hosts(layout.hosts, listener.address, token, layout.devices_per_host)
+        processes = _start_hosts(spec.local_hosts, listener.address, token, spec.devices_per_host)
         try:
             info = await asyncio.wait_for(builder.cluster(), start_timeout)
             yield system, listener, info
@@ -275,15 +245,10 @@ async def _controller(
 
 @asynccontextmanager
 async def process_cluster(
-    hosts: int = 2,
-    islands: int = 1,
-    devices_per_host: int = 4,
+    spec: ClusterSpec | None = None,
     *,
-    scheduler: str = "fifo",
-    cost: CostModel | None = None,
     owner: str = "client0",
     start_timeout: float = 120.0,
-    device_cls: type[Device] = SimDevice,
 ) -> AsyncIterator[Cluster]:
     """Like ``local_cluster``, with every host in a process of its own.
 
@@ -291,14 +256,14 @@ async def process_cluster(
     hosts join it over Cap'n Proto. Yields the same :class:`Cluster` client.
     asyncio only. The host processes stop when the block ends.
     """
-
-    layout = Layout(hosts, islands, devices_per_host, scheduler, cost or CostModel(), device_cls)
+    spec = spec or ClusterSpec()
+    spec.check_for("capnp")
     address, token = "capnp://127.0.0.1:0", default_token()
-    async with _controller(layout, address, token, start_timeout) as (system, _, info):
+    async with _controller(spec, address, token, start_timeout) as (system, _, info):
         yield info.client(system, owner)
 
 
-async def run_up(layout: Layout, address: str, cluster_file: str, timeout: float = 600) -> None:
+async def run_up(spec: ClusterSpec, address: str, cluster_file: str, timeout: float = 600) -> None:
     """``atoll up``: serve the controller, start the hosts, wait for a signal.
 
     The cluster file is written as soon as the controller listens, so hosts on
@@ -309,15 +274,16 @@ async def run_up(layout: Layout, address: str, cluster_file: str, timeout: float
 
     def listening(listener: CapnpListener) -> None:
         ClusterFile(listener.address, token).write(cluster_file)
-        waiting = f"; waiting for {layout.remote_hosts} more" if layout.remote_hosts else ""
+        waiting = f"; waiting for {spec.remote_hosts} more" if spec.remote_hosts else ""
         print(
             f"atoll controller listening at {listener.address}; cluster file "
             f"{cluster_file}{waiting}",
             flush=True,
         )
 
-    async with _controller(layout, address, token, timeout, listening) as (_, listener, info):
-        total = layout.hosts + layout.remote_hosts
+    spec.check_for("capnp")
+    async with _controller(spec, address, token, timeout, listening) as (_, listener, info):
+        total = spec.hosts
         print(
             f"atoll cluster up at {listener.address}: {total} hosts, "
             f"{len(info.topology.devices)} devices",
@@ -333,8 +299,6 @@ async def run_host(join: str, token: bytes, listen: str = "capnp://127.0.0.1:0")
     The node is served at ``listen`` so that other hosts can pull buffers
     from this one directly, not through the controller.
     """
-    from .transports.capnp import directory
-
     _die_with_parent()
     stop = stop_on_signals()
     async with capnp_runtime(), ActorSystem("host") as system:

@@ -3,7 +3,7 @@
 Inside a program, jitted JAX functions placed on virtual slices
 (``slice.jit(fn, in_specs=..., out_specs=...)``) are called on *traced*
 values. Each call adds one node (one sharded computation) to a
-:class:`~atoll.kernel._graph.Graph`, and a value used on another slice than
+:class:`~atoll.runtime.graph.Graph`, and a value used on another slice than
 the one that made it becomes a transfer edge. Output shapes and dtypes come
 from ``jax.eval_shape``: nothing runs while tracing. Traces are cached by the
 shapes and dtypes of the arguments, so a program is traced once per
@@ -19,10 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import AtollError
-from ._graph import Aval, Graph, GraphBuilder, SliceSpec, ValueRef
+from ..devices import Aval, JaxKernel
+from ..kernel import AtollError
+from .graph import Graph, GraphBuilder, SliceSpec, ValueRef
 
-__all__ = ["JaxKernel", "PlacedFunction", "Program", "Traced", "VirtualSlice", "aval_of", "program"]
+__all__ = ["PlacedFunction", "Program", "Trace", "Traced", "VirtualSlice", "aval_of", "program"]
 
 _TRACE: contextvars.ContextVar[GraphBuilder | None] = contextvars.ContextVar(
     "atoll_trace", default=None
@@ -50,26 +51,6 @@ class VirtualSlice(SliceSpec):
         outputs, or a tuple with one per element of a tuple output.
         """
         return PlacedFunction(fn, self, in_specs, out_specs, name or _name(fn))
-
-
-@dataclass(frozen=True, eq=False)
-class JaxKernel:
-    """A traced function of flat array inputs to a flat list of outputs.
-
-    ``in_specs``/``out_specs`` give one ``PartitionSpec`` per flat input and
-    output, over the axes of the slice the node runs on. JAX gangs always meet
-    at a barrier, because their leader runs the whole sharded program. A node
-    whose slice spans host processes runs as one multi-process SPMD program
-    (``devices/_jax_multi.py``); ``single_host`` makes an in-process cluster,
-    where hosts share one JAX runtime, refuse a slice over several hosts.
-    """
-
-    fn: Callable[..., Any]
-    name: str
-    in_specs: tuple[Any, ...]
-    out_specs: tuple[Any, ...]
-    collective: bool = True
-    single_host: bool = True
 
 
 class Traced:

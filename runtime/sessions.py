@@ -27,11 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .kernel import Actor, ActorRef, Promise, endpoint
-from .transports.capnp._peer import peer_of
+from ..kernel import Actor, ActorRef, Promise, endpoint
+from ..transports.capnp import peer_of
 
 if TYPE_CHECKING:
-    from ._cluster import Controller
+    from .controller import Controller
 
 __all__ = ["SessionAnchor", "SessionWatcher"]
 

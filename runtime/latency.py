@@ -16,10 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from ._actor import Actor, ActorRef, endpoint
-from ._clock import Clock
-from ._graph import forward
-from ._promise import Promise
+from ..kernel import Actor, ActorRef, Clock, Promise, endpoint, forward
 
 __all__ = ["DelayLine", "Wire"]
 

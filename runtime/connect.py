@@ -5,53 +5,28 @@ A *cluster file* is the JSON that ``atoll up`` (or ``atoll node
 written readable by its owner only, since the token is the key to the cluster.
 
 A client that asks for the cluster (:meth:`Client.cluster`) opens a session
-with the controller (see ``_sessions.py``): it gets an owner label of its own,
+with the controller (see ``runtime/sessions.py``): it gets an owner label of its own,
 and whatever it holds under that label is freed when its connection closes,
 cleanly or not.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._sessions import SessionAnchor, SessionWatcher
-from .kernel import ActorRef, ActorSystem, AtollError, NodeActor
-from .transports.capnp import CapnpTransport, capnp_runtime
+from ..kernel import ActorRef, ActorSystem, NodeActor
+from ..transports.capnp import CapnpTransport, ClusterFile, capnp_runtime
+from .sessions import SessionAnchor, SessionWatcher
 
 if TYPE_CHECKING:
-    from ._client import Cluster
-    from ._distributed import ClusterInfo
+    from .client import Cluster
+    from .process import ClusterInfo
 
 __all__ = ["Client", "ClusterFile", "connect"]
-
-
-@dataclass(frozen=True)
-class ClusterFile:
-    """Where a cluster listens and the token that opens it."""
-
-    address: str
-    token: bytes
-
-    def write(self, path: str | os.PathLike[str]) -> None:
-        """Write it readable by the owner only (it holds the secret)."""
-        data = json.dumps({"address": self.address, "token": self.token.hex()}, indent=1)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(data + "\n")
-
-    @classmethod
-    def read(cls, path: str | os.PathLike[str]) -> ClusterFile:
-        try:
-            data = json.loads(Path(path).read_text())
-            return cls(str(data["address"]), bytes.fromhex(data["token"]))
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise AtollError(f"cannot read cluster file {os.fspath(path)!r}: {exc}") from None
 
 
 @dataclass

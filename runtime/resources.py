@@ -17,7 +17,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ._errors import AtollError
+from ..kernel import AtollError
 
 __all__ = ["Allocation", "ResourceManager"]
 
@@ -91,12 +91,12 @@ class ResourceManager:
         del self._slices[slice_id]
         self._free.update(alloc.devices)
 
-    def release_owner(self, owner: str) -> int:
-        """Give back every slice of ``owner``; returns how many."""
+    def release_owner(self, owner: str) -> list[int]:
+        """Give back every slice of ``owner``; returns their ids."""
         doomed = [s for s, a in self._slices.items() if a.owner == owner]
         for slice_id in doomed:
             self.release(slice_id)
-        return len(doomed)
+        return doomed
 
     def hosts_of(self, slice_id: int) -> list[int]:
         """The hosts a slice touches, in first-device order."""

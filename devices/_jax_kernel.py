@@ -1,0 +1,35 @@
+"""What a JAX device runs for one node: a traced function with its shardings.
+
+Tracing (:mod:`atoll.runtime.tracing`) makes one :class:`JaxKernel` per node;
+a :class:`~atoll.devices.jax_device.JaxDevice` gang runs it. It lives here,
+below the runtime, so that devices need nothing from the layer above them.
+Importing it does not import JAX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["JaxKernel"]
+
+
+@dataclass(frozen=True, eq=False)
+class JaxKernel:
+    """A traced function of flat array inputs to a flat list of outputs.
+
+    ``in_specs``/``out_specs`` give one ``PartitionSpec`` per flat input and
+    output, over the axes of the slice the node runs on. JAX gangs always meet
+    at a barrier, because their leader runs the whole sharded program. A node
+    whose slice spans host processes runs as one multi-process SPMD program
+    (``devices/_jax_multi.py``); ``single_host`` makes an in-process cluster,
+    where hosts share one JAX runtime, refuse a slice over several hosts.
+    """
+
+    fn: Callable[..., Any]
+    name: str
+    in_specs: tuple[Any, ...]
+    out_specs: tuple[Any, ...]
+    collective: bool = True
+    single_host: bool = True

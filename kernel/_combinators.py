@@ -1,0 +1,119 @@
+"""Promise combinators: derive promises from promises without waiting.
+
+The controller uses :func:`then` and :func:`flatten` to hand out one promise
+per output of a node whose result is not there yet; :func:`forward` settles
+one promise like another. The others convert between values and promises, and
+join several promises, for code that may be handed either. None of them
+blocks: each returns at once and settles from promise callbacks, on the event
+loop's thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ._promise import Promise
+
+__all__ = [
+    "all_settled",
+    "as_promise",
+    "failed",
+    "first_settled",
+    "flatten",
+    "forward",
+    "then",
+    "value_of",
+]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+
+def then(promise: Promise[T], fn: Callable[[T], U], label: str = "") -> Promise[U]:
+    """A promise of ``fn(value)``; returns at once, settles when ``promise`` does."""
+    out: Promise[U] = Promise(label or f"{promise!r}.then")
+
+    def settle(done: Promise[T]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        try:
+            out.set_result(fn(done.result()))
+        except Exception as exc:
+            out.set_exception(exc)
+
+    promise.add_done_callback(settle)
+    return out
+
+
+def flatten(promise: Promise[Promise[T] | T], label: str = "") -> Promise[T]:
+    """A promise of the value of the promise that ``promise`` will hold.
+
+    The inner value may also arrive as a plain value: a network transport
+    delivers a promise that settled before it was sent as its value.
+    """
+    out: Promise[T] = Promise(label or f"{promise!r}.flat")
+
+    def outer(done: Promise[Promise[T] | T]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        forward(as_promise(done.result()), out)
+
+    promise.add_done_callback(outer)
+    return out
+
+
+def forward(source: Promise[T], target: Promise[T]) -> None:
+    """Settle ``target`` the way ``source`` settles (now or later)."""
+    target._follow(source)
+
+
+def as_promise(value: Promise[T] | T, label: str = "value") -> Promise[T]:
+    """``value`` if it is a promise, else a promise already settled with it."""
+    if isinstance(value, Promise):
+        return value
+    promise: Promise[T] = Promise(label)
+    promise.set_result(value)
+    return promise
+
+
+def failed(error: BaseException, label: str = "failed") -> Promise[Any]:
+    """A promise that already failed with ``error``."""
+    promise: Promise[Any] = Promise(label)
+    promise.set_exception(error)
+    return promise
+
+
+async def value_of(value: Promise[T] | T) -> T:
+    """The value: awaited if it is a promise (raising its error), else itself."""
+    return await value if isinstance(value, Promise) else value
+
+
+def all_settled(promises: Sequence[Promise[Any]], label: str = "all settled") -> Promise[None]:
+    """A promise that settles (with None) once every one of ``promises`` has,
+    whichever way; callers look at the promises themselves for the outcome."""
+    out: Promise[None] = Promise(label)
+    left = [len(promises)]
+
+    def one(_: Promise[Any]) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            out.set_result(None)
+
+    if not promises:
+        out.set_result(None)
+    for promise in promises:
+        promise.add_done_callback(one)
+    return out
+
+
+async def first_settled(*promises: Promise[Any]) -> None:
+    """Return when the first of ``promises`` settles (whichever way)."""
+    either: Promise[None] = Promise("first settled")
+    for promise in promises:
+        promise.add_done_callback(lambda _: either.set_result(None))
+    await either

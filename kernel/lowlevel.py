@@ -1,0 +1,71 @@
+"""The kernel's low-level interface, for transports and tools (like ``trio.lowlevel``).
+
+Application code never needs these. A transport that carries actor calls
+between processes does: it settles promises from answers that arrive on the
+wire, lets a promise pipeline calls to an actor the peer has not returned yet,
+resolves the promises nested in decoded arguments, and reaches the channel
+behind an :class:`~atoll.kernel.ActorRef`. Everything here is synchronous and
+runs on the event loop's thread, except :func:`resolve_arguments`, which waits
+for the promises it finds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ._actor import ActorRef, Channel
+from ._promise import Promise, WaitCounter, count_waits, detach_wait_counter
+from ._system import _resolve as _resolve_nested
+from ._system import share_arguments_with
+
+__all__ = [
+    "WaitCounter",
+    "attach_pipeline",
+    "channel_of",
+    "count_waits",
+    "detach_wait_counter",
+    "pipeline_answer",
+    "resolve_arguments",
+    "set_canceller",
+    "share_arguments_with",
+]
+
+T = TypeVar("T")
+
+
+def channel_of(ref: ActorRef[Any]) -> Channel:
+    """The channel a reference sends its calls through (local mailbox or a peer)."""
+    return ref._channel
+
+
+def attach_pipeline(
+    promise: Promise[Any], pipe: Callable[[], Channel], answer: object | None
+) -> None:
+    """Let ``promise`` pipeline before it settles.
+
+    ``pipe()`` gives a channel to the actor the promise will resolve to, so
+    that ``promise.method(...)`` goes straight to the peer; ``answer`` is the
+    transport's own handle on the pending result, which it can pass on to a
+    third party without waiting (see :func:`pipeline_answer`). Both are
+    dropped when the promise settles.
+    """
+    if not promise.done():
+        promise._pipe, promise._answer = pipe, answer
+
+
+def pipeline_answer(promise: Promise[Any]) -> object | None:
+    """The transport handle :func:`attach_pipeline` gave ``promise``, while pending."""
+    return promise._answer
+
+
+def set_canceller(promise: Promise[Any], cancel: Callable[[str], bool]) -> None:
+    """What ``promise.cancel(reason)`` does until it settles (True: cancelled)."""
+    if not promise.done():
+        promise._canceller = cancel
+
+
+async def resolve_arguments(value: T) -> T:
+    """``value`` with every promise in it (nested in lists, tuples, dicts) awaited."""
+    resolved: T = await _resolve_nested(value)
+    return resolved

@@ -1,0 +1,258 @@
+"""The single controller: topology, resource manager, and parallel dispatch.
+
+Dispatch runs ahead of the data. ``cluster.run(...)`` returns promises at
+once; the controller and the island schedulers forward promise-carrying calls
+without waiting for their inputs (their endpoints take promises as they are),
+and only the devices, which must have the bytes, wait for them. What each
+gang needs to know is planned without I/O by :mod:`atoll.runtime.planner`
+and cached per graph; the controller stamps each run with gang ids and
+submits the gangs. Clients reach it through :class:`~atoll.runtime.Cluster`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..devices import BufferHandle, Computation, Device, GangTask, Host
+from ..kernel import Actor, ActorRef, AtollError, Promise, all_settled, as_promise, endpoint, then
+from .graph import Graph, Node, ValueRef
+from .island import IslandScheduler
+from .latency import Wire
+from .planner import Plan, PlanCache, instantiate, place, plan
+from .resources import ResourceManager
+from .topology import Topology
+from .tracing import VirtualSlice
+
+__all__ = ["Controller", "spawn_control"]
+
+
+class Controller(Actor):
+    """The single controller: topology, resource manager, and program dispatch.
+
+    Its dispatch endpoints take inputs as promises and never wait for them:
+    ``run_graph`` sends every node of a graph to its island at once and
+    returns one promise per output. Data never passes through it.
+
+    ``push``: in parallel dispatch, whether each producer sends its outputs
+    straight to the hosts of their readers (who then start without waiting
+    for the controller to hear of the producer). None, the default, pushes
+    when hosts are processes of their own, where that saves round trips; in
+    one process the promise path is already immediate.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        schedulers: dict[int, ActorRef[IslandScheduler]],
+        devices: Sequence[ActorRef[Device]],
+        hosts: Sequence[ActorRef[Host]],
+        wire: Wire | None = None,
+        push: bool | None = None,
+    ) -> None:
+        self.wire = wire
+        self.push = push
+        self.host_addresses = [""] * len(hosts)
+        self.topology_ = topology
+        self.schedulers = schedulers
+        self.device_refs = list(devices)
+        self.host_refs = list(hosts)
+        self.resources = ResourceManager([(d.id, d.host, d.island) for d in topology.devices])
+        self.plans = PlanCache()
+        self._gangs = itertools.count()
+
+    async def on_start(self) -> None:
+        answers = [host.address() for host in self.host_refs]
+        self.host_addresses = [await answer for answer in answers]
+        self.set_push(self.push)
+
+    @property
+    def hosts_in_processes(self) -> bool:
+        """Whether hosts run in processes of their own (they have addresses)."""
+        return any(self.host_addresses)
+
+    @endpoint
+    def set_push(self, push: bool | None) -> bool:
+        """Turn pushing on or off (None: automatic); returns the setting in force."""
+        self.push = self.hosts_in_processes if push is None else push
+        return self.push
+
+    @endpoint
+    def topology(self) -> Topology:
+        return self.topology_
+
+    @endpoint
+    def allocate(
+        self,
+        n: int,
+        island: int | None = None,
+        mesh_shape: tuple[int, ...] | None = None,
+        axis_names: tuple[str, ...] | None = None,
+        owner: str = "",
+    ) -> VirtualSlice:
+        """A virtual slice of ``n`` devices (see ``ResourceManager``)."""
+        shape = tuple(mesh_shape) if mesh_shape is not None else (n,)
+        names = tuple(axis_names) if axis_names is not None else _default_axes(len(shape))
+        if math.prod(shape) != n or len(names) != len(shape):
+            raise AtollError(f"mesh {shape} with axes {names} does not hold {n} devices")
+        alloc = self.resources.allocate(n, island, owner)
+        return VirtualSlice(alloc.slice_id, shape, names, alloc.island)
+
+    @endpoint
+    def release(self, slice_id: int) -> None:
+        self.resources.release(slice_id)
+        self.plans.invalidate_slice(slice_id)
+
+    @endpoint
+    async def release_owner(self, owner: str) -> int:
+        """Free every slice and buffer of ``owner`` (a client going away)."""
+        for slice_id in self.resources.release_owner(owner):
+            self.plans.invalidate_slice(slice_id)
+        freed = [host.free_owner(owner) for host in self.host_refs]
+        return sum([await each for each in freed])
+
+    @endpoint
+    def put(self, array: Any, slice_id: int | None, owner: str = "") -> Promise[BufferHandle]:
+        """Place a host array on the leader device of a slice (device 0 if None)."""
+        device = self.resources.get(slice_id).devices[0] if slice_id is not None else 0
+        promise: Promise[BufferHandle] = self.device_refs[device].put(array, owner)
+        return promise
+
+    @endpoint(resolve_args=False)
+    def run(
+        self, computation: Computation, device: int, inputs: Sequence[Any], owner: str = ""
+    ) -> Promise[BufferHandle]:
+        """One computation on one physical device; returns its output's promise."""
+        island = self.topology_.device(device).island
+        task = GangTask(f"gang{next(self._gangs)}", computation, (device,), (1,), ("x",))
+        return then(self._submit(island, task, inputs, owner), _first)
+
+    @endpoint(resolve_args=False)
+    def run_node(
+        self, node: Node, inputs: Sequence[Any], owner: str = ""
+    ) -> Promise[list[BufferHandle]]:
+        """Dispatch one node; returns the promise of its output handles."""
+        return self._submit(self._island(node), self._task(node), inputs, owner)
+
+    @endpoint(resolve_args=False)
+    def run_graph(
+        self, graph: Graph, inputs: Sequence[Any], temporary: Sequence[int], owner: str = ""
+    ) -> list[Promise[BufferHandle]]:
+        """Parallel asynchronous dispatch of a whole graph; returns at once.
+
+        Every node goes to its island now, with promises for inputs. Values
+        that are not outputs are freed once all their readers ran, and so are
+        the program inputs listed in ``temporary``.
+        """
+        plan_ = self.plan_for(graph, temporary)
+        gang_ids = [f"gang{next(self._gangs)}" for _ in graph.nodes]
+        tasks = instantiate(plan_, graph, gang_ids, self.host_addresses, self.host_refs)
+        values: dict[ValueRef, Promise[BufferHandle]] = {
+            ValueRef(-1, i): as_promise(v) for i, v in enumerate(inputs)
+        }
+        ran: list[Promise[list[BufferHandle]]] = []
+        for node, gang, task in zip(graph.nodes, plan_.gangs, tasks, strict=True):
+            node_inputs = [values[ref] for ref in node.inputs]
+            ran.append(self._submit(gang.island, task, node_inputs, owner))
+            for i in range(len(node.outputs)):
+                values[ValueRef(node.id, i)] = then(ran[-1], operator.itemgetter(i))
+        for ref, readers in plan_.frees:
+            _free_after(values[ref], [ran[n] for n in readers])
+        return [values[ref] for ref in graph.outputs]
+
+    def plan_for(self, graph: Graph, temporary: Sequence[int] = ()) -> Plan:
+        """The dispatch plan of ``graph`` (cached; see :mod:`atoll.runtime.planner`)."""
+        options = (tuple(temporary), bool(self.push))
+        cached = self.plans.get(graph, options)
+        if cached is not None:
+            return cached
+        placement = {n.slice.slice_id: self.resources.get(n.slice.slice_id) for n in graph.nodes}
+        made = plan(
+            graph, placement, self.topology_, self.host_addresses, bool(self.push), temporary
+        )
+        self.plans.put(graph, options, made)
+        return made
+
+    @endpoint
+    def plan_stats(self) -> dict[str, int]:
+        """Plan cache counters: plans held, hits and misses (for tests and tools)."""
+        return {"plans": len(self.plans), "hits": self.plans.hits, "misses": self.plans.misses}
+
+    def _submit(
+        self, island: int, task: GangTask, inputs: Sequence[Any], owner: str
+    ) -> Promise[list[BufferHandle]]:
+        return Wire.through(self.wire, self.schedulers[island], "submit_gang", task, inputs, owner)
+
+    def _task(self, node: Node) -> GangTask:
+        """One node as a gang of its own, with no dispatch wiring (sequential runs)."""
+        slice_id = node.slice.slice_id
+        alloc = place(
+            node, {slice_id: self.resources.get(slice_id)}, self.topology_, self.hosts_in_processes
+        )
+        gang_id = f"gang{next(self._gangs)}"
+        shape, axes = node.slice.shape, node.slice.axis_names
+        return GangTask(gang_id, node.kernel, alloc.devices, shape, axes, node.outputs)
+
+    def _island(self, node: Node) -> int:
+        return self.resources.get(node.slice.slice_id).island
+
+
+def _default_axes(rank: int) -> tuple[str, ...]:
+    return ("x", "y", "z", "w")[:rank] if rank <= 4 else tuple(f"a{i}" for i in range(rank))
+
+
+def _first(handles: list[BufferHandle]) -> BufferHandle:
+    return handles[0]
+
+
+def _free_after(value: Promise[BufferHandle], readers: list[Promise[list[BufferHandle]]]) -> None:
+    """Drop the value's reference once every reader has run (or failed) and
+    the value itself settled (a reader fed by a push may finish first)."""
+
+    def free(_: Promise[None]) -> None:
+        if value.exception() is None:
+            handle = value.result()
+            handle.host.free(handle.id)
+
+    all_settled([*readers, value]).add_done_callback(free)
+
+
+def spawn_control(
+    spawn: Callable[..., ActorRef[Any]],
+    topology: Topology,
+    devices: Sequence[ActorRef[Device]],
+    hosts: Sequence[ActorRef[Host]],
+    policies: Mapping[int, str],
+    wire: Callable[[str], Wire | None] = lambda sender: None,
+    push: bool | None = None,
+) -> ActorRef[Controller]:
+    """Spawn one island scheduler per island and the controller over them.
+
+    ``spawn`` is ``system.spawn`` or an actor's ``ctx.spawn``; ``wire(sender)``
+    gives each sender's modelled link (None: direct calls).
+    """
+    schedulers = {
+        island: spawn(
+            IslandScheduler,
+            island,
+            policies[island],
+            {d.id: devices[d.id] for d in topology.devices if d.island == island},
+            wire(f"island{island}"),
+            name=f"island{island}",
+        )
+        for island in range(topology.islands)
+    }
+    controller: ActorRef[Controller] = spawn(
+        Controller,
+        topology,
+        schedulers,
+        devices,
+        hosts,
+        wire("controller"),
+        push,
+        name="controller",
+    )
+    return controller

@@ -1,0 +1,134 @@
+"""Sharded dataflow graphs: one node per sharded computation, edges are transfers.
+
+A :class:`Graph` is what the controller dispatches. It is plain data, built
+either by tracing a ``@program`` (JAX, :mod:`atoll.runtime.tracing`) or by hand
+with :class:`GraphBuilder` (simulated kernels in benchmarks). Every value has a
+known shape and dtype (an :class:`~atoll.devices.Aval`) before anything runs,
+which is what lets the controller dispatch a whole graph ahead of its data.
+Nothing here is asynchronous: a graph is planned by :mod:`atoll.runtime.planner`
+and dispatched by the controller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..devices import Aval
+from ..kernel import AtollError
+
+__all__ = ["Aval", "Graph", "GraphBuilder", "Node", "SliceSpec", "ValueRef"]
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """A virtual slice as user code sees it: an id and a mesh, no physical device."""
+
+    slice_id: int
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+@dataclass(frozen=True)
+class ValueRef:
+    """An edge's source: output ``index`` of node ``node`` (node -1: program input)."""
+
+    node: int
+    index: int
+
+
+@dataclass(frozen=True)
+class Node:
+    """One sharded computation: ``kernel`` run as a gang over ``slice``."""
+
+    id: int
+    name: str
+    kernel: Any
+    slice: SliceSpec
+    inputs: tuple[ValueRef, ...]
+    outputs: tuple[Aval, ...]
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A whole program: its inputs, its nodes in topological order, its outputs."""
+
+    inputs: tuple[Aval, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[ValueRef, ...]
+
+    def aval(self, ref: ValueRef) -> Aval:
+        if ref.node < 0:
+            return self.inputs[ref.index]
+        return self.nodes[ref.node].outputs[ref.index]
+
+    def freeable(self, temporary: Sequence[int]) -> dict[ValueRef, list[int]]:
+        """The values to free once their readers ran, with those readers: every
+        value read and not an output, except program inputs not listed in
+        ``temporary`` (the caller's own)."""
+        kept, mine = set(self.outputs), set(temporary)
+        return {
+            ref: readers
+            for ref, readers in self.consumers().items()
+            if ref not in kept and (ref.node >= 0 or ref.index in mine)
+        }
+
+    def consumers(self) -> dict[ValueRef, list[int]]:
+        """For every value, the nodes that read it (a node reading twice counts once)."""
+        out: dict[ValueRef, list[int]] = {}
+        for node in self.nodes:
+            for ref in dict.fromkeys(node.inputs):
+                out.setdefault(ref, []).append(node.id)
+        return out
+
+
+class GraphBuilder:
+    """Builds a :class:`Graph` node by node; nodes can only read earlier values."""
+
+    def __init__(self) -> None:
+        self._inputs: list[Aval] = []
+        self._nodes: list[Node] = []
+
+    def input(self, aval: Aval) -> ValueRef:
+        self._inputs.append(aval)
+        return ValueRef(-1, len(self._inputs) - 1)
+
+    def add(
+        self,
+        kernel: Any,
+        slice_: SliceSpec,
+        inputs: Sequence[ValueRef],
+        outputs: Sequence[Aval],
+        name: str = "",
+    ) -> list[ValueRef]:
+        """Add one node; returns references to its outputs."""
+        for ref in inputs:
+            self._check(ref)
+        node_id = len(self._nodes)
+        node = Node(
+            node_id, name or f"node{node_id}", kernel, slice_, tuple(inputs), tuple(outputs)
+        )
+        self._nodes.append(node)
+        return [ValueRef(node_id, i) for i in range(len(outputs))]
+
+    def build(self, outputs: Sequence[ValueRef]) -> Graph:
+        for ref in outputs:
+            self._check(ref)
+        return Graph(tuple(self._inputs), tuple(self._nodes), tuple(outputs))
+
+    def _check(self, ref: ValueRef) -> None:
+        ok = (
+            0 <= ref.index < len(self._inputs)
+            if ref.node < 0
+            else ref.node < len(self._nodes) and ref.index < len(self._nodes[ref.node].outputs)
+        )
+        if not ok:
+            raise AtollError(f"{ref} is not a value of this graph")

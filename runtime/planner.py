@@ -1,0 +1,267 @@
+"""The dispatch planner: what every gang of a graph needs to know, computed without I/O.
+
+Parallel dispatch sends a whole graph ahead of its data, so everything about
+how values move is decided before anything runs: which physical devices and
+island each node's gang uses, which inputs are already resident on a gang's
+devices, which inputs a producer pushes straight to its reader's host (and
+under which inbox key), and which intermediate values can be freed once their
+readers ran. :func:`plan` computes that as plain data from the graph, the
+placement of its slices and the topology; the controller then stamps each run
+with fresh gang ids (:func:`instantiate`) and submits the gangs.
+
+A plan depends only on its inputs, so the controller caches it per traced
+graph and placement (:class:`PlanCache`); releasing a slice, or losing a host,
+invalidates the plans that use it. :attr:`Plan.hosts` groups the work per
+host, which is what a host needs to run its part of a plan on its own.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..devices import GangTask, PushTarget
+from ..kernel import AtollError
+from .graph import Graph, Node, ValueRef
+from .resources import Allocation
+from .topology import Topology
+
+__all__ = [
+    "GangPlan",
+    "HostPlan",
+    "Plan",
+    "PlanCache",
+    "PushPlan",
+    "instantiate",
+    "place",
+    "plan",
+]
+
+
+@dataclass(frozen=True)
+class PushPlan:
+    """Output ``output`` of a gang goes to host ``host``, for these readers:
+    ``(node, input index)`` pairs, each waiting on an inbox key of its own."""
+
+    output: int
+    host: int
+    readers: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
+class GangPlan:
+    """One node's gang: where it runs and how its inputs and outputs move.
+
+    ``resident[i]``: input ``i`` was made by a gang over these same devices,
+    so every shard already holds its part. ``pushed[i]``: input ``i`` arrives
+    by push at the leader's host (``leader_host``).
+    """
+
+    node: int
+    island: int
+    devices: tuple[int, ...]
+    leader_host: int
+    resident: tuple[bool, ...]
+    pushed: tuple[bool, ...]
+    push: tuple[PushPlan, ...]
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    """A host's part of a plan: for each gang with a device there, in graph
+    order, the node and the devices of that host it runs on."""
+
+    host: int
+    gangs: tuple[tuple[int, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything dispatch decides about one graph, as plain data.
+
+    ``frees``: the values to drop once all the listed reader nodes ran.
+    ``hosts``: the per-host instructions, by host id.
+    """
+
+    gangs: tuple[GangPlan, ...]
+    hosts: Mapping[int, HostPlan]
+    frees: tuple[tuple[ValueRef, tuple[int, ...]], ...]
+    push: bool
+    slices: frozenset[int]
+
+
+def place(
+    node: Node, placement: Mapping[int, Allocation], topology: Topology, in_processes: bool
+) -> Allocation:
+    """The allocation a node runs on, checked against the node's needs.
+
+    Raises :class:`AtollError` when the node's slice is unknown, changed
+    size, or (in one process, where hosts share one JAX runtime) a JAX node's
+    slice spans hosts.
+    """
+    alloc = placement.get(node.slice.slice_id)
+    if alloc is None:
+        raise AtollError(
+            f"{node.name}: no slice {node.slice.slice_id} (never allocated, or released)"
+        )
+    if len(alloc.devices) != node.slice.size:
+        raise AtollError(f"{node.name}: slice {node.slice.slice_id} changed size")
+    one_host = getattr(node.kernel, "single_host", False) and not in_processes
+    hosts = sorted({topology.device(d).host for d in alloc.devices})
+    if one_host and len(hosts) > 1:
+        raise AtollError(
+            f"{node.name}: in an in-process cluster a JAX node runs on one host; its "
+            f"slice spans hosts {hosts} (host processes, as process_cluster or "
+            "atoll up --device jax start them, run it across hosts)"
+        )
+    return alloc
+
+
+def plan(
+    graph: Graph,
+    placement: Mapping[int, Allocation],
+    topology: Topology,
+    addresses: Sequence[str],
+    push: bool,
+    temporary: Sequence[int] = (),
+) -> Plan:
+    """Plan a graph's dispatch (pure: no I/O, no actors).
+
+    ``placement`` maps slice ids to their allocations; ``addresses`` holds
+    each host's network address ("" for a host in this process); ``push``:
+    whether producers push outputs to their readers' hosts; ``temporary``:
+    the program inputs the runtime put there itself, freed after use.
+    """
+    in_processes = any(addresses)
+    allocs = [place(node, placement, topology, in_processes) for node in graph.nodes]
+    leader_hosts = [topology.device(a.devices[0]).host for a in allocs]
+    readers: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
+    resident: list[tuple[bool, ...]] = []
+    pushed: list[tuple[bool, ...]] = []
+    for node, alloc, host in zip(graph.nodes, allocs, leader_hosts, strict=True):
+        made = [ref.node >= 0 for ref in node.inputs]
+        same = [
+            m and allocs[r.node].devices == alloc.devices
+            for m, r in zip(made, node.inputs, strict=True)
+        ]
+        resident.append(tuple(same))
+        pushed.append(tuple(m and push for m in made))
+        for i, ref in enumerate(node.inputs):
+            if made[i] and push:
+                readers.setdefault((ref.node, ref.index, host), []).append((node.id, i))
+    pushes: dict[int, list[PushPlan]] = {}
+    for (producer, output, host), keys in readers.items():
+        pushes.setdefault(producer, []).append(PushPlan(output, host, tuple(keys)))
+    gangs = tuple(
+        GangPlan(n, a.island, a.devices, h, resident[n], pushed[n], tuple(pushes.get(n, ())))
+        for n, (a, h) in enumerate(zip(allocs, leader_hosts, strict=True))
+    )
+    frees = tuple((ref, tuple(nodes)) for ref, nodes in graph.freeable(temporary).items())
+    slices = frozenset(node.slice.slice_id for node in graph.nodes)
+    return Plan(gangs, _per_host(gangs, topology), frees, push, slices)
+
+
+def _per_host(gangs: Sequence[GangPlan], topology: Topology) -> dict[int, HostPlan]:
+    work: dict[int, list[tuple[int, tuple[int, ...]]]] = {}
+    for gang in gangs:
+        mine: dict[int, list[int]] = {}
+        for device in gang.devices:
+            mine.setdefault(topology.device(device).host, []).append(device)
+        for host, devices in mine.items():
+            work.setdefault(host, []).append((gang.node, tuple(devices)))
+    return {host: HostPlan(host, tuple(gangs)) for host, gangs in sorted(work.items())}
+
+
+def instantiate(
+    plan_: Plan,
+    graph: Graph,
+    gang_ids: Sequence[str],
+    addresses: Sequence[str],
+    host_refs: Sequence[Any],
+) -> list[GangTask]:
+    """One run of a plan: the gang tasks, with this run's gang ids and inbox keys.
+
+    A push target is dialled at its host's address when it has one, else
+    reached through its reference in ``host_refs`` (same process).
+    """
+
+    def key(node: int, index: int) -> str:
+        return f"{gang_ids[node]}/{index}"
+
+    tasks = []
+    for gang in plan_.gangs:
+        node = graph.nodes[gang.node]
+        targets = tuple(
+            PushTarget(
+                p.output,
+                p.host,
+                None if addresses[p.host] else host_refs[p.host],
+                addresses[p.host],
+                tuple(key(*reader) for reader in p.readers),
+            )
+            for p in gang.push
+        )
+        inbox = tuple(key(gang.node, i) if on else None for i, on in enumerate(gang.pushed))
+        tasks.append(
+            GangTask(
+                gang_ids[gang.node],
+                node.kernel,
+                gang.devices,
+                node.slice.shape,
+                node.slice.axis_names,
+                node.outputs,
+                inbox=inbox,
+                inbox_host=gang.leader_host if plan_.push else -1,
+                resident=gang.resident,
+                push=targets,
+            )
+        )
+    return tasks
+
+
+class PlanCache:
+    """Plans by graph and dispatch options, most recently used kept (no I/O).
+
+    Keyed by the graph object itself (a traced program hands out the same
+    graph for the same signature) and the options that change a plan. A
+    cached plan is dropped when one of its slices is released
+    (:meth:`invalidate_slice`) or the topology changes (:meth:`clear`).
+    """
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self.hits = 0
+        self.misses = 0
+        self._plans: OrderedDict[tuple[int, Hashable], tuple[Graph, Plan]] = OrderedDict()
+
+    def get(self, graph: Graph, options: Hashable) -> Plan | None:
+        """The cached plan of ``graph`` under ``options``, or None."""
+        found = self._plans.get((id(graph), options))
+        if found is None or found[0] is not graph:
+            self.misses += 1
+            return None
+        self._plans.move_to_end((id(graph), options))
+        self.hits += 1
+        return found[1]
+
+    def put(self, graph: Graph, options: Hashable, plan_: Plan) -> None:
+        """Remember a plan (the graph is held, so its id stays unique)."""
+        self._plans[(id(graph), options)] = (graph, plan_)
+        self._plans.move_to_end((id(graph), options))
+        while len(self._plans) > self.capacity:
+            self._plans.popitem(last=False)
+
+    def invalidate_slice(self, slice_id: int) -> int:
+        """Drop every plan that uses slice ``slice_id``; returns how many."""
+        doomed = [k for k, (_, p) in self._plans.items() if slice_id in p.slices]
+        for k in doomed:
+            del self._plans[k]
+        return len(doomed)
+
+    def clear(self) -> None:
+        self._plans.clear()
+
+    def __len__(self) -> int:
+        return len(self._plans)

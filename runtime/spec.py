@@ -1,0 +1,127 @@
+"""One validated description of a cluster, consumed by every launcher.
+
+:class:`ClusterSpec` says how many islands, hosts and devices there are, which
+devices and island policies they run, and how the runtime behaves. Both
+launchers take it: :func:`~atoll.runtime.local_cluster` (one process) and the
+process cluster (``atoll up``, ``process_cluster``). Each option either works
+with a launcher or is refused there with a clear error
+(:meth:`ClusterSpec.check_for`); nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..devices import CostModel, Device, SimDevice
+from ..kernel import AtollError, Clock
+from ..schedulers import get_scheduler
+from .topology import Topology
+
+__all__ = ["BadClusterSpec", "ClusterSpec"]
+
+
+class BadClusterSpec(AtollError, ValueError):
+    """A cluster option is out of range, or not supported by the chosen launcher."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The shape and options of a cluster (see the module docstring).
+
+    ``scheduler`` names the island policy for every island, or per island
+    (``{0: "fifo", 1: "my-policy"}``; islands not named get ``"fifo"``).
+    ``remote_hosts`` of the hosts are not started by the launcher but join
+    from elsewhere (``atoll host --join``); process clusters only.
+    ``clock`` (a ``VirtualClock`` for simulated time) and ``rpc_latency_s``
+    (a modelled RPC hop) only make sense in one process.
+    """
+
+    islands: int = 1
+    hosts_per_island: int = 2
+    devices_per_host: int = 4
+    scheduler: str | Mapping[int, str] = "fifo"
+    device_cls: type[Device] = SimDevice
+    cost: CostModel = field(default_factory=CostModel)
+    store_bytes: int | None = None
+    rpc_latency_s: float = 0.0
+    push: bool | None = None
+    clock: Clock | None = None
+    remote_hosts: int = 0
+
+    def __post_init__(self) -> None:
+        for label in ("islands", "hosts_per_island", "devices_per_host"):
+            value = getattr(self, label)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BadClusterSpec(f"{label} must be a positive integer, got {value!r}")
+        if self.store_bytes is not None and self.store_bytes < 1:
+            raise BadClusterSpec(f"store_bytes must be positive or None, got {self.store_bytes}")
+        if self.rpc_latency_s < 0:
+            raise BadClusterSpec(f"rpc_latency_s must not be negative, got {self.rpc_latency_s}")
+        if not 0 <= self.remote_hosts <= self.hosts:
+            raise BadClusterSpec(
+                f"remote_hosts must be between 0 and {self.hosts} (the hosts in all), "
+                f"got {self.remote_hosts}"
+            )
+        if not (isinstance(self.device_cls, type) and issubclass(self.device_cls, Device)):
+            raise BadClusterSpec(f"device_cls must be a Device class, got {self.device_cls!r}")
+        for name in set(self.policies.values()):
+            get_scheduler(name)  # fails early, naming the known policies
+
+    @classmethod
+    def of_hosts(cls, hosts: int, islands: int = 1, **options: Any) -> ClusterSpec:
+        """A spec with ``hosts`` hosts in all, split evenly into ``islands``."""
+        if islands < 1 or hosts < 1 or hosts % islands:
+            raise BadClusterSpec(f"{hosts} hosts do not split evenly into {islands} islands")
+        return cls(islands, hosts // islands, **options)
+
+    @property
+    def hosts(self) -> int:
+        return self.islands * self.hosts_per_island
+
+    @property
+    def local_hosts(self) -> int:
+        """The hosts a launcher starts itself (the rest join from elsewhere)."""
+        return self.hosts - self.remote_hosts
+
+    @property
+    def topology(self) -> Topology:
+        return Topology.even(self.islands, self.hosts_per_island, self.devices_per_host)
+
+    @property
+    def policies(self) -> dict[int, str]:
+        """The policy name of every island."""
+        if isinstance(self.scheduler, str):
+            return dict.fromkeys(range(self.islands), self.scheduler)
+        unknown = sorted(set(self.scheduler) - set(range(self.islands)))
+        if unknown:
+            raise BadClusterSpec(f"scheduler names islands {unknown}, which do not exist")
+        return {i: self.scheduler.get(i, "fifo") for i in range(self.islands)}
+
+    def check_for(self, transport: str) -> None:
+        """Refuse options the launcher for ``transport`` cannot honour."""
+        if transport == "inproc":
+            if self.remote_hosts:
+                raise BadClusterSpec("remote_hosts needs host processes (transport='capnp')")
+            self._check_devices()  # one process: its devices are all there are
+            return
+        if transport != "capnp":
+            raise BadClusterSpec(f"transport must be 'inproc' or 'capnp', got {transport!r}")
+        if self.clock is not None:
+            raise BadClusterSpec(
+                "transport='capnp' runs on wall-clock time: a clock= cannot span processes"
+            )
+        if self.rpc_latency_s:
+            raise BadClusterSpec(
+                "rpc_latency_s models RPC hops inside one process; with transport='capnp' "
+                "the hops are real"
+            )
+
+    def _check_devices(self) -> None:
+        limit = self.device_cls.available()
+        total = self.hosts * self.devices_per_host
+        if limit is not None and total > limit:
+            raise BadClusterSpec(
+                f"{self.device_cls.__name__}: {total} devices asked for, {limit} exist"
+            )
