@@ -60,7 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=0, help="controller port (0: any free one)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
     up.add_argument("--scheduler", default="fifo")
-    up.add_argument("--cluster-file", default="atoll-cluster.json")
+    up.add_argument(
+        "--cluster-file",
+        help="write address and token here (default: $XDG_RUNTIME_DIR/atoll/cluster.json, "
+        "else ~/.atoll/cluster.json, in a directory of mode 0700)",
+    )
     up.add_argument(
         "--jax-coordinator",
         metavar="HOST:PORT",
@@ -69,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     host = sub.add_parser("host", help="join a host to a running cluster")
     host.add_argument("--join", required=True, help="controller address, capnp://HOST:PORT")
-    host.add_argument("--cluster-file", help="take the token from this file")
+    host.add_argument(
+        "--cluster-file", help="take the token from this file (the one atoll up printed)"
+    )
     host.add_argument(
         "--listen",
         default="capnp://127.0.0.1:0",
@@ -102,8 +108,10 @@ def _up(args: argparse.Namespace) -> int:
     import asyncio
 
     from .devices import Device, SimDevice
+    from .kernel import AtollError
     from .runtime.process import run_up
     from .runtime.spec import ClusterSpec
+    from .transports.capnp.clusterfile import default_cluster_file
 
     device_cls: type[Device] = SimDevice
     if args.device == "jax":
@@ -120,7 +128,11 @@ def _up(args: argparse.Namespace) -> int:
     )
     if args.device == "jax" and args.remote_hosts:
         _share_jax_runtime(args)
-    asyncio.run(run_up(spec, f"capnp://{args.host}:{args.port}", args.cluster_file))
+    try:
+        cluster_file = args.cluster_file or str(default_cluster_file())
+    except AtollError as exc:
+        raise SystemExit(f"atoll up: {exc}") from None
+    asyncio.run(run_up(spec, f"capnp://{args.host}:{args.port}", cluster_file))
     return 0
 
 
@@ -180,13 +192,23 @@ def _join_jax_runtime(args: argparse.Namespace) -> None:
 
 
 BENCHMARKS = {
-    "transport": "atoll.transports.capnp.bench",
-    "dispatch": "atoll._bench_dispatch",
-    "partition": "atoll.schedulers.partition.bench",
+    "transport": "atoll.benchmarks.transport",
+    "dispatch": "atoll.benchmarks.dispatch",
+    "partition": "atoll.benchmarks.partition",
 }
 
 
 def _bench(args: argparse.Namespace) -> int:
+    """Run ``benchmarks/NAME.py``'s ``main``: benchmarks live in the source tree only."""
+    try:
+        importlib.import_module("atoll.benchmarks")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("atoll.benchmarks", "atoll"):
+            raise
+        raise SystemExit(
+            "atoll bench: the benchmarks are not part of the installed package; "
+            "run them from a source checkout (pip install -e . in a clone of atoll)"
+        ) from None
     module = importlib.import_module(BENCHMARKS[args.name])
     code: int = module.main(args.args)
     return code

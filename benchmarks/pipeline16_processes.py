@@ -21,20 +21,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
+from collections.abc import Sequence
 
-from atoll import _bench_dispatch as bench
+from atoll.benchmarks import dispatch as bench
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the three ways and print their medians (or, with ``--json``, the rows)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = asyncio.run(bench.pipeline_processes(args.runs))
     if args.json:
         for row in rows:
             print(row.json())
-        return
+        return 0
     floor_ms = bench.STAGE_S * 16 * 1e3
     print(f"16 steps x 2 ms on 16 host processes, median of {args.runs} runs beyond the")
     print(f"{floor_ms:.0f} ms floor:")
@@ -44,7 +47,8 @@ def main() -> None:
     parallel = by_case["pipeline16_parallel_overhead_processes"]
     sequential = by_case["pipeline16_sequential_overhead_processes"]
     print(f"  sequential / parallel overhead: {sequential / max(parallel, 1e-9):.1f}x")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,6 +15,8 @@ from ._base import CostModel as CostModel
 from ._base import Device as Device
 from ._base import DeviceStats as DeviceStats
 from ._base import Host as Host
+from ._errors import DeviceError as DeviceError
+from ._errors import UnsupportedKernel as UnsupportedKernel
 from ._gang import GangTask as GangTask
 from ._gang import PushTarget as PushTarget
 from ._gang import Rendezvous as Rendezvous
@@ -30,6 +32,7 @@ __all__ = [
     "Computation",
     "CostModel",
     "Device",
+    "DeviceError",
     "DeviceStats",
     "GangTask",
     "Host",
@@ -38,4 +41,5 @@ __all__ = [
     "PushTarget",
     "Rendezvous",
     "SimDevice",
+    "UnsupportedKernel",
 ]

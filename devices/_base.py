@@ -36,6 +36,7 @@ from ..kernel import (
     then,
     value_of,
 )
+from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask
 from ._store import BufferMissing, ObjectStore
 
@@ -332,7 +333,7 @@ class Device(Actor):
     async def arrive(self, task: GangTask, stage: str) -> None:
         """Wait at the gang's barrier ``stage`` until every shard got there."""
         if task.rendezvous is None:
-            raise RuntimeError(f"gang {task.gang_id} needs a rendezvous")
+            raise DeviceError(f"gang {task.gang_id} needs a rendezvous")
         await task.rendezvous.arrive(f"{task.gang_id}/{stage}", len(task.devices))
 
     async def run_shard(
@@ -346,7 +347,8 @@ class Device(Actor):
         """
         computation = task.kernel
         if not isinstance(computation, Computation):
-            raise TypeError(f"{type(self).__name__} cannot run {type(computation).__name__}")
+            kind = type(computation).__name__
+            raise UnsupportedKernel(f"{type(self).__name__} cannot run {kind}")
         if self.device_id != task.leader:
             await self.spend(computation)
             return []
@@ -550,6 +552,7 @@ class Host(Actor):
         return {
             "buffers": len(self.store),
             "bytes": self.store.used_bytes,
+            "capacity": self.store.capacity_bytes or 0,  # 0: unbounded
             "arrivals": self.store.pending_arrivals(),
             "pushes_in": self.pushes_in,
             "pushes_declined": self.pushes_declined,

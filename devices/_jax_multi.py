@@ -34,7 +34,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..kernel import AtollError
+from ._errors import DeviceError
 
 if TYPE_CHECKING:
     import jax
@@ -48,6 +48,7 @@ __all__ = [
     "ensure_runtime",
     "free_port",
     "host_leader",
+    "jax_device",
     "local_copy",
     "local_devices_only",
     "register",
@@ -163,8 +164,6 @@ def resolve(device_ids: Sequence[int]) -> list[jax.Device]:
     A host process that shares no runtime sees only its own devices: a gang
     over another host's is an error.
     """
-    from .jax_device import jax_device
-
     client = _client()
     devices = []
     for d in device_ids:
@@ -172,7 +171,7 @@ def resolve(device_ids: Sequence[int]) -> list[jax.Device]:
         if device is None and client is not None:
             device = _elsewhere[d] = _lookup(client, d)
         elif device is None and local_devices_only():
-            raise AtollError(
+            raise DeviceError(
                 f"atoll device {d} is on another host process, and the host processes "
                 "share no JAX runtime: start them with atoll up --device jax (or "
                 "process_cluster), or join with atoll host --jax-coordinator ..."
@@ -193,7 +192,7 @@ def _lookup(client: Any, device_id: int) -> jax.Device:
     try:
         value = client.blocking_key_value_get(_KEY.format(device_id), _LOOKUP_TIMEOUT_MS)
     except Exception as exc:
-        raise AtollError(f"atoll device {device_id} never joined the JAX runtime: {exc}") from exc
+        raise DeviceError(f"atoll device {device_id} never joined the JAX runtime: {exc}") from exc
     by_id = {device.id: device for device in jax.devices()}
     return by_id[int(value)]
 
@@ -216,7 +215,7 @@ def host_leader(device_ids: Sequence[int], devices: Sequence[jax.Device]) -> int
     for device_id, device in zip(device_ids, devices, strict=True):
         if device.process_index == me:
             return device_id
-    raise AtollError(f"no device of gang {list(device_ids)} is in this process")
+    raise DeviceError(f"no device of gang {list(device_ids)} is in this process")
 
 
 def spans_processes(devices: Sequence[jax.Device]) -> bool:
@@ -230,4 +229,24 @@ def local_copy(array: jax.Array, device: jax.Device) -> jax.Array:
         if shard.device == device:
             data: jax.Array = shard.data
             return data
-    raise AtollError(f"no copy of the output on {device}")
+    raise DeviceError(f"no copy of the output on {device}")
+
+
+def jax_device(device_id: int) -> jax.Device:
+    """The JAX device behind atoll device ``device_id``.
+
+    In one process, device ``d`` is ``jax.devices()[d]``. In a cluster of host
+    processes (``atoll up --device jax``), each process owns only its own
+    devices: ``ATOLL_JAX_LOCAL=1`` makes ``d`` map to
+    ``jax.local_devices()[d % len(jax.local_devices())]``, its place among the
+    host's devices when hosts hold equal numbers.
+    """
+    import jax
+
+    if local_devices_only():
+        local = jax.local_devices()
+        return local[device_id % len(local)]
+    devices = jax.devices()
+    if device_id >= len(devices):
+        raise DeviceError(f"atoll device {device_id} has no JAX device: JAX sees {len(devices)}")
+    return devices[device_id]

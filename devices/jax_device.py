@@ -57,24 +57,6 @@ class JaxHost(Host):
         return sorted(d.id for d in array.devices())
 
 
-def jax_device(device_id: int) -> jax.Device:
-    """The JAX device behind atoll device ``device_id``.
-
-    In one process, device ``d`` is ``jax.devices()[d]``. In a cluster of host
-    processes (``atoll up --device jax``), each process owns only its own
-    devices: ``ATOLL_JAX_LOCAL=1`` makes ``d`` map to
-    ``jax.local_devices()[d % len(jax.local_devices())]``, its place among the
-    host's devices when hosts hold equal numbers.
-    """
-    if _jax_multi.local_devices_only():
-        local = jax.local_devices()
-        return local[device_id % len(local)]
-    devices = jax.devices()
-    if device_id >= len(devices):
-        raise RuntimeError(f"atoll device {device_id} has no JAX device: JAX sees {len(devices)}")
-    return devices[device_id]
-
-
 class JaxDevice(Device):
     """A device actor on one JAX device; see the module docstring."""
 
@@ -99,7 +81,7 @@ class JaxDevice(Device):
         await super().on_start()
         if _jax_multi.configured():
             await anyio.to_thread.run_sync(_jax_multi.ensure_runtime)
-        self.device = jax_device(self.device_id)
+        self.device = _jax_multi.jax_device(self.device_id)
         _jax_multi.register(self.device_id, self.device)
 
     async def execute(self, computation: Computation, inputs: list[np.ndarray]) -> np.ndarray:

@@ -1,19 +1,21 @@
-"""A custom island scheduler, plugged in by name: gang FIFO with a bounded queue.
+"""A custom island policy, plugged in by name: gang FIFO with a bounded queue.
 
 ``BoundedFifo`` keeps the island-wide gang order (so collectives cannot
 deadlock) but lets at most ``limit`` gangs be queued on any device at once;
-later gangs wait inside the scheduler and are released, in order, as
+later gangs wait inside the policy and are released, in order, as
 ``Completed`` events come in. That bounds how much work (and how many input
 buffers) sits in device mailboxes, at the price of one scheduler round trip
 when the queue runs dry.
 
-It is a pure state machine: ``handle(event) -> instructions``, no I/O. Select
-it per island by name::
+It is an :class:`~atoll.schedulers.IslandPolicy`, a pure state machine:
+``handle(event) -> instructions``, no I/O. This module registers it in code
+when imported (or run); select it per island by name::
 
-    import examples.custom_scheduler  # registers "bounded-fifo"
+    import atoll.examples.custom_scheduler  # registers "bounded-fifo"
     async with atoll.local_cluster(2, scheduler={0: "fifo", 1: "bounded-fifo"}) as c: ...
 
-A package would instead declare it in its pyproject.toml::
+atoll itself does not publish it. A package that ships a policy for others to
+use would declare it as a plugin in its own pyproject.toml::
 
     [project.entry-points."atoll.schedulers"]
     bounded-fifo = "mypackage.sched:BoundedFifo"
@@ -28,7 +30,15 @@ from collections import Counter, deque
 import anyio
 import numpy as np
 
-from atoll.schedulers import Completed, Dispatch, Event, Instruction, Submit, register_scheduler
+from atoll.schedulers import (
+    Completed,
+    Dispatch,
+    Event,
+    Instruction,
+    PolicyError,
+    Submit,
+    register_scheduler,
+)
 
 __all__ = ["BoundedFifo", "main"]
 
@@ -47,12 +57,12 @@ class BoundedFifo:
     def handle(self, event: Event) -> list[Instruction]:
         if isinstance(event, Submit):
             if not event.devices or event.gang_id in self._left:
-                raise ValueError(f"bad gang {event.gang_id!r}")
+                raise PolicyError(f"bad gang {event.gang_id!r}")
             self._waiting.append(event)
         elif isinstance(event, Completed):
             left = self._left.get(event.gang_id, set())
             if event.device not in left:
-                raise ValueError(f"{event.gang_id!r} was not running on device {event.device}")
+                raise PolicyError(f"{event.gang_id!r} was not running on device {event.device}")
             left.discard(event.device)
             self._queued[event.device] -= 1
             if not left:

@@ -31,10 +31,13 @@ from ._errors import ActorFailed as ActorFailed
 from ._errors import ActorStopped as ActorStopped
 from ._errors import AtollError as AtollError
 from ._errors import BadCall as BadCall
+from ._errors import BadMailbox as BadMailbox
 from ._errors import CallCancelled as CallCancelled
 from ._errors import HostLost as HostLost
 from ._errors import MailboxFull as MailboxFull
 from ._errors import NoSuchEndpoint as NoSuchEndpoint
+from ._errors import NotAnActor as NotAnActor
+from ._errors import NotRunning as NotRunning
 from ._errors import RemoteActorError as RemoteActorError
 from ._errors import TransportError as TransportError
 from ._mailbox import Mailbox as Mailbox
@@ -56,6 +59,7 @@ __all__ = [
     "ActorSystem",
     "AtollError",
     "BadCall",
+    "BadMailbox",
     "Call",
     "CallCancelled",
     "Channel",
@@ -68,6 +72,8 @@ __all__ = [
     "MailboxFull",
     "NoSuchEndpoint",
     "NodeActor",
+    "NotAnActor",
+    "NotRunning",
     "Promise",
     "RemoteActorError",
     "TransportError",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, overload
 
-from ._errors import BadCall, NoSuchEndpoint
+from ._errors import BadCall, NoSuchEndpoint, NotRunning
 from ._promise import Promise
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class Actor:
     def ctx(self) -> ActorContext:
         """The runtime's handle for this actor; set before ``on_start``."""
         if self._atoll_ctx is None:
-            raise RuntimeError(f"{type(self).__name__} is not running under an ActorSystem")
+            raise NotRunning(f"{type(self).__name__} is not running under an ActorSystem")
         return self._atoll_ctx
 
     async def on_start(self) -> None:

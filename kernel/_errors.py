@@ -16,10 +16,13 @@ __all__ = [
     "ActorStopped",
     "AtollError",
     "BadCall",
+    "BadMailbox",
     "CallCancelled",
     "HostLost",
     "MailboxFull",
     "NoSuchEndpoint",
+    "NotAnActor",
+    "NotRunning",
     "RemoteActorError",
     "TransportError",
 ]
@@ -31,6 +34,18 @@ class AtollError(Exception):
 
 class BadCall(AtollError, TypeError):
     """A call did not match the endpoint's signature; nothing was sent."""
+
+
+class NotAnActor(AtollError, TypeError):
+    """``spawn`` was given something that is not an :class:`Actor` subclass."""
+
+
+class NotRunning(AtollError, RuntimeError):
+    """An actor or actor system was used outside a running :class:`ActorSystem`."""
+
+
+class BadMailbox(AtollError, ValueError):
+    """Mailbox bounds that make no sense (a capacity below 1 or a negative slack)."""
 
 
 class NoSuchEndpoint(AtollError, AttributeError):

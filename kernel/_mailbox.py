@@ -20,7 +20,7 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from ._errors import ActorStopped, MailboxFull
+from ._errors import ActorStopped, BadMailbox, MailboxFull
 
 __all__ = ["Mailbox"]
 
@@ -32,7 +32,7 @@ class Mailbox(Generic[M]):
 
     def __init__(self, owner: str, capacity: int = 1024, slack: int = 65536) -> None:
         if capacity < 1 or slack < 0:
-            raise ValueError(f"bad mailbox bounds: capacity={capacity}, slack={slack}")
+            raise BadMailbox(f"bad mailbox bounds: capacity={capacity}, slack={slack}")
         self.owner = owner
         self.capacity = capacity
         self.slack = slack

@@ -13,7 +13,7 @@ from typing import Any
 
 from ._actor import Actor, ActorRef, Directive, endpoint
 from ._clock import wait_idle
-from ._errors import AtollError
+from ._errors import AtollError, NotAnActor
 
 __all__ = ["NodeActor", "resolve_actor_class"]
 
@@ -31,7 +31,7 @@ def resolve_actor_class(target: str | type[Actor]) -> type[Actor]:
         except (ImportError, AttributeError) as exc:
             raise AtollError(f"cannot import actor class {target!r}: {exc}") from None
     if not (isinstance(cls, type) and issubclass(cls, Actor)):
-        raise AtollError(f"{target!r} is not an Actor subclass")
+        raise NotAnActor(f"{target!r} is not an Actor subclass")
     return cls
 
 

@@ -35,6 +35,8 @@ from ._errors import (
     AtollError,
     CallCancelled,
     NoSuchEndpoint,
+    NotAnActor,
+    NotRunning,
     RemoteActorError,
 )
 from ._mailbox import Mailbox
@@ -454,9 +456,9 @@ class ActorSystem:
         parent: _Cell | None,
     ) -> ActorRef[A]:
         if self._tg is None:
-            raise AtollError("the ActorSystem is not running (use `async with`)")
+            raise NotRunning("the ActorSystem is not running (use `async with`)")
         if not (isinstance(cls, type) and issubclass(cls, Actor)):
-            raise TypeError(f"spawn needs an Actor subclass, got {cls!r}")
+            raise NotAnActor(f"spawn needs an Actor subclass, got {cls!r}")
         number = next(self._ids)
         name = name or f"{cls.__name__}-{number}"
         if parent is not None:

@@ -44,6 +44,7 @@ from .spec import BadClusterSpec as BadClusterSpec
 from .spec import ClusterSpec as ClusterSpec
 from .topology import DeviceInfo as DeviceInfo
 from .topology import Topology as Topology
+from .tracing import NotAProgram as NotAProgram
 from .tracing import PlacedFunction as PlacedFunction
 from .tracing import Program as Program
 from .tracing import VirtualSlice as VirtualSlice
@@ -87,6 +88,7 @@ __all__ = [
     "GraphBuilder",
     "IslandScheduler",
     "Node",
+    "NotAProgram",
     "Outputs",
     "PlacedFunction",
     "Plan",

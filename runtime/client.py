@@ -30,7 +30,7 @@ from ..kernel import (
 from .graph import Graph, ValueRef
 from .latency import Wire
 from .topology import DeviceInfo, Topology
-from .tracing import PlacedFunction, Program, VirtualSlice, aval_of
+from .tracing import NotAProgram, PlacedFunction, Program, VirtualSlice, aval_of
 
 if TYPE_CHECKING:
     from .controller import Controller
@@ -281,7 +281,7 @@ def _program_of(target: Any) -> Program:
         return target.as_program()
     if isinstance(target, Program):
         return target
-    raise TypeError(
+    raise NotAProgram(
         f"run needs a Computation, a Program or a placed function, got {type(target).__name__}"
     )
 

@@ -2,7 +2,9 @@
 
 A *cluster file* is the JSON that ``atoll up`` (or ``atoll node
 --cluster-file``) writes: the controller's address and the cluster token. It is
-written readable by its owner only, since the token is the key to the cluster.
+written readable by its owner only, since the token is the key to the cluster;
+``atoll up`` keeps it in a private directory unless told otherwise (see
+``transports.capnp.clusterfile.default_cluster_file``) and prints its path.
 
 A client that asks for the cluster (:meth:`Client.cluster`) opens a session
 with the controller (see ``runtime/sessions.py``): it gets an owner label of its own,

@@ -85,6 +85,12 @@ class Controller(Actor):
         return self.topology_
 
     @endpoint
+    async def policies(self) -> dict[int, str]:
+        """Each island's scheduling policy, by name."""
+        answers = {island: ref.scheduler_name() for island, ref in self.schedulers.items()}
+        return {island: await answer for island, answer in answers.items()}
+
+    @endpoint
     def allocate(
         self,
         n: int,

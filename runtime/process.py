@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -208,13 +209,25 @@ def _start_hosts(
     ]
 
 
-def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+async def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
+    """SIGTERM every host, give them ``grace`` s in all to exit, then SIGKILL the rest.
+
+    The waiting happens in a worker thread, so this event loop keeps serving
+    (the hosts' goodbyes included) meanwhile; shielded, so that a cancelled
+    caller still reaps them.
+    """
     for process in processes:
         if process.poll() is None:
             process.terminate()
+    with anyio.CancelScope(shield=True):
+        await anyio.to_thread.run_sync(_reap, processes, time.monotonic() + grace)
+
+
+def _reap(processes: list[subprocess.Popen[bytes]], deadline: float) -> None:
+    """Wait for each process until ``deadline``; SIGKILL those still running then."""
     for process in processes:
         try:
-            process.wait(grace)
+            process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
@@ -239,7 +252,7 @@ async def _controller(
             info = await asyncio.wait_for(builder.cluster(), start_timeout)
             yield system, listener, info
         finally:
-            _stop_hosts(processes)
+            await _stop_hosts(processes)
             await listener.aclose()
 
 

@@ -23,11 +23,25 @@ from ..devices import Aval, JaxKernel
 from ..kernel import AtollError
 from .graph import Graph, GraphBuilder, SliceSpec, ValueRef
 
-__all__ = ["PlacedFunction", "Program", "Trace", "Traced", "VirtualSlice", "aval_of", "program"]
+__all__ = [
+    "NotAProgram",
+    "PlacedFunction",
+    "Program",
+    "Trace",
+    "Traced",
+    "VirtualSlice",
+    "aval_of",
+    "program",
+]
 
 _TRACE: contextvars.ContextVar[GraphBuilder | None] = contextvars.ContextVar(
     "atoll_trace", default=None
 )
+
+
+class NotAProgram(AtollError, TypeError):
+    """``run`` was given something that is neither a Computation, a Program nor
+    a placed function."""
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,23 @@
-"""Island schedulers: pure state machines behind a small protocol.
+"""Island policies: pure state machines behind a small protocol.
 
-Pick one per island by name (``"fifo"`` is the default); add your own with
-:func:`register_scheduler` or the ``atoll.schedulers`` entry-point group.
+An :class:`IslandPolicy` decides the order in which one island's devices run
+their gangs; the island's scheduler actor (:class:`atoll.runtime.IslandScheduler`)
+runs it. Pick one per island by name (``scheduler="fifo"``, the default, is
+:class:`FifoPolicy`); add your own with :func:`register_scheduler`, or publish
+one from a package through the ``atoll.schedulers`` entry-point group.
 """
 
+from ._fifo import FifoPolicy as FifoPolicy
 from ._fifo import FifoScheduler as FifoScheduler
 from ._protocol import Completed as Completed
 from ._protocol import Dispatch as Dispatch
 from ._protocol import Event as Event
 from ._protocol import Instruction as Instruction
+from ._protocol import IslandPolicy as IslandPolicy
+from ._protocol import PolicyError as PolicyError
 from ._protocol import Scheduler as Scheduler
 from ._protocol import Submit as Submit
+from ._protocol import UnknownScheduler as UnknownScheduler
 from ._protocol import get_scheduler as get_scheduler
 from ._protocol import register_scheduler as register_scheduler
 from ._protocol import scheduler_names as scheduler_names
@@ -19,10 +26,14 @@ __all__ = [
     "Completed",
     "Dispatch",
     "Event",
-    "FifoScheduler",
+    "FifoPolicy",
+    "FifoScheduler",  # deprecated alias of FifoPolicy, kept for existing code
     "Instruction",
-    "Scheduler",
+    "IslandPolicy",
+    "PolicyError",
+    "Scheduler",  # deprecated alias of IslandPolicy, kept for existing code
     "Submit",
+    "UnknownScheduler",
     "get_scheduler",
     "register_scheduler",
     "scheduler_names",

@@ -1,4 +1,4 @@
-"""The default island scheduler: gang FIFO.
+"""The default island policy: gang FIFO (registered as ``"fifo"``).
 
 Every gang gets one position (``seq``) in a single island-wide order, in the
 order gangs were submitted, and every device is sent its shards in that order.
@@ -9,13 +9,21 @@ from deadlocking.
 
 from __future__ import annotations
 
-from ._protocol import Completed, Dispatch, Event, Instruction, Submit, register_scheduler
+from ._protocol import (
+    Completed,
+    Dispatch,
+    Event,
+    Instruction,
+    PolicyError,
+    Submit,
+    register_scheduler,
+)
 
-__all__ = ["FifoScheduler"]
+__all__ = ["FifoPolicy", "FifoScheduler"]
 
 
-class FifoScheduler:
-    """Gang FIFO; see the module docstring."""
+class FifoPolicy:
+    """Gang FIFO, an :class:`~atoll.schedulers.IslandPolicy`; see the module docstring."""
 
     def __init__(self) -> None:
         self._next_seq = 0
@@ -29,9 +37,9 @@ class FifoScheduler:
 
     def _submit(self, event: Submit) -> list[Instruction]:
         if not event.devices:
-            raise ValueError(f"gang {event.gang_id!r} has no devices")
+            raise PolicyError(f"gang {event.gang_id!r} has no devices")
         if event.gang_id in self._left:
-            raise ValueError(f"gang {event.gang_id!r} was already submitted")
+            raise PolicyError(f"gang {event.gang_id!r} was already submitted")
         seq = self._next_seq
         self._next_seq += 1
         devices = set(event.devices)
@@ -41,7 +49,7 @@ class FifoScheduler:
     def _complete(self, event: Completed) -> None:
         left = self._left.get(event.gang_id, set())
         if event.device not in left:
-            raise ValueError(f"{event.gang_id!r} was not running on device {event.device}")
+            raise PolicyError(f"{event.gang_id!r} was not running on device {event.device}")
         left.discard(event.device)
         if not left:
             del self._left[event.gang_id]
@@ -54,4 +62,6 @@ class FifoScheduler:
         assert all(self._left.values()), "a finished gang is still tracked"
 
 
-register_scheduler("fifo", FifoScheduler)
+FifoScheduler = FifoPolicy  # deprecated alias: the old name
+
+register_scheduler("fifo", FifoPolicy)

@@ -1,10 +1,11 @@
-"""The island-scheduler protocol: a pure state machine, ``event -> instructions``.
+"""The island-policy protocol: a pure state machine, ``event -> instructions``.
 
-An island scheduler decides in which order the devices of one island run the
+An island policy decides in which order the devices of one island run the
 gangs (sharded computations) sent to it. It does no I/O: the island's
-scheduler *actor* feeds it events and carries out the instructions it returns.
-That keeps schedulers deterministic and testable without any network, and lets
-users plug in their own by name.
+scheduler *actor* (:class:`~atoll.runtime.IslandScheduler`) feeds it events
+and carries out the instructions it returns. That keeps policies deterministic
+and testable without any network, and lets users plug in their own by name
+(the registry keeps the word "scheduler": ``scheduler="fifo"``).
 
 Every event carries an ``event_id`` and every instruction names the event that
 caused it, so a trace can explain each decision.
@@ -17,13 +18,18 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
+from ..kernel import AtollError
+
 __all__ = [
     "Completed",
     "Dispatch",
     "Event",
     "Instruction",
+    "IslandPolicy",
+    "PolicyError",
     "Scheduler",
     "Submit",
+    "UnknownScheduler",
     "get_scheduler",
     "register_scheduler",
     "scheduler_names",
@@ -65,8 +71,8 @@ class Dispatch:
 Instruction = Dispatch
 
 
-class Scheduler(Protocol):
-    """What an island scheduler must do. Implementations keep their own state."""
+class IslandPolicy(Protocol):
+    """What an island policy must do. Implementations keep their own state."""
 
     def handle(self, event: Event) -> list[Instruction]:
         """Take one event; return what the actor must do now, in order."""
@@ -77,33 +83,49 @@ class Scheduler(Protocol):
         ...
 
 
-_REGISTRY: dict[str, Callable[[], Scheduler]] = {}
+Scheduler = IslandPolicy  # deprecated alias: the old name, too close to the IslandScheduler actor
 
 
-def register_scheduler(name: str, factory: Callable[[], Scheduler]) -> None:
-    """Make ``factory`` selectable by ``name`` (per island)."""
+class PolicyError(AtollError, ValueError):
+    """An event the policy cannot take: a gang with no devices, submitted twice,
+    or a completion from a device the gang was not running on."""
+
+
+class UnknownScheduler(AtollError, KeyError):
+    """No policy is registered under that name (in code or by entry point)."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0]) if self.args else "unknown scheduler"
+
+
+_REGISTRY: dict[str, Callable[[], IslandPolicy]] = {}
+
+
+def register_scheduler(name: str, factory: Callable[[], IslandPolicy]) -> None:
+    """Make the policies ``factory`` builds selectable by ``name`` (per island)."""
     _REGISTRY[name] = factory
 
 
 def scheduler_names() -> list[str]:
-    """Built-in and entry-point (``atoll.schedulers``) scheduler names."""
+    """Policy names registered in code or as ``atoll.schedulers`` entry points."""
     _load_entry_points()
     return sorted(_REGISTRY)
 
 
-def get_scheduler(name: str) -> Scheduler:
-    """A fresh scheduler instance by name."""
+def get_scheduler(name: str) -> IslandPolicy:
+    """A fresh policy instance by name."""
     if name not in _REGISTRY:
         _load_entry_points()
     try:
         factory = _REGISTRY[name]
     except KeyError:
         known = ", ".join(scheduler_names())
-        raise KeyError(f"no scheduler named {name!r}; known: {known}") from None
+        raise UnknownScheduler(f"no scheduler named {name!r}; known: {known}") from None
     return factory()
 
 
 def _load_entry_points() -> None:
+    """Register the plugins' policies; a name registered in code wins."""
     for ep in entry_points(group="atoll.schedulers"):
         if ep.name not in _REGISTRY:
             factory: Any = ep.load()

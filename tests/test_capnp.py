@@ -7,6 +7,7 @@ import dataclasses
 import os
 import socket
 import struct
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -187,6 +188,20 @@ async def test_silent_peer_is_dropped_after_login_timeout() -> None:
         sock.close()
     finally:
         assert quick.stop() == 0
+
+
+def test_a_node_process_that_never_gets_ready_times_out() -> None:
+    # half a ready line, then silence: a blocking readline() would wait forever
+    hang = "import signal, sys; sys.stdout.write('ATOLL-NODE'); sys.stdout.flush(); signal.pause()"
+    started = time.monotonic()
+    with pytest.raises(TransportError, match=r"not ready within 0\.5 s"):
+        NodeProcess(TOKEN, timeout=0.5, command=[sys.executable, "-c", hang])
+    assert time.monotonic() - started < 30
+
+
+def test_a_node_process_that_exits_early_reports_its_stderr() -> None:
+    with pytest.raises(TransportError, match="no such luck"):
+        NodeProcess(TOKEN, command=[sys.executable, "-c", "raise SystemExit('no such luck')"])
 
 
 @pytest.mark.parametrize(

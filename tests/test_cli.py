@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+import atoll
 from atoll.cli import main
 
 
@@ -25,11 +28,26 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_console_script_is_installed() -> None:
+    """The ``atoll`` script that installing the package put beside this Python."""
+    bin_dir = Path(sys.executable).parent
+    script = shutil.which("atoll", path=str(bin_dir))
+    assert script is not None, f"no atoll console script in {bin_dir}"
     done = subprocess.run(
-        [sys.executable, "-m", "atoll.cli", "version"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        close_fds=False,
+        [script, "version"], capture_output=True, text=True, timeout=60, close_fds=False
     )
-    assert done.returncode == 0 and done.stdout.strip() == "0.1.0"
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == atoll.__version__
+
+
+def test_bench_runs_a_benchmark_from_the_source_tree(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "partition", "--help"])
+    assert info.value.code == 0
+    assert "atoll bench partition" in capsys.readouterr().out
+
+
+def test_bench_without_a_source_checkout_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed wheel has no ``atoll.benchmarks``: the message says where they are."""
+    monkeypatch.setitem(sys.modules, "atoll.benchmarks", None)  # import raises ModuleNotFoundError
+    with pytest.raises(SystemExit, match="source checkout"):
+        main(["bench", "dispatch", "--small"])

@@ -14,6 +14,7 @@ from atoll.kernel import AtollError, TransportError
 from atoll.runtime.connect import connect
 from atoll.transports.capnp import ClusterFile
 from atoll.transports.capnp._process import READY_PREFIX
+from atoll.transports.capnp.clusterfile import default_cluster_file
 
 pytestmark = pytest.mark.anyio
 CONF = "atoll.transports.conformance"
@@ -61,3 +62,29 @@ def test_unreadable_cluster_file_is_a_clear_error(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(AtollError, match="cannot read cluster file"):
         ClusterFile.read(bad)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_default_cluster_file_is_private_under_xdg_runtime_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    path = default_cluster_file()
+    assert path == tmp_path / "atoll" / "cluster.json"
+    assert _mode(path.parent) == 0o700
+    ClusterFile("capnp://127.0.0.1:1", b"secret").write(path)
+    assert _mode(path) == 0o600
+
+
+def test_default_cluster_file_falls_back_to_home_and_tightens_its_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".atoll").mkdir(mode=0o755)
+    (tmp_path / ".atoll").chmod(0o755)  # whatever the umask
+    assert default_cluster_file() == tmp_path / ".atoll" / "cluster.json"
+    assert _mode(tmp_path / ".atoll") == 0o700

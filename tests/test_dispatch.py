@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll import _bench_dispatch as bench
+from atoll.benchmarks import dispatch as bench
 from atoll.devices import CostModel
 from atoll.kernel import VirtualClock
 
@@ -73,7 +73,7 @@ async def test_modes_and_baseline_are_measured_side_by_side() -> None:
         assert row.devices == 8 and row.hosts == 2
         record = json.loads(row.json())
         assert set(record) == {"bench", "case", "system", "value", "unit", "devices", "hosts"}
-    text = bench.table(rows)
+    text = bench.format_table(rows)
     assert "chained128" in text and "multi-ctl" in text
 
 
@@ -86,7 +86,7 @@ async def test_parity_point_comes_from_the_grid() -> None:
     for row in rows:
         assert row.case == "parity_point" and row.unit == "ms"
         assert row.value in bench.PARITY_GRID_MS
-    assert "parity_point" in bench.table(rows)
+    assert "parity_point" in bench.format_table(rows)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from atoll.benchmarks import partition as bench
+from atoll.benchmarks._common import Row
 from atoll.schedulers import partition as P
-from atoll.schedulers.partition import bench, cli
+from atoll.schedulers.partition import cli
 
 
 def run_cli(argv: list[str]) -> int:
@@ -140,7 +142,8 @@ def test_small_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
         assert 0 <= ours[f"bert_c{count}_valid_contiguous"] <= 200
     assert ours["finetune_speedup"] >= 0
     # the table shows the measured value and the paper's beside it
-    line = next(x for x in bench.format_table(rows).splitlines() if x.startswith("finetune_"))
+    text = bench.format_table([Row(**r) for r in rows])
+    line = next(x for x in text.splitlines() if x.startswith("finetune_"))
     assert (
         f"{ours['finetune_speedup']:.3f}" in line
         and f"{bench.PAPER['finetune_speedup']:.2f}" in line

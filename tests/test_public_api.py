@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
+import pytest
+
 import atoll
 import atoll.kernel
+
+PUBLIC_MODULES = [
+    "atoll",
+    "atoll.kernel",
+    "atoll.transports",
+    "atoll.transports.capnp",
+    "atoll.devices",
+    "atoll.schedulers",
+    "atoll.schedulers.partition",
+    "atoll.runtime",
+]
 
 
 def test_top_level_api() -> None:
@@ -47,6 +63,7 @@ def test_kernel_api() -> None:
             "ActorSystem",
             "AtollError",
             "BadCall",
+            "BadMailbox",
             "Call",
             "CallCancelled",
             "HostLost",
@@ -59,6 +76,8 @@ def test_kernel_api() -> None:
             "MailboxFull",
             "NoSuchEndpoint",
             "NodeActor",
+            "NotAnActor",
+            "NotRunning",
             "Promise",
             "RemoteActorError",
             "TransportError",
@@ -84,8 +103,6 @@ def test_kernel_api() -> None:
 
 
 def test_names_that_left_the_kernel_are_deprecated_aliases() -> None:
-    import pytest
-
     import atoll.devices
 
     for name in ("ObjectStore", "BufferMissing"):
@@ -93,11 +110,52 @@ def test_names_that_left_the_kernel_are_deprecated_aliases() -> None:
             assert getattr(atoll.kernel, name) is getattr(atoll.devices, name)
 
 
-def test_every_error_is_an_atoll_error() -> None:
-    errors = [getattr(atoll.kernel, n) for n in atoll.kernel.__all__]
+def public_errors(module: ModuleType) -> list[type[BaseException]]:
+    """Every exception class a module exports in its ``__all__``."""
+    found = [getattr(module, name) for name in module.__all__]
+    return [e for e in found if isinstance(e, type) and issubclass(e, BaseException)]
+
+
+@pytest.mark.parametrize("name", PUBLIC_MODULES)
+def test_every_error_is_an_atoll_error(name: str) -> None:
+    errors = public_errors(importlib.import_module(name))
+    assert errors, f"{name} exports no error at all: is this test still looking?"
     for error in errors:
-        if isinstance(error, type) and issubclass(error, Exception):
-            assert issubclass(error, atoll.kernel.AtollError), error
+        assert issubclass(error, atoll.AtollError), f"{name}.{error.__name__}"
+
+
+def test_errors_keep_their_builtin_bases() -> None:
+    from atoll import devices, kernel, runtime, schedulers, transports
+
+    expected: dict[type[BaseException], type[BaseException]] = {
+        kernel.BadMailbox: ValueError,
+        kernel.NotAnActor: TypeError,
+        kernel.NotRunning: RuntimeError,
+        transports.UnknownTransport: KeyError,
+        devices.BufferMissing: KeyError,
+        devices.DeviceError: RuntimeError,
+        devices.UnsupportedKernel: TypeError,
+        schedulers.UnknownScheduler: KeyError,
+        schedulers.PolicyError: ValueError,
+        runtime.BadClusterSpec: ValueError,
+        runtime.NotAProgram: TypeError,
+    }
+    for error, builtin in expected.items():
+        with pytest.raises(builtin):  # an old `except builtin:` still catches it
+            raise error("message")
+        assert str(error("message")) == "message", error  # no KeyError quotes
+
+
+def test_unknown_names_read_well_and_are_caught_as_before() -> None:
+    from atoll.schedulers import get_scheduler
+    from atoll.transports import get_transport
+
+    with pytest.raises(KeyError) as scheduler:
+        get_scheduler("no-such-policy")
+    with pytest.raises(KeyError) as transport:
+        get_transport("nowhere://x")
+    assert str(scheduler.value).startswith("no scheduler named 'no-such-policy'; known:")
+    assert str(transport.value).startswith("no transport for 'nowhere'; known:")
 
 
 def test_import_atoll_stays_lean() -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll import _bench_dispatch as bench
+from atoll.benchmarks import dispatch as bench
 from atoll.devices import Aval, BufferHandle, Computation, CostModel
 from atoll.devices._gang import GangTask
 from atoll.kernel import Promise, VirtualClock

@@ -1,4 +1,4 @@
-"""Scheduler state machines, driven directly: no actors, no network."""
+"""Island policies (state machines), driven directly: no actors, no network."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from atoll.schedulers import (
     Completed,
     Dispatch,
     Event,
-    FifoScheduler,
+    FifoPolicy,
     Instruction,
+    PolicyError,
     Submit,
     get_scheduler,
     register_scheduler,
@@ -18,7 +19,7 @@ from atoll.schedulers import (
 
 
 def test_fifo_gives_every_device_one_island_wide_order() -> None:
-    fifo = FifoScheduler()
+    fifo = FifoPolicy()
     out = fifo.handle(Submit(1, "a", (2, 0)))
     out += fifo.handle(Submit(2, "b", (0, 1)))
     assert out == [
@@ -34,13 +35,13 @@ def test_fifo_gives_every_device_one_island_wide_order() -> None:
 
 
 def test_fifo_rejects_nonsense() -> None:
-    fifo = FifoScheduler()
-    with pytest.raises(ValueError, match="no devices"):
+    fifo = FifoPolicy()
+    with pytest.raises(PolicyError, match="no devices"):
         fifo.handle(Submit(1, "a", ()))
     fifo.handle(Submit(2, "a", (0,)))
-    with pytest.raises(ValueError, match="already submitted"):
+    with pytest.raises(PolicyError, match="already submitted"):
         fifo.handle(Submit(3, "a", (1,)))
-    with pytest.raises(ValueError, match="not running"):
+    with pytest.raises(ValueError, match="not running"):  # PolicyError is still a ValueError
         fifo.handle(Completed(4, "a", 5))
 
 
@@ -59,3 +60,10 @@ def test_custom_scheduler_plugs_in_by_name() -> None:
     assert isinstance(get_scheduler("test-reverse"), Reverse)
     with pytest.raises(KeyError, match="no scheduler named"):
         get_scheduler("does-not-exist")
+
+
+def test_the_old_names_are_aliases() -> None:
+    import atoll.schedulers as schedulers
+
+    assert schedulers.FifoScheduler is FifoPolicy
+    assert schedulers.Scheduler is schedulers.IslandPolicy

@@ -270,7 +270,7 @@ if __name__ == "__main__":
 async def test_a_connected_client_runs_a_program_in_parallel() -> None:
     """Over a connection, promises that settled before they were sent arrive as
     values; parallel dispatch must take them as they come."""
-    from atoll import _bench_dispatch as bench
+    from atoll.benchmarks import dispatch as bench
 
     async with served_cluster() as (address, _, _), connect(address, token=TOKEN) as client:
         cluster = await client.cluster()

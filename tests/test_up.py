@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -38,12 +40,16 @@ def _atoll(args: list[str], env: dict[str, str], **popen: Any) -> subprocess.Pop
 
 
 @contextlib.contextmanager
-def _up(args: list[str], cluster_file: Path, token: str) -> Iterator[subprocess.Popen[str]]:
-    """``atoll up ARGS``; on the way out SIGTERM it, and it must exit cleanly."""
-    env = dict(os.environ, ATOLL_TOKEN=token)
-    up = _atoll(
-        ["up", *args, "--cluster-file", str(cluster_file)], env, stdout=subprocess.PIPE, text=True
-    )
+def _up(
+    args: list[str], cluster_file: Path | None, token: str, **env: str
+) -> Iterator[subprocess.Popen[str]]:
+    """``atoll up ARGS`` (with ``env`` added); on the way out SIGTERM it, and it must exit cleanly.
+
+    Without ``cluster_file``, ``atoll up`` picks its default.
+    """
+    where = ["--cluster-file", str(cluster_file)] if cluster_file else []
+    environment = dict(os.environ, ATOLL_TOKEN=token, **env)
+    up = _atoll(["up", *args, *where], environment, stdout=subprocess.PIPE, text=True)
     assert up.stdout is not None
     try:
         yield up
@@ -136,6 +142,19 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
     assert not any(_alive(pid) for pid in host_pids)  # no orphans
 
 
+@pytest.mark.timeout(120)
+def test_up_keeps_its_cluster_file_in_a_private_directory_by_default(tmp_path: Path) -> None:
+    expected = tmp_path / "atoll" / "cluster.json"
+    with _up(
+        ["--hosts", "1", "--devices-per-host", "1"], None, "33" * 16, XDG_RUNTIME_DIR=str(tmp_path)
+    ) as up:
+        listening = _wait_for(up, "listening at")
+        _wait_for(up, "cluster up")
+    assert f"cluster file {expected}" in listening  # it says where the token went
+    assert stat.S_IMODE(expected.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(expected.stat().st_mode) == 0o600
+
+
 async def test_capnp_is_a_parameter_of_local_cluster() -> None:
     async with atoll.local_cluster(1, 2, 1, transport="capnp") as cluster:
         x = cluster.put(np.ones(3, dtype=np.float32), 0)
@@ -171,3 +190,20 @@ async def test_bulk_data_between_hosts_skips_the_controller(tmp_path: Path) -> N
             summed = await cluster.fetch(cluster.run(Computation("sum", total, 1e6), 1, [big]))
             assert summed[0] == pytest.approx(3.0 * (8 << 20))  # host 1 read all of it
             assert _sent(up.pid) - sent < (4 << 20), _sent(up.pid) - sent  # not via here
+
+
+async def test_stopping_hosts_leaves_the_loop_free_and_kills_the_stubborn() -> None:
+    from atoll.runtime.process import _stop_hosts
+
+    ignore_term = "import signal as s; s.signal(s.SIGTERM, s.SIG_IGN); print(flush=True); s.pause()"
+    stubborn = subprocess.Popen(  # close_fds=False: posix_spawn, no fork of this process
+        [sys.executable, "-c", ignore_term], stdout=subprocess.PIPE, close_fds=False
+    )
+    assert stubborn.stdout is not None
+    stubborn.stdout.readline()  # SIGTERM is ignored from now on
+    stopping = asyncio.create_task(_stop_hosts([stubborn], grace=0.5))
+    await asyncio.sleep(0)  # the stop begins (SIGTERM) and waits off the loop: we run on
+    assert not stopping.done()
+    await stopping
+    assert stubborn.returncode == -signal.SIGKILL
+    stubborn.stdout.close()

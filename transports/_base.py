@@ -12,8 +12,8 @@ Every transport must give calls the same semantics, which
 ``atoll.transports.conformance`` checks: per-sender ordering, promise
 arguments and pipelining, boxed remote errors, cancellation, stop, and bounded
 mailboxes. Transports are found by URL scheme (``inproc://``, ``capnp://``)
-in a registry that third parties extend through the ``atoll.transports``
-entry-point group.
+in a registry. The built-in ones register themselves in code; third parties
+extend it through the ``atoll.transports`` entry-point group.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ __all__ = [
     "Connection",
     "Listener",
     "Transport",
+    "UnknownTransport",
     "get_transport",
     "register_transport",
     "transport_names",
@@ -59,6 +60,13 @@ class Transport(Protocol):
     async def connect(self, address: str, system: ActorSystem) -> Connection: ...
 
 
+class UnknownTransport(AtollError, KeyError):
+    """No transport is registered for that scheme (built in or by entry point)."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0]) if self.args else "unknown transport"
+
+
 _REGISTRY: dict[str, Callable[[], Transport]] = {}
 
 
@@ -88,7 +96,6 @@ def get_transport(scheme_or_address: str) -> Transport:
     try:
         factory = _REGISTRY[scheme]
     except KeyError:
-        raise AtollError(
-            f"no transport for {scheme!r}; known: {', '.join(transport_names())}"
-        ) from None
+        known = ", ".join(transport_names())
+        raise UnknownTransport(f"no transport for {scheme!r}; known: {known}") from None
     return factory()

@@ -172,8 +172,3 @@ def save_graph(graph: OpGraph, path: str | Path) -> None:
 def load_graph(path: str | Path) -> OpGraph:
     """Read a graph written by :func:`save_graph` (or by hand in the same format)."""
     return OpGraph.from_dict(json.loads(Path(path).read_text()))
-
-
-# Deprecated aliases (the names before the rename to OpGraph/Op).
-Graph = OpGraph
-Node = Op

@@ -5,7 +5,6 @@
 """
 
 from ...kernel import HostLost as HostLost
-from .._base import register_transport
 from . import directory as directory
 from ._peer import Peer as Peer
 from ._peer import peer_of as peer_of
@@ -18,8 +17,6 @@ from ._transport import capnp_runtime as capnp_runtime
 from ._transport import default_token as default_token
 from ._transport import parse_address as parse_address
 from .clusterfile import ClusterFile as ClusterFile
-
-register_transport("capnp", CapnpTransport)
 
 __all__ = [
     "SCHEMA_PATH",

@@ -224,7 +224,7 @@ async def _pull(
         response = await source.read(offset=offset, length=length)
         chunk = response.get_data_as_view("data")  # no copy: straight into `out`
         if len(chunk) != length:
-            raise ValueError(f"chunk at {offset}: {len(chunk)} bytes, not {length}")
+            raise TransportError(f"chunk at {offset}: {len(chunk)} bytes, not {length}")
         out[offset : offset + length] = np.frombuffer(chunk, dtype=np.uint8)
         del chunk, response
 
@@ -466,7 +466,7 @@ class BufferServer(schema.Buffer.Server):  # type: ignore[misc]
 
     async def read(self, offset: int, length: int, _context: Any, **_: Any) -> None:
         if offset > len(self._bytes):
-            raise ValueError(f"offset {offset} beyond {len(self._bytes)} bytes")
+            raise TransportError(f"offset {offset} beyond {len(self._bytes)} bytes")
         _context.results.data = self._bytes[offset : offset + length]
 
 

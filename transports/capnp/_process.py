@@ -12,12 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import selectors
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import IO
 
 from ...kernel import ActorSystem, TransportError
 from ._transport import CapnpTransport, capnp_runtime, default_token
@@ -70,33 +72,40 @@ class NodeProcess:
         listen: str = "capnp://127.0.0.1:0",
         timeout: float = 60.0,
         extra_args: Sequence[str] = (),
+        *,
+        command: Sequence[str] | None = None,
     ) -> None:
+        """Start the node; raises :class:`TransportError` if not ready in ``timeout`` s.
+
+        ``command`` replaces the default, ``python -m atoll.transports.capnp.node
+        --listen LISTEN EXTRA_ARGS`` (a wrapper, another entry point); it must
+        print the ``READY_PREFIX`` line like the node does.
+        """
         env = dict(os.environ, ATOLL_TOKEN=token.hex())
-        command = [sys.executable, "-m", "atoll.transports.capnp.node", "--listen", listen]
-        command += list(extra_args)
+        if command is None:
+            node = [sys.executable, "-m", "atoll.transports.capnp.node"]
+            command = [*node, "--listen", listen, *extra_args]
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives with the process)
         self._stderr_text = ""
         self.process = subprocess.Popen(  # close_fds=False: posix_spawn, no fork hooks
-            command,
+            list(command),
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             env=env,
-            text=True,
             close_fds=False,
         )
         self.address = self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> str:
+        """The address the node prints; kills it if it exits or is silent for ``timeout`` s."""
         assert self.process.stdout is not None
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            line = self.process.stdout.readline()
-            if line.startswith(READY_PREFIX):
-                return line[len(READY_PREFIX) :].strip()
-            if not line and self.process.poll() is not None:
-                break
+        address = _ready_address(self.process.stdout, time.monotonic() + timeout)
+        if address is not None:
+            return address
+        code = self.process.poll()
         self.kill()
-        raise TransportError(f"node process did not start: {self.stderr()[-2000:]}")
+        why = f"not ready within {timeout} s" if code is None else f"exited with code {code}"
+        raise TransportError(f"node process {why}: {self.stderr()[-2000:]}")
 
     def stderr(self) -> str:
         """What the process wrote to its standard error so far."""
@@ -136,6 +145,29 @@ class NodeProcess:
         if not self._stderr.closed:
             self._stderr_text = self.stderr()
             self._stderr.close()
+
+
+def _ready_address(stdout: IO[bytes], deadline: float) -> str | None:
+    """The address on the first ``READY_PREFIX`` line of ``stdout``, read until ``deadline``.
+
+    The pipe is read only when a selector says it has data, so a child that
+    stays silent cannot block this past the deadline. None when the child
+    closes its output (it exited) or the deadline passes first.
+    """
+    fd, pending = stdout.fileno(), b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while (left := deadline - time.monotonic()) > 0:
+            if not selector.select(left):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return None
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                if line.startswith(READY_PREFIX.encode()):
+                    return line[len(READY_PREFIX) :].decode().strip()
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,19 +2,22 @@
 
 ``atoll up`` and ``atoll node --cluster-file`` write one; ``atoll.connect`` and
 ``atoll host --cluster-file`` read it. It is written readable by its owner
-only, since the token is the key to the cluster.
+only, since the token is the key to the cluster; ``atoll up`` puts it in a
+private directory by default (:func:`default_cluster_file`), not in the current
+one, where ``git add .`` would pick it up.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...kernel import AtollError
 
-__all__ = ["ClusterFile"]
+__all__ = ["ClusterFile", "default_cluster_file"]
 
 
 @dataclass(frozen=True)
@@ -38,3 +41,29 @@ class ClusterFile:
             return cls(str(data["address"]), bytes.fromhex(data["token"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise AtollError(f"cannot read cluster file {os.fspath(path)!r}: {exc}") from None
+
+
+def default_cluster_file() -> Path:
+    """Where ``atoll up`` writes its cluster file unless told: in a private directory.
+
+    ``$XDG_RUNTIME_DIR/atoll/cluster.json`` when that variable is set, else
+    ``~/.atoll/cluster.json``. The directory is made on the way, mode 0700
+    (an existing one is tightened to that), since the file holds the token.
+    """
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    directory = Path(runtime) / "atoll" if runtime else Path.home() / ".atoll"
+    _make_private(directory)
+    return directory / "cluster.json"
+
+
+def _make_private(directory: Path) -> None:
+    """Make ``directory`` (if missing) and leave it mode 0700; refuse someone else's."""
+    try:
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = directory.stat()
+        if info.st_uid != os.getuid():
+            raise AtollError(f"{directory} belongs to another user; name another cluster file")
+        if stat.S_IMODE(info.st_mode) != 0o700:
+            directory.chmod(0o700)
+    except OSError as exc:
+        raise AtollError(f"cannot make a private directory {directory}: {exc}") from None

@@ -12,10 +12,14 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["find_peers", "find_ray_python", "ray_rows"]
+from atoll.benchmarks._common import Row
+
+__all__ = ["PeerFigure", "find_peers", "find_ray_python", "pick", "ray_figures", "ray_rows"]
 
 
 def find_ray_python(explicit: str | None = None) -> str | None:
@@ -32,8 +36,9 @@ def find_ray_python(explicit: str | None = None) -> str | None:
 
 
 def find_peers() -> Path | None:
-    """The ``shared/peers`` folder beside the checkout (or the current folder)."""
-    for base in (Path.cwd(), Path(__file__).resolve().parent):
+    """The ``shared/peers`` folder beside the checkout (or beside the current folder)."""
+    checkout = Path(__file__).resolve().parent.parent
+    for base in (Path.cwd(), checkout):
         candidate = base.parent / "shared" / "peers"
         if (candidate / "bench_ray.py").exists():
             return candidate
@@ -50,20 +55,13 @@ def ray_rows(only: str, quick: bool, ray_python: str | None = None) -> list[dict
             flush=True,
         )
         return []
+    script = peers / "bench_ray.py"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ray.json"
-        command = [
-            python,
-            str(peers / "bench_ray.py"),
-            "--only",
-            only,
-            "--no-dashboard",
-            "--json",
-            str(out),
-        ]
+        command = [python, str(script), "--only", only, "--no-dashboard", "--json", str(out)]
         if quick:
             command.append("--quick")
-        print(f"  .. ray: {only} from {peers / 'bench_ray.py'}", file=sys.stderr, flush=True)
+        print(f"  .. ray: {only} from {script}", file=sys.stderr, flush=True)
         subprocess.run(command, check=True, cwd=peers, stdout=subprocess.DEVNULL, close_fds=False)
         rows: list[dict[str, Any]] = json.loads(out.read_text())["rows"]
     return rows
@@ -76,3 +74,31 @@ def pick(rows: list[dict[str, Any]], workload: str, variant: str, metric: str) -
             value: float = row["median"]
             return value
     return None
+
+
+@dataclass(frozen=True)
+class PeerFigure:
+    """One peer figure to report as an atoll case: ``value * scale + offset``, in ``unit``."""
+
+    case: str
+    workload: str
+    variant: str
+    metric: str
+    unit: str
+    scale: float = 1.0
+    offset: float = 0.0
+    hosts: int | None = None
+
+
+def ray_figures(
+    bench: str, wanted: Sequence[PeerFigure], quick: bool, ray_python: str | None
+) -> list[Row]:
+    """Ray's rows for the ``wanted`` figures that its peer script measured."""
+    rows = ray_rows(",".join(dict.fromkeys(f.workload for f in wanted)), quick, ray_python)
+    found = []
+    for figure in wanted:
+        value = pick(rows, figure.workload, figure.variant, figure.metric)
+        if value is not None:
+            value = value * figure.scale + figure.offset
+            found.append(Row(bench, figure.case, "ray", value, figure.unit, hosts=figure.hosts))
+    return found

@@ -1,0 +1,15 @@
+"""atoll's benchmarks: ``atoll bench NAME`` runs ``benchmarks/NAME.py``.
+
+This package lives in the source tree only (it is not in the wheel): in a
+checkout installed with ``pip install -e .`` it is ``atoll.benchmarks``. Each
+module runs as a script (``python benchmarks/dispatch.py``) or a module
+(``python -m atoll.benchmarks.dispatch``) and prints :class:`~._common.Row`
+values as a table or, with ``--json``, as one JSON object per line.
+
+* ``dispatch``: Pathways' dispatch microbenchmark, on simulated devices;
+* ``pipeline16_processes``: the 16-step pipeline over real host processes;
+* ``transport``: atoll over Cap'n Proto against raw pycapnp (and Ray);
+* ``partition``: the partitioner's methods on BERT, against the paper;
+* ``peers_ray``: runs the Ray peer scripts (``shared/peers``) beside them;
+* ``_common``: the row type, the table and the timing helpers they share.
+"""

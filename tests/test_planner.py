@@ -1,0 +1,174 @@
+"""The dispatch planner, driven directly: no actors, no cluster, no event loop.
+
+The last tests check that the controller really uses it: a plan is made once
+per graph and reused, and dropped when one of its slices is released.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import atoll
+from atoll.devices import Aval, Computation
+from atoll.kernel import AtollError, VirtualClock
+from atoll.runtime import Allocation, GraphBuilder, SliceSpec, Topology
+from atoll.runtime.graph import Graph
+from atoll.runtime.planner import PlanCache, instantiate, plan
+
+AVAL = Aval((4,), "float32")
+TOPOLOGY = Topology.even(islands=1, hosts_per_island=2, devices_per_host=4)
+LEFT = Allocation(0, (0, 1), 0, "me")  # host 0
+ALSO_LEFT = Allocation(1, (0, 1), 0, "me")  # the same devices, another slice
+RIGHT = Allocation(2, (4, 5, 6, 7), 0, "me")  # host 1
+PLACEMENT = {a.slice_id: a for a in (LEFT, ALSO_LEFT, RIGHT)}
+ADDRESSES = ["capnp://127.0.0.1:1", "capnp://127.0.0.1:2"]
+
+
+def spec(alloc: Allocation) -> SliceSpec:
+    return SliceSpec(alloc.slice_id, (len(alloc.devices),), ("x",))
+
+
+def three_nodes() -> Graph:
+    """x -> a (left) -> b (left again, same devices) -> c (right, reads a and b)."""
+    builder = GraphBuilder()
+    x = builder.input(AVAL)
+    (a,) = builder.add("k", spec(LEFT), [x], [AVAL], "a")
+    (b,) = builder.add("k", spec(ALSO_LEFT), [a], [AVAL], "b")
+    (c,) = builder.add("k", spec(RIGHT), [a, b], [AVAL], "c")
+    return builder.build([c])
+
+
+def test_gangs_get_their_devices_island_and_leader_host() -> None:
+    made = plan(three_nodes(), PLACEMENT, TOPOLOGY, ["", ""], push=False)
+    assert [g.devices for g in made.gangs] == [(0, 1), (0, 1), (4, 5, 6, 7)]
+    assert [g.leader_host for g in made.gangs] == [0, 0, 1]
+    assert {g.island for g in made.gangs} == {0}
+
+
+def test_an_input_made_on_the_same_devices_is_resident() -> None:
+    made = plan(three_nodes(), PLACEMENT, TOPOLOGY, ["", ""], push=False)
+    assert [g.resident for g in made.gangs] == [(False,), (True,), (False, False)]
+
+
+def test_without_push_nothing_is_pushed() -> None:
+    made = plan(three_nodes(), PLACEMENT, TOPOLOGY, ["", ""], push=False)
+    assert all(not any(g.pushed) and not g.push for g in made.gangs)
+
+
+def test_with_push_each_output_goes_once_to_each_reader_host() -> None:
+    made = plan(three_nodes(), PLACEMENT, TOPOLOGY, ADDRESSES, push=True)
+    a, b, c = made.gangs
+    assert [g.pushed for g in made.gangs] == [(False,), (True,), (True, True)]
+    # a's output goes to host 0 (for b) and host 1 (for c): one push per host
+    assert sorted((p.host, p.readers) for p in a.push) == [(0, ((1, 0),)), (1, ((2, 0),))]
+    assert [(p.host, p.readers) for p in b.push] == [(1, ((2, 1),))]
+    assert c.push == ()
+
+
+def test_intermediates_are_freed_after_their_last_reader() -> None:
+    made = plan(three_nodes(), PLACEMENT, TOPOLOGY, ["", ""], push=False)
+    assert dict(made.frees) == {
+        atoll.runtime.ValueRef(0, 0): (1, 2),
+        atoll.runtime.ValueRef(1, 0): (2,),
+    }
+    temp = plan(three_nodes(), PLACEMENT, TOPOLOGY, ["", ""], push=False, temporary=[0])
+    assert dict(temp.frees)[atoll.runtime.ValueRef(-1, 0)] == (0,)
+
+
+def test_each_host_gets_its_part_in_graph_order() -> None:
+    made = plan(three_nodes(), PLACEMENT, TOPOLOGY, ["", ""], push=False)
+    assert made.hosts[0].gangs == ((0, (0, 1)), (1, (0, 1)))
+    assert made.hosts[1].gangs == ((2, (4, 5, 6, 7)),)
+    assert made.slices == {0, 1, 2}
+
+
+def test_a_gang_over_two_hosts_is_split_between_them() -> None:
+    wide = Allocation(3, (2, 3, 4, 5), 0, "me")
+    builder = GraphBuilder()
+    (out,) = builder.add("k", spec(wide), [builder.input(AVAL)], [AVAL])
+    made = plan(builder.build([out]), {3: wide}, TOPOLOGY, ["", ""], push=False)
+    assert made.hosts[0].gangs == ((0, (2, 3)),)
+    assert made.hosts[1].gangs == ((0, (4, 5)),)
+
+
+def test_placement_errors_are_clear() -> None:
+    with pytest.raises(AtollError, match="no slice 0"):
+        plan(three_nodes(), {}, TOPOLOGY, ["", ""], push=False)
+    shrunk = {**PLACEMENT, 0: Allocation(0, (0,), 0, "me")}
+    with pytest.raises(AtollError, match="changed size"):
+        plan(three_nodes(), shrunk, TOPOLOGY, ["", ""], push=False)
+
+
+class _OneHostKernel:
+    single_host = True
+
+
+def test_in_one_process_a_jax_node_stays_on_one_host() -> None:
+    wide = Allocation(3, (2, 3, 4, 5), 0, "me")
+    builder = GraphBuilder()
+    (out,) = builder.add(_OneHostKernel(), spec(wide), [builder.input(AVAL)], [AVAL], "jaxy")
+    graph = builder.build([out])
+    with pytest.raises(AtollError, match="jaxy: in an in-process cluster"):
+        plan(graph, {3: wide}, TOPOLOGY, ["", ""], push=False)
+    plan(graph, {3: wide}, TOPOLOGY, ADDRESSES, push=False)  # host processes: allowed
+
+
+def test_a_run_stamps_gang_ids_and_inbox_keys() -> None:
+    graph = three_nodes()
+    made = plan(graph, PLACEMENT, TOPOLOGY, ["", "capnp://127.0.0.1:2"], push=True)
+    host_refs = ["ref0", "ref1"]
+    tasks = instantiate(made, graph, ["g7", "g8", "g9"], ["", "capnp://127.0.0.1:2"], host_refs)
+    assert [t.gang_id for t in tasks] == ["g7", "g8", "g9"]
+    assert tasks[2].inbox == ("g9/0", "g9/1") and tasks[0].inbox == (None,)
+    assert [t.inbox_host for t in tasks] == [0, 0, 1]
+    to_host = {p.host_id: p for p in tasks[0].push}
+    assert to_host[0].host == "ref0" and to_host[0].address == ""  # same process: a reference
+    assert to_host[1].host is None and to_host[1].address == "capnp://127.0.0.1:2"  # dialled
+    assert to_host[1].keys == ("g9/0",) and to_host[0].keys == ("g8/0",)
+    assert tasks[1].resident == (True,) and tasks[2].outputs == (AVAL,)
+
+
+def test_the_cache_hits_by_graph_and_options_and_forgets_released_slices() -> None:
+    cache, graph = PlanCache(), three_nodes()
+    made = plan(graph, PLACEMENT, TOPOLOGY, ["", ""], push=False)
+    assert cache.get(graph, "opts") is None
+    cache.put(graph, "opts", made)
+    assert cache.get(graph, "opts") is made
+    assert cache.get(graph, "other") is None
+    assert cache.get(three_nodes(), "opts") is None  # an equal graph is another program
+    assert (cache.hits, cache.misses) == (1, 3)
+    assert cache.invalidate_slice(99) == 0 and len(cache) == 1
+    assert cache.invalidate_slice(2) == 1 and cache.get(graph, "opts") is None
+
+
+def test_the_cache_keeps_the_most_recently_used() -> None:
+    cache = PlanCache(capacity=2)
+    graphs = [three_nodes() for _ in range(3)]
+    made = plan(graphs[0], PLACEMENT, TOPOLOGY, ["", ""], push=False)
+    cache.put(graphs[0], (), made)
+    cache.put(graphs[1], (), made)
+    assert cache.get(graphs[0], ()) is made  # now the most recent
+    cache.put(graphs[2], (), made)
+    assert cache.get(graphs[1], ()) is None and cache.get(graphs[0], ()) is made
+
+
+STEP = Computation("step", lambda a: a + 1, flops=1e9)
+
+
+@pytest.mark.anyio
+async def test_the_controller_plans_once_and_replans_after_a_release() -> None:
+    async with atoll.local_cluster(1, 2, 2, clock=VirtualClock()) as cluster:
+        first = await cluster.devices(2)
+        builder = GraphBuilder()
+        (y,) = builder.add(STEP, first, [builder.input(AVAL)], [AVAL])
+        graph = builder.build([y])
+        for _ in range(3):
+            out = await cluster.fetch(cluster.run_graph(graph, [np.arange(4.0, dtype="f4")])[0])
+            assert out.tolist() == [1, 2, 3, 4]
+        stats = await cluster.controller.plan_stats()
+        assert (stats["plans"], stats["misses"], stats["hits"]) == (1, 1, 2)
+        await cluster.release(first)
+        assert (await cluster.controller.plan_stats())["plans"] == 0
+        with pytest.raises(AtollError, match="no slice"):
+            await cluster.fetch(cluster.run_graph(graph, [np.zeros(4, "f4")])[0])
