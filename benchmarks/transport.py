@@ -45,8 +45,8 @@ from atoll.benchmarks._common import (
 from atoll.benchmarks.peers_ray import PeerFigure, ray_figures
 from atoll.kernel import ActorSystem
 from atoll.transports.capnp import CapnpTransport, capnp_runtime, default_token
-from atoll.transports.capnp._process import READY_PREFIX, NodeProcess
 from atoll.transports.capnp._schema import schema
+from atoll.transports.testing import READY_PREFIX, NodeProcess
 
 __all__ = ["format_table", "main", "run"]
 

@@ -17,7 +17,7 @@ import pytest
 
 from atoll.kernel import ActorRef, ActorSystem, NodeActor, RemoteActorError, TransportError
 from atoll.transports.capnp import CapnpTransport, HostLost, capnp_runtime, parse_address
-from atoll.transports.capnp._process import NodeProcess
+from atoll.transports.testing import NodeProcess
 
 pytestmark = pytest.mark.anyio
 CONF = "atoll.transports.conformance"

@@ -16,8 +16,8 @@ import pytest
 from atoll.kernel import ActorSystem, wait_idle
 from atoll.kernel.lowlevel import detach_wait_counter
 from atoll.transports import get_transport
-from atoll.transports.capnp._process import NodeProcess
 from atoll.transports.conformance import CHECKS, Harness, check_stop_fails_pending_calls
+from atoll.transports.testing import NodeProcess
 
 pytestmark = pytest.mark.anyio
 

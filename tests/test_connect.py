@@ -13,8 +13,8 @@ import pytest
 from atoll.kernel import AtollError, TransportError
 from atoll.runtime.connect import connect
 from atoll.transports.capnp import ClusterFile
-from atoll.transports.capnp._process import READY_PREFIX
 from atoll.transports.capnp.clusterfile import default_cluster_file
+from atoll.transports.testing import READY_PREFIX
 
 pytestmark = pytest.mark.anyio
 CONF = "atoll.transports.conformance"

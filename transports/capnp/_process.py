@@ -3,29 +3,24 @@
 ``python -m atoll.transports.capnp.node --listen capnp://127.0.0.1:0`` starts
 one. It reads the cluster token from ``ATOLL_TOKEN`` (hex), prints one line,
 ``ATOLL-NODE <address>``, once it accepts connections, and exits cleanly on
-SIGTERM or SIGINT (connections closed, actors stopped). Tests and ``atoll up``
-start these; peers reach them with :class:`CapnpTransport.connect`.
+SIGTERM or SIGINT (connections closed, actors stopped). ``atoll node`` runs
+one; tests start them through :class:`atoll.transports.testing.NodeProcess`,
+and peers reach them with :class:`CapnpTransport.connect`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import selectors
 import signal
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Sequence
-from typing import IO
 
-from ...kernel import ActorSystem, TransportError
+from ...kernel import ActorSystem
 from ._transport import CapnpTransport, capnp_runtime, default_token
 from .clusterfile import ClusterFile
 
-__all__ = ["READY_PREFIX", "NodeProcess", "main", "serve_node", "stop_on_signals"]
+__all__ = ["READY_PREFIX", "main", "serve_node", "stop_on_signals"]
 
 READY_PREFIX = "ATOLL-NODE "
 
@@ -58,116 +53,6 @@ async def serve_node(
             await stop.wait()
         finally:
             await listener.aclose()
-
-
-class NodeProcess:
-    """A node started as a child process; ``address`` once it is ready.
-
-    ``stop()`` asks it to exit (SIGTERM) and waits; ``kill()`` is the hard way.
-    """
-
-    def __init__(
-        self,
-        token: bytes,
-        listen: str = "capnp://127.0.0.1:0",
-        timeout: float = 60.0,
-        extra_args: Sequence[str] = (),
-        *,
-        command: Sequence[str] | None = None,
-    ) -> None:
-        """Start the node; raises :class:`TransportError` if not ready in ``timeout`` s.
-
-        ``command`` replaces the default, ``python -m atoll.transports.capnp.node
-        --listen LISTEN EXTRA_ARGS`` (a wrapper, another entry point); it must
-        print the ``READY_PREFIX`` line like the node does.
-        """
-        env = dict(os.environ, ATOLL_TOKEN=token.hex())
-        if command is None:
-            node = [sys.executable, "-m", "atoll.transports.capnp.node"]
-            command = [*node, "--listen", listen, *extra_args]
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (lives with the process)
-        self._stderr_text = ""
-        self.process = subprocess.Popen(  # close_fds=False: posix_spawn, no fork hooks
-            list(command),
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            env=env,
-            close_fds=False,
-        )
-        self.address = self._wait_ready(timeout)
-
-    def _wait_ready(self, timeout: float) -> str:
-        """The address the node prints; kills it if it exits or is silent for ``timeout`` s."""
-        assert self.process.stdout is not None
-        address = _ready_address(self.process.stdout, time.monotonic() + timeout)
-        if address is not None:
-            return address
-        code = self.process.poll()
-        self.kill()
-        why = f"not ready within {timeout} s" if code is None else f"exited with code {code}"
-        raise TransportError(f"node process {why}: {self.stderr()[-2000:]}")
-
-    def stderr(self) -> str:
-        """What the process wrote to its standard error so far."""
-        if self._stderr.closed:
-            return self._stderr_text
-        self._stderr.seek(0)
-        return self._stderr.read()
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def stop(self, timeout: float = 20.0) -> int:
-        """SIGTERM, then wait; returns the exit code (kills after ``timeout``)."""
-        if self.alive():
-            self.process.terminate()
-        try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = self.process.wait(10)
-        self._close_pipes()
-        return code
-
-    def kill(self) -> None:
-        if self.alive():
-            self.process.kill()
-            self.process.wait(10)
-        self._close_pipes()
-
-    def _close_pipes(self) -> None:
-        if self.process.stdout is not None and not self.process.stdout.closed:
-            self.process.stdout.close()
-        if not self._stderr.closed:
-            self._stderr_text = self.stderr()
-            self._stderr.close()
-
-
-def _ready_address(stdout: IO[bytes], deadline: float) -> str | None:
-    """The address on the first ``READY_PREFIX`` line of ``stdout``, read until ``deadline``.
-
-    The pipe is read only when a selector says it has data, so a child that
-    stays silent cannot block this past the deadline. None when the child
-    closes its output (it exited) or the deadline passes first.
-    """
-    fd, pending = stdout.fileno(), b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while (left := deadline - time.monotonic()) > 0:
-            if not selector.select(left):
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return None
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                if line.startswith(READY_PREFIX.encode()):
-                    return line[len(READY_PREFIX) :].decode().strip()
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
