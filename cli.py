@@ -195,6 +195,8 @@ BENCHMARKS = {
     "transport": "atoll.benchmarks.transport",
     "dispatch": "atoll.benchmarks.dispatch",
     "partition": "atoll.benchmarks.partition",
+    "peers": "atoll.benchmarks.peers",
+    "handoff": "atoll.benchmarks.handoff",
 }
 
 

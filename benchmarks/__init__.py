@@ -9,6 +9,8 @@ values as a table or, with ``--json``, as one JSON object per line.
 * ``dispatch``: Pathways' dispatch microbenchmark, on simulated devices;
 * ``pipeline16_processes``: the 16-step pipeline over real host processes;
 * ``transport``: atoll over Cap'n Proto against raw pycapnp (and Ray);
+* ``handoff``: W5, 64 MiB made on one host process and read on another
+  (shared memory, or ``--stream`` for the bulk stream);
 * ``partition``: the partitioner's methods on BERT, against the paper;
 * ``peers_ray``: runs the Ray peer scripts (``shared/peers``) beside them;
 * ``_common``: the row type, the table and the timing helpers they share.

@@ -45,8 +45,13 @@ def find_peers() -> Path | None:
     return None
 
 
-def ray_rows(only: str, quick: bool, ray_python: str | None = None) -> list[dict[str, Any]]:
-    """Rows of ``bench_ray.py --only ONLY`` (empty when Ray or the peers are missing)."""
+def ray_rows(
+    only: str, quick: bool, ray_python: str | None = None, *, echo: bool = False
+) -> list[dict[str, Any]]:
+    """Rows of ``bench_ray.py --only ONLY`` (empty when Ray or the peers are missing).
+
+    ``echo``: show the script's progress on stderr (otherwise it is dropped).
+    """
     python, peers = find_ray_python(ray_python), find_peers()
     if python is None or peers is None:
         print(
@@ -62,7 +67,8 @@ def ray_rows(only: str, quick: bool, ray_python: str | None = None) -> list[dict
         if quick:
             command.append("--quick")
         print(f"  .. ray: {only} from {script}", file=sys.stderr, flush=True)
-        subprocess.run(command, check=True, cwd=peers, stdout=subprocess.DEVNULL, close_fds=False)
+        shown = sys.stderr if echo else subprocess.DEVNULL
+        subprocess.run(command, check=True, cwd=peers, stdout=shown, close_fds=False)
         rows: list[dict[str, Any]] = json.loads(out.read_text())["rows"]
     return rows
 

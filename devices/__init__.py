@@ -9,6 +9,7 @@ imports JAX).
 """
 
 from ._aval import Aval as Aval
+from ._base import INLINE_VALUE_BYTES as INLINE_VALUE_BYTES
 from ._base import BufferHandle as BufferHandle
 from ._base import Computation as Computation
 from ._base import CostModel as CostModel
@@ -26,6 +27,7 @@ from ._store import ObjectStore as ObjectStore
 from .sim import SimDevice as SimDevice
 
 __all__ = [
+    "INLINE_VALUE_BYTES",
     "Aval",
     "BufferHandle",
     "BufferMissing",

@@ -15,10 +15,11 @@ data cannot deadlock with a device whose data it needs.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -36,6 +37,7 @@ from ..kernel import (
     then,
     value_of,
 )
+from ..transports import bulk
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask
 from ._store import BufferMissing, ObjectStore
@@ -52,9 +54,19 @@ __all__ = [
 ]
 
 
+INLINE_VALUE_BYTES = 1 << 14  # outputs up to this size ride along in their handle
+
+
 @dataclass(frozen=True)
 class BufferHandle:
-    """Where a buffer lives: its id in the store of ``host``, and its type."""
+    """Where a buffer lives: its id in the store of ``host``, and its type.
+
+    A small output (up to ``INLINE_VALUE_BYTES``) also carries its value
+    (read-only): whoever gets the handle, in this process or across the
+    wire, reads it without asking the holder, so fetching a scalar result
+    or chaining small values between hosts costs no extra round trip. The
+    buffer still lives in the store, for reference counts and owners.
+    """
 
     id: str
     host: ActorRef[Host]
@@ -65,6 +77,7 @@ class BufferHandle:
     nbytes: int
     island: int = 0
     address: str = ""  # the holder's capnp address, in multi-process clusters
+    value: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -79,8 +92,18 @@ class BufferHandle:
         """The handle of ``array``, stored as ``buffer_id`` on that host (and
         this process's capnp address, if it announced one)."""
         shape, dtype, nbytes = tuple(array.shape), str(array.dtype), int(array.nbytes)
+        small = isinstance(array, np.ndarray) and nbytes <= INLINE_VALUE_BYTES
         return cls(
-            buffer_id, host, host_id, device_id, shape, dtype, nbytes, island, _local_address()
+            buffer_id,
+            host,
+            host_id,
+            device_id,
+            shape,
+            dtype,
+            nbytes,
+            island,
+            _local_address(),
+            array if small else None,
         )
 
 
@@ -400,9 +423,18 @@ class Device(Actor):
         )
 
     async def _read(self, handle: BufferHandle) -> Any:
-        """The input's array: from this host's store, or fetched from its holder."""
+        """The input's array: from this host's store, carried in its handle
+        (small values), or fetched from its holder. A small array passed by
+        value in the call (``cluster.run(c, d, [array])``) is used as it is."""
+        if isinstance(handle, np.ndarray):
+            return handle
         if handle.host_id == self.host_id:
             return self.store.get(handle.id)
+        if handle.value is not None:
+            await self._charge_transfer(
+                self.cost.transfer_time(handle.nbytes, handle.island != self.island)
+            )
+            return handle.value
         holder = await self._host_ref(handle.host_id, handle.address, handle.host)
         array: np.ndarray = await holder.fetch(handle.id)
         await self._charge_transfer(
@@ -475,7 +507,10 @@ class Host(Actor):
         self.device_ids = list(device_ids)
         self.device_cls = device_cls
         self.cost = cost
-        self.store = ObjectStore(f"host{host_id}", store_bytes)
+        # in a host process (one that announced an address), large buffers
+        # live in shared memory, for the other processes of this machine
+        shared = bool(_local_address())
+        self.store = ObjectStore(f"host{host_id}", store_bytes, shared=shared)
         self.device_refs: list[ActorRef[Device]] = []
         self.pushes_in = 0  # pushes that landed here
         self.pushes_declined = 0
@@ -549,6 +584,16 @@ class Host(Actor):
 
     @endpoint
     def store_usage(self) -> dict[str, int]:
+        """The store's buffers and bytes, and how large arrays moved.
+
+        ``shm_buffers``/``shm_bytes``: buffers held in shared memory;
+        ``shm_in``, ``stream_in``, ``chunks_in``: large arrays this process
+        received by mapping, by bulk stream, by capnp chunks; ``stream_out``:
+        arrays it sent by bulk stream; ``tickets_refused``; ``pid``. Those
+        counters are the process's: hosts that share a process show the same.
+        """
+        shm_buffers, shm_bytes = self.store.shared_usage()
+        moved = {key: bulk.counts[key] for key in _DATA_PLANE}
         return {
             "buffers": len(self.store),
             "bytes": self.store.used_bytes,
@@ -556,4 +601,11 @@ class Host(Actor):
             "arrivals": self.store.pending_arrivals(),
             "pushes_in": self.pushes_in,
             "pushes_declined": self.pushes_declined,
+            "shm_buffers": shm_buffers,
+            "shm_bytes": shm_bytes,
+            **moved,
+            "pid": os.getpid(),
         }
+
+
+_DATA_PLANE = ("shm_in", "stream_in", "chunks_in", "stream_out", "tickets_refused")

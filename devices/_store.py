@@ -9,6 +9,11 @@ The store is bounded: :meth:`ObjectStore.reserve` waits while the bytes in use
 plus the request would exceed the capacity. That wait is the back-pressure that
 stalls new work instead of running out of memory.
 
+In a host process (``shared``), the bytes of each large numpy buffer live in
+a shared-memory segment (:mod:`atoll.transports.shm`), so that readers in
+other processes of the machine map them instead of copying them; the segment
+is unlinked when the buffer is freed.
+
 It is also where pushed inputs land. A device that will read a value produced
 elsewhere waits on :meth:`ObjectStore.arrival` for a key the controller chose;
 the producer's host pushes the bytes here and :meth:`ObjectStore.deliver`
@@ -26,6 +31,7 @@ import anyio
 import numpy as np
 
 from ..kernel import AtollError, Promise
+from ..transports import shm
 from ..transports.inproc import read_only
 
 __all__ = ["BufferMissing", "ObjectStore"]
@@ -44,15 +50,23 @@ class _Entry:
     owner: str
     refs: int
     nbytes: int
+    segment: shm.Segment | None = None  # the shared memory it lives in, if its own
 
 
 class ObjectStore:
     """Buffers of one host; see the module docstring. Not an actor: the host
-    actor and its device actors (same process) share one instance."""
+    actor and its device actors (same process) share one instance.
 
-    def __init__(self, name: str, capacity_bytes: int | None = None) -> None:
+    ``shared``: keep large numpy buffers in shared memory (if this machine
+    has it; ``ATOLL_SHM=0`` turns it off).
+    """
+
+    def __init__(
+        self, name: str, capacity_bytes: int | None = None, *, shared: bool = False
+    ) -> None:
         self.name = name
         self.capacity_bytes = capacity_bytes
+        self.shared = shared and shm.enabled()
         self.used_bytes = 0
         self.reserved_bytes = 0
         self._entries: dict[str, _Entry] = {}
@@ -94,15 +108,17 @@ class ObjectStore:
 
         Any array with ``nbytes`` may be stored (a ``jax.Array`` stays on its
         device); numpy arrays are stored as read-only views, so no holder can
-        change what others read.
+        change what others read. A shared store copies a large numpy array
+        into a segment of its own first, unless it is in shared memory already.
         """
+        segment = None
         if isinstance(array, np.ndarray):
-            array = read_only(array)
+            array, segment = self._placed(array)
         nbytes = int(array.nbytes)
         if reserved:
             self.reserved_bytes -= nbytes
         buffer_id = f"{self.name}:{next(self._ids)}"
-        self._entries[buffer_id] = _Entry(array, owner, 1, nbytes)
+        self._entries[buffer_id] = _Entry(array, owner, 1, nbytes, segment)
         self.used_bytes += nbytes
         return buffer_id
 
@@ -178,9 +194,25 @@ class ObjectStore:
         except KeyError:
             raise BufferMissing(f"no buffer {buffer_id!r} in store {self.name}") from None
 
+    def _placed(self, array: np.ndarray) -> tuple[np.ndarray, shm.Segment | None]:
+        """``array`` as stored (read-only), and the segment it was copied into."""
+        plain = array.dtype.kind in "biufcmM" and not array.dtype.fields
+        if self.shared and plain and array.nbytes > shm.THRESHOLD and not shm.locate(array):
+            moved = shm.share(array)
+            if moved is not None:  # else /dev/shm is full: keep it private
+                return moved
+        return read_only(array), None
+
+    def shared_usage(self) -> tuple[int, int]:
+        """How many buffers, and bytes, live in segments of this store."""
+        segments = [e.nbytes for e in self._entries.values() if e.segment is not None]
+        return len(segments), sum(segments)
+
     def _drop(self, buffer_id: str) -> None:
         entry = self._entries.pop(buffer_id)
         self.used_bytes -= entry.nbytes
+        if entry.segment is not None:
+            shm.release(entry.segment)  # readers' mappings stay valid
         self._wake()
 
     def _wake(self) -> None:

@@ -33,7 +33,29 @@ class AtollError(Exception):
 
 
 class BadCall(AtollError, TypeError):
-    """A call did not match the endpoint's signature; nothing was sent."""
+    """A call did not match the endpoint's signature, or a value could not
+    cross the wire (it could not be pickled, or not unpickled where it arrived).
+
+    Attributes:
+        message: what was wrong.
+        exc_type: when the far side failed (decoding the arguments, encoding a
+            result), the qualified name of the exception it raised; else "".
+        remote_traceback: that exception's formatted traceback, or "".
+    """
+
+    def __init__(self, message: str, exc_type: str = "", remote_traceback: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.exc_type = exc_type
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        if not self.remote_traceback:
+            return self.message
+        return f"{self.message}\n--- remote traceback ---\n{self.remote_traceback.rstrip()}"
+
+    def __reduce__(self) -> tuple[type[BadCall], tuple[str, str, str]]:
+        return (BadCall, (self.message, self.exc_type, self.remote_traceback))
 
 
 class NotAnActor(AtollError, TypeError):

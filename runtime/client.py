@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ..devices import Aval, BufferHandle, Computation, Device, DeviceStats, Host
+from ..devices import (
+    INLINE_VALUE_BYTES,
+    Aval,
+    BufferHandle,
+    Computation,
+    Device,
+    DeviceStats,
+    Host,
+)
 from ..kernel import (
     ActorRef,
     ActorSystem,
@@ -27,6 +35,7 @@ from ..kernel import (
     then,
     value_of,
 )
+from ..transports.inproc import read_only
 from .graph import Graph, ValueRef
 from .latency import Wire
 from .topology import DeviceInfo, Topology
@@ -156,7 +165,7 @@ class Cluster:
         self,
         target: Computation,
         device: int,
-        inputs: Sequence[BufferHandle | Promise[BufferHandle]] = (),
+        inputs: Sequence[Any] = (),
         owner: str = "",
     ) -> Promise[BufferHandle]: ...
     @overload
@@ -231,14 +240,28 @@ class Cluster:
         self,
         computation: Computation,
         device: int,
-        inputs: Sequence[BufferHandle | Promise[BufferHandle]] = (),
+        inputs: Sequence[Any] = (),
         owner: str = "",
     ) -> Promise[BufferHandle]:
+        """``inputs``: handles, their promises, ``ArrayRef`` or arrays. A small
+        array (up to ``INLINE_VALUE_BYTES``) is copied into the call itself,
+        so it costs no message of its own; a larger one is put on the device
+        first (a promise, so the call still leaves at once)."""
         self.topology.device(device)
-        promise: Promise[BufferHandle] = self.controller.run(
-            computation, device, list(inputs), owner or self.owner
-        )
+        owner = owner or self.owner
+        args = [self._argument(value, device, owner) for value in inputs]
+        promise: Promise[BufferHandle] = self.controller.run(computation, device, args, owner)
         return promise
+
+    def _argument(self, value: Any, device: int, owner: str) -> Any:
+        if isinstance(value, ArrayRef):
+            return value.promise
+        if isinstance(value, (BufferHandle, Promise)):
+            return value
+        array = np.asarray(value)
+        if array.nbytes <= INLINE_VALUE_BYTES:
+            return read_only(array.copy())
+        return self.put(array, device, owner)
 
     # -- data -----------------------------------------------------------
     def device_ref(self, device: int) -> ActorRef[Device]:
@@ -257,6 +280,8 @@ class Cluster:
     async def fetch(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> np.ndarray:
         """The value of a buffer, read from the host that holds it."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
+        if handle.value is not None:  # a small value rides along in its handle
+            return handle.value
         array: np.ndarray = await handle.host.fetch(handle.id)
         return array
 

@@ -35,6 +35,7 @@ import anyio
 
 from ..devices import Device, Host
 from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint
+from ..transports import shm
 from ..transports.capnp import (
     CapnpListener,
     CapnpTransport,
@@ -42,6 +43,7 @@ from ..transports.capnp import (
     capnp_runtime,
     default_token,
     directory,
+    peer_of,
     stop_on_signals,
 )
 from .controller import Controller, spawn_control
@@ -117,6 +119,9 @@ class ClusterBuilder(Actor):
         )
         self.devices += await host.devices()
         self.hosts.append(host)
+        link = peer_of(node)
+        if link is not None:  # a dead host's shared memory goes with it
+            link.on_close(_sweep)
         self.labels.append(label)
         if len(self.hosts) == spec.hosts:
             self._build()
@@ -162,6 +167,10 @@ class ClusterBuilder(Actor):
                 }
             )
         return report
+
+
+def _sweep(_: str) -> None:
+    shm.sweep()
 
 
 # -- processes ---------------------------------------------------------------------
@@ -210,7 +219,8 @@ def _start_hosts(
 
 
 async def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
-    """SIGTERM every host, give them ``grace`` s in all to exit, then SIGKILL the rest.
+    """SIGTERM every host, give them ``grace`` s in all to exit, then SIGKILL the
+    rest; then sweep the shared-memory segments of dead processes.
 
     The waiting happens in a worker thread, so this event loop keeps serving
     (the hosts' goodbyes included) meanwhile; shielded, so that a cancelled
@@ -221,6 +231,7 @@ async def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 1
             process.terminate()
     with anyio.CancelScope(shield=True):
         await anyio.to_thread.run_sync(_reap, processes, time.monotonic() + grace)
+    shm.sweep()  # what hosts that died without cleaning up left in shared memory
 
 
 def _reap(processes: list[subprocess.Popen[bytes]], deadline: float) -> None:
@@ -310,10 +321,19 @@ async def run_host(join: str, token: bytes, listen: str = "capnp://127.0.0.1:0")
     """``atoll host --join ADDR``: serve a node, join the cluster, wait.
 
     The node is served at ``listen`` so that other hosts can pull buffers
-    from this one directly, not through the controller.
+    from this one directly, not through the controller. Starting, it sweeps
+    the shared memory that killed processes left; stopping, it unlinks its own.
     """
     _die_with_parent()
+    shm.sweep()  # segments of earlier processes that were killed
     stop = stop_on_signals()
+    try:
+        await _serve_host(join, token, listen, stop)
+    finally:
+        shm.release_all()  # this host's buffers in shared memory
+
+
+async def _serve_host(join: str, token: bytes, listen: str, stop: asyncio.Event) -> None:
     async with capnp_runtime(), ActorSystem("host") as system:
         transport = CapnpTransport(token)
         listener = await transport.serve(system, listen)

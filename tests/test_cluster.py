@@ -104,3 +104,15 @@ async def test_calls_pending_at_exit_fail_instead_of_hanging() -> None:
             pending = cluster.run(TWO_MS, 0, [never])
             await wait_idle()
     assert isinstance(pending.exception(), ActorStopped)
+
+
+async def test_arrays_can_be_passed_by_value_small_inline_large_put() -> None:
+    total = Computation("total", np.sum, flops=1e9)
+    async with atoll.local_cluster(1, 1, 2, clock=VirtualClock(), cost=COST) as cluster:
+        small = np.ones(4, dtype=np.float32)
+        handle = cluster.run(TWO_MS, 1, [small])
+        small[:] = 7  # the call took a copy of the small array when it was made
+        assert np.allclose(await cluster.fetch(handle), affine(np.ones(4, np.float32)))
+        large = np.ones(1 << 13, dtype=np.float32)  # 32 KiB: put on the device first
+        assert float(await cluster.fetch(cluster.run(total, 0, [large]))) == 1 << 13
+        assert float(await cluster.fetch(cluster.run(total, 0, [small]))) == 28.0

@@ -2,8 +2,10 @@
 
 Encoding is synchronous. Decoding is synchronous too, but some values arrive
 later: a ``promise`` (a ``Later`` capability) and a ``buffer`` (an array that
-must be pulled in chunks) decode to a kernel :class:`Promise`, which the
-receiving actor resolves before its handler runs, like any promise argument.
+must be streamed or pulled in chunks) decode to a kernel :class:`Promise`,
+which the receiving actor resolves before its handler runs, like any promise
+argument. A ``buffer`` in shared memory on this machine decodes at once, to a
+read-only array mapped in place (see :mod:`atoll.transports.shm`).
 
 All capnp objects stay on the event-loop thread, and every capability a
 decoded value holds is registered with its :class:`Peer`, which drops them all
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import io
 import pickle
+import traceback
+from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +38,7 @@ from ...kernel import (
     TransportError,
 )
 from ...kernel.lowlevel import channel_of
+from .. import shm
 
 if TYPE_CHECKING:
     from ._peer import Peer
@@ -45,9 +50,11 @@ __all__ = [
     "encode",
     "encode_actor",
     "encode_error",
+    "escaped_error",
+    "undecodable",
 ]
 
-INLINE_LIMIT = 1 << 20  # arrays above this many bytes are pulled in chunks
+INLINE_LIMIT = 1 << 20  # arrays above this many bytes travel as a BufferRef
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -85,7 +92,7 @@ def encode(peer: Peer, builder: Any, value: Any) -> None:
 
 
 def _encode_array(peer: Peer, builder: Any, array: np.ndarray) -> None:
-    array = np.ascontiguousarray(array)
+    array = np.ascontiguousarray(array).reshape(array.shape)  # keeps 0-d arrays 0-d
     if array.nbytes <= INLINE_LIMIT:
         out = builder.init("array")
         out.dtype = array.dtype.str
@@ -97,6 +104,10 @@ def _encode_array(peer: Peer, builder: Any, array: np.ndarray) -> None:
     out.shape = list(array.shape)
     out.nbytes = array.nbytes
     out.source = peer.serve_buffer(array)
+    where = shm.locate(array)  # in shared memory: a reader on this machine maps it
+    if where is not None:
+        out.shm, out.shmOffset = where
+        out.machine = shm.machine_id()
 
 
 def encode_actor(peer: Peer, builder: Any, ref: ActorRef[Any]) -> None:
@@ -119,19 +130,45 @@ def _encode_promise(peer: Peer, builder: Any, promise: Promise[Any]) -> None:
     builder.promise = peer.later_cap(promise)
 
 
+def _set_aside(obj: Any) -> bool:
+    """Whether ``obj`` travels next to a pickle, as a capability (or a pulled buffer)."""
+    big_array = type(obj) is np.ndarray and obj.nbytes > INLINE_LIMIT
+    return isinstance(obj, ActorRef | Promise) or big_array
+
+
+def _by_value(obj: Any) -> bool:
+    """Whether the function or class ``obj`` cannot be found by reference on the
+    other side: defined in ``__main__`` (or nowhere), a lambda, or local to a
+    function (a closure)."""
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", "")
+    return module is None or module == "__main__" or "<lambda>" in name or "<locals>" in name
+
+
 class _Pickler(pickle.Pickler):
-    """Pickles with actors and promises kept aside, to travel as capabilities."""
+    """Pickles with actors and promises kept aside, to travel as capabilities.
+
+    By reference, like plain pickle, except for the functions and classes that
+    :func:`_by_value` picks: those are pickled by value (``_byvalue``).
+    """
 
     def __init__(self, file: io.BytesIO, buffers: list[Any]) -> None:
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
         self._caps: list[Any] = []
 
     def persistent_id(self, obj: Any) -> int | None:
-        big_array = type(obj) is np.ndarray and obj.nbytes > INLINE_LIMIT
-        if isinstance(obj, ActorRef | Promise) or big_array:
-            self._caps.append(obj)  # travels as a capability (or a pulled buffer)
+        if _set_aside(obj):
+            self._caps.append(obj)
             return len(self._caps) - 1
         return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        kind = type(obj)
+        if (kind is FunctionType or isinstance(obj, type)) and _by_value(obj):
+            from . import _byvalue  # imports cloudpickle: only when a value needs it
+
+            return _byvalue.reduce(obj, _set_aside)
+        return NotImplemented
 
 
 def _encode_pickled(peer: Peer, builder: Any, value: Any) -> None:
@@ -141,7 +178,7 @@ def _encode_pickled(peer: Peer, builder: Any, value: Any) -> None:
     try:
         pickler.dump(value)
     except Exception as exc:
-        raise BadCall(f"cannot send a {type(value).__name__} over the wire: {exc}") from None
+        raise BadCall(f"cannot send a {type(value).__name__} over the wire: {exc}") from exc
     builder.data = data.getvalue()
     caps = builder.init("caps", len(pickler._caps))
     for cap_builder, obj in zip(caps, pickler._caps, strict=True):
@@ -202,7 +239,11 @@ def _decode_pickled(peer: Peer, reader: Any) -> Any:
     caps = [decode(peer, cap) for cap in reader.caps]
     buffers = [bytes(b) for b in reader.buffers]
     data = bytes(reader.data)
-    pulls = [i for i, cap in enumerate(reader.caps) if cap.which() == "buffer"]
+    pulls = [  # big arrays still on their way (not mapped from shared memory)
+        i
+        for i, cap in enumerate(reader.caps)
+        if cap.which() == "buffer" and isinstance(caps[i], Promise)
+    ]
     if not pulls:
         return _Unpickler(io.BytesIO(data), caps, buffers).load()
     # big arrays inside the object are still being pulled: unpickle once here
@@ -222,13 +263,23 @@ def _decode_pickled(peer: Peer, reader: Any) -> Any:
 
 
 # -- errors --------------------------------------------------------------------
-def encode_error(builder: Any, error: BaseException) -> None:
-    """Describe ``error`` in an ``Error`` struct builder."""
+def encode_error(builder: Any, error: BaseException, actor: str = "", endpoint: str = "") -> None:
+    """Describe ``error`` in an ``Error`` struct builder.
+
+    An exception that is not an atoll error is boxed first (:func:`_box`, with
+    ``actor`` and ``endpoint`` if known), so its type and traceback travel too.
+    """
+    if not isinstance(error, AtollError):
+        error = _box(error, actor, endpoint)
     builder.kind, builder.message = _kind(error), str(error)
     if isinstance(error, RemoteActorError):
         builder.actor, builder.endpoint = error.actor, error.endpoint
         builder.excType, builder.traceback = error.exc_type, error.remote_traceback
         builder.message = error.message
+    elif isinstance(error, BadCall):
+        builder.message = error.message
+        builder.excType = error.exc_type or _type_name(error.__cause__ or error)
+        builder.traceback = error.remote_traceback or _format(error)
     elif isinstance(error, CallCancelled):
         builder.actor, builder.endpoint, builder.message = error.actor, error.endpoint, error.reason
     elif isinstance(error, ActorStopped):
@@ -276,9 +327,55 @@ def decode_error(reader: Any) -> AtollError:
     if kind == "no_such_endpoint":
         return NoSuchEndpoint(actor, endpoint)
     if kind == "bad_call":
-        return BadCall(message)
+        return BadCall(message, reader.excType, reader.traceback)
     if kind == "host_lost":
         return HostLost(message)
     if kind == "transport":
         return TransportError(message)
     return AtollError(message)
+
+
+def _type_name(error: BaseException) -> str:
+    """The qualified name of ``error``'s type, e.g. ``builtins.ZeroDivisionError``."""
+    kind = type(error)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _format(error: BaseException) -> str:
+    return "".join(traceback.format_exception(error))
+
+
+def _box(error: BaseException, actor: str = "", endpoint: str = "") -> RemoteActorError:
+    """``error`` (raised on this side, outside any endpoint) as a
+    :class:`RemoteActorError` that keeps its type, message and traceback."""
+    return RemoteActorError(
+        actor or "<remote>", endpoint or "<result>", _type_name(error), str(error), _format(error)
+    )
+
+
+def undecodable(error: Exception, actor: str, endpoint: str) -> BadCall:
+    """What a call whose arguments failed to decode here answers: a
+    :class:`BadCall` with the decoding error's type, message and traceback."""
+    cause = f"{type(error).__name__}: {error}"
+    message = f"{actor}.{endpoint}: its arguments could not be decoded: {cause}"
+    return BadCall(message, _type_name(error), _format(error))
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def escaped_error(description: str, peer: str) -> RemoteActorError | None:
+    """The error in a capnp exception's ``description`` that holds a Python
+    traceback (an exception let out of a server method), whole; else None.
+
+    Its last line names the type and message; ``peer`` stands in for the
+    actor, which capnp does not say.
+    """
+    start = description.find(_TRACEBACK)
+    if start < 0:
+        return None
+    text = description[start:].rstrip()
+    exc_type, _, message = text.splitlines()[-1].partition(": ")
+    if "." not in exc_type:
+        exc_type = f"builtins.{exc_type}"
+    return RemoteActorError(peer, "<capnp server>", exc_type, message, text)

@@ -23,6 +23,7 @@ import logging
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 import capnp
@@ -47,7 +48,16 @@ from ...kernel.lowlevel import (
     resolve_arguments,
     set_canceller,
 )
-from ._codec import decode, decode_error, encode, encode_actor, encode_error
+from .. import bulk, shm
+from ._codec import (
+    decode,
+    decode_error,
+    encode,
+    encode_actor,
+    encode_error,
+    escaped_error,
+    undecodable,
+)
 from ._schema import schema
 
 __all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel", "peer_of"]
@@ -55,6 +65,14 @@ __all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel", "peer_of"]
 _log = logging.getLogger("atoll.transports.capnp")
 CHUNK = 1 << 20
 IN_FLIGHT = 4
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A pending remote answer, as a promise carries it: whose, and its ``Later``."""
+
+    peer: Peer
+    later: Any
 
 
 class Peer:
@@ -78,8 +96,19 @@ class Peer:
         return ActorServer(channel, self)
 
     def later_cap(self, promise: Promise[Any]) -> Any:
-        answer = pipeline_answer(promise)
-        return answer if answer is not None else LaterServer(promise, self)
+        """The ``Later`` that stands for ``promise`` on this connection.
+
+        A promise of an answer from this same peer goes back as that peer's
+        own ``Later``, which it resolves locally. A promise of any other
+        connection's answer is served here: passing the other peer's
+        capability on would make every ``get`` a proxied round trip through
+        this process to the producer (Cap'n Proto has no three-party
+        hand-off), while this process hears the answer anyway.
+        """
+        held = pipeline_answer(promise)
+        if isinstance(held, _Answer) and held.peer is self:
+            return held.later
+        return LaterServer(promise, self)
 
     def serve_buffer(self, array: np.ndarray) -> Any:
         return BufferServer(array)
@@ -99,18 +128,26 @@ class Peer:
     def attach(self, promise: Promise[Any], answer: Any, later: Any) -> asyncio.Future[Any]:
         """Make ``promise`` follow a remote ``Later``: usable for pipelining and
         for passing on before ``answer`` settles it."""
-        attach_pipeline(promise, functools.partial(RemoteChannel.promised, self, answer), later)
+        pipe = functools.partial(RemoteChannel.promised, self, answer)
+        attach_pipeline(promise, pipe, _Answer(self, later))
         return self.settle_later(answer, promise)
 
     def track(self, promise: Promise[Any]) -> None:
         """Fail ``promise`` with ``HostLost`` if this connection closes first."""
         self._pending.add(promise)
 
-    def pull_buffer(self, reader: Any) -> Promise[np.ndarray]:
+    def pull_buffer(self, reader: Any) -> np.ndarray | Promise[np.ndarray]:
+        """A ``BufferRef``'s array: at once, mapped read-only, if its shared-memory
+        segment is on this machine; else a promise, settled by a task that
+        streams the bytes (or, if no stream can be had, pulls them in chunks)."""
+        shape = tuple(int(n) for n in reader.shape)
+        nbytes = int(reader.nbytes)
+        mapped = _mapped(reader, shape, nbytes)
+        if mapped is not None:
+            return mapped
         promise: Promise[np.ndarray] = Promise("buffer")
         self.track(promise)
-        shape = tuple(int(n) for n in reader.shape)
-        self.spawn(_pull(reader.source, reader.dtype, shape, int(reader.nbytes), promise))
+        self.spawn(_fetch(reader.source, reader.dtype, shape, nbytes, promise))
         return promise
 
     # -- answers -------------------------------------------------------------
@@ -141,9 +178,13 @@ class Peer:
         if self.closed is not None:
             return HostLost(f"connection to {self.label} lost: {self.closed}")
         kind = str(getattr(exc, "type", ""))
-        description = str(getattr(exc, "description", exc)).splitlines()[0]
+        text = str(getattr(exc, "description", exc))
+        description = text.splitlines()[0] if text else text
         if "DISCONNECTED" in kind:
             return HostLost(f"connection to {self.label} lost: {description}")
+        escaped = escaped_error(text, self.label)  # a Python error the server let out
+        if escaped is not None:
+            return escaped
         return TransportError(f"call to {self.label} failed: {description}")
 
     # -- lifecycle -----------------------------------------------------------
@@ -213,9 +254,49 @@ def peer_of(ref: ActorRef[Any]) -> Peer | None:
     return channel.peer if isinstance(channel, RemoteChannel) else None
 
 
-async def _pull(
+def _mapped(reader: Any, shape: tuple[int, ...], nbytes: int) -> np.ndarray | None:
+    """The array in place, if its segment is on this machine and still there."""
+    if not reader.shm or reader.machine != shm.machine_id():
+        return None
+    try:
+        array = shm.attach(reader.shm, int(reader.shmOffset), nbytes, reader.dtype, shape)
+    except (OSError, ValueError):
+        return None  # freed meanwhile: the holder can still stream the bytes
+    bulk.counts["shm_in"] += 1
+    return array
+
+
+async def _fetch(
     source: Any, dtype: str, shape: tuple[int, ...], nbytes: int, promise: Promise[np.ndarray]
 ) -> None:
+    """Settle ``promise`` with the bytes of ``source``: streamed, else pulled."""
+    try:
+        try:
+            data = await _stream(source, nbytes)
+        except (capnp.KjException, OSError, TimeoutError, TransportError) as exc:
+            _log.debug("no bulk stream (%s): pulling the buffer in chunks", exc)
+            data = await _pull(source, nbytes)
+    except capnp.KjException as exc:
+        promise.set_exception(HostLost(f"buffer transfer failed: {exc}"))
+        return
+    except Exception as exc:  # a short or malformed chunk: fail, never hang
+        promise.set_exception(TransportError(f"buffer transfer failed: {exc!r}"))
+        return
+    array = data.view(np.dtype(dtype)).reshape(shape)
+    array.flags.writeable = False
+    promise.set_result(array)
+
+
+async def _stream(source: Any, nbytes: int) -> np.ndarray:
+    """The bytes over a bulk stream that ``source`` opens (``transports.bulk``)."""
+    response = await source.open()
+    address, ticket = str(response.address), bytes(response.ticket)
+    del response
+    return await bulk.receive(address, ticket, nbytes)
+
+
+async def _pull(source: Any, nbytes: int) -> np.ndarray:
+    """The bytes in 1 MiB chunks over capnp, ``IN_FLIGHT`` at a time."""
     out = np.empty(nbytes, dtype=np.uint8)
     offsets = list(range(0, nbytes, CHUNK))
 
@@ -234,17 +315,9 @@ async def _pull(
         async with window:
             await fetch(offset)
 
-    try:
-        await asyncio.gather(*(windowed(o) for o in offsets))
-    except capnp.KjException as exc:
-        promise.set_exception(HostLost(f"buffer transfer failed: {exc}"))
-        return
-    except Exception as exc:  # a short or malformed chunk: fail, never hang
-        promise.set_exception(TransportError(f"buffer transfer failed: {exc!r}"))
-        return
-    array = out.view(np.dtype(dtype)).reshape(shape)
-    array.flags.writeable = False
-    promise.set_result(array)
+    await asyncio.gather(*(windowed(o) for o in offsets))
+    bulk.counts["chunks_in"] += 1
+    return out
 
 
 class RemoteChannel:
@@ -381,8 +454,13 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
         self, endpoint: str, args: Any, kwargs: Any
     ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
         target = getattr(self._ref, endpoint)
-        values = tuple(decode(self._peer, a) for a in args)
-        named = {e.key.text: decode(self._peer, e.value) for e in kwargs}
+        try:
+            values = tuple(decode(self._peer, a) for a in args)
+            named = {e.key.text: decode(self._peer, e.value) for e in kwargs}
+        except AtollError:
+            raise
+        except Exception as exc:  # e.g. a pickled class this process cannot import
+            raise undecodable(exc, self._ref.name, endpoint) from exc
         return target, values, named
 
     async def call(
@@ -392,12 +470,12 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
         try:
             target, values, named = self._prepare(endpoint, args, kwargs)
             promise: Promise[Any] = target(*values, **named)
-        except AtollError as exc:
-            encode_error(results.result.init("error"), exc)
+        except Exception as exc:
+            encode_error(results.result.init("error"), exc, self._ref.name, endpoint)
             return
         self._remember(callId, promise)
         results.later = LaterServer(promise, self._peer)
-        await _answer(self._peer, promise, results)
+        await _answer(self._peer, promise, results, actor=self._ref.name, endpoint=endpoint)
 
     async def send(
         self, endpoint: str, args: Any, kwargs: Any, callId: int, _context: Any, **_: Any
@@ -405,7 +483,7 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
         try:
             target, values, named = self._prepare(endpoint, args, kwargs)
             promise: Promise[Any] = await target.send(*values, **named)
-        except AtollError as exc:
+        except Exception as exc:  # answered by `later.get()`, boxed there if need be
             promise = failed(exc, "refused")
         self._remember(callId, promise)
         _context.results.later = LaterServer(promise, self._peer)
@@ -435,12 +513,20 @@ class LaterServer(schema.Later.Server):  # type: ignore[misc]
 
 
 async def _answer(
-    peer: Peer, promise: Promise[Any], results: Any, cancel_on_drop: bool = True
+    peer: Peer,
+    promise: Promise[Any],
+    results: Any,
+    cancel_on_drop: bool = True,
+    actor: str = "",
+    endpoint: str = "",
 ) -> None:
     """Wait for ``promise`` and write it into ``results`` (result, actor).
 
     ``cancel_on_drop``: the caller dropped its question, so cancel the call
     (for ``Actor.call``; not for ``Later.get``, whose promise others share).
+    Nothing raises out of here into capnp (which would cut the error to a line
+    of text): a failure, or a value that cannot be encoded, is answered as an
+    ``error`` Value, boxed with ``actor`` and ``endpoint`` if not atoll's own.
     """
     detach_wait_counter()
     try:
@@ -450,15 +536,19 @@ async def _answer(
             promise.cancel("cancelled by the remote caller")
         raise
     except Exception as exc:
-        encode_error(results.result.init("error"), exc)
+        encode_error(results.result.init("error"), exc, actor, endpoint)
         return
-    encode(peer, results.result, value)
+    try:
+        encode(peer, results.result, value)
+    except Exception as exc:  # e.g. BadCall: the value cannot be pickled
+        encode_error(results.result.init("error"), exc, actor, endpoint)
+        return
     if isinstance(value, ActorRef):
         results.actor = peer.actor_cap(value)
 
 
 class BufferServer(schema.Buffer.Server):  # type: ignore[misc]
-    """An array's bytes, readable in chunks."""
+    """An array's bytes: over a bulk stream (``open``), or in chunks (``read``)."""
 
     def __init__(self, array: np.ndarray) -> None:
         self._array = array  # keeps the memory alive while the reader pulls
@@ -468,6 +558,11 @@ class BufferServer(schema.Buffer.Server):  # type: ignore[misc]
         if offset > len(self._bytes):
             raise TransportError(f"offset {offset} beyond {len(self._bytes)} bytes")
         _context.results.data = self._bytes[offset : offset + length]
+
+    async def open(self, _context: Any, **_: Any) -> None:
+        address, ticket = bulk.offer(self._bytes)  # raises OSError if no listener
+        _context.results.address = address
+        _context.results.ticket = ticket
 
 
 class GateServer(schema.Gate.Server):  # type: ignore[misc]

@@ -24,8 +24,10 @@ from typing import Any
 import capnp
 
 from ...kernel import ActorRef, ActorSystem, NodeActor, TransportError
+from .. import bulk
 from ._peer import GateServer, Peer
 from ._schema import schema
+from ._stream import connect_stream, serve_streams
 
 __all__ = [
     "CapnpConnection",
@@ -45,7 +47,8 @@ async def capnp_runtime() -> AsyncIterator[None]:
     """Run capnp's event loop on this asyncio loop for the block (re-entrant).
 
     Close every connection and listener before the block ends: capnp objects
-    must not outlive the loop that made them.
+    must not outlive the loop that made them. The loop's bulk-stream listener
+    (``atoll.transports.bulk``), if one was started, closes with the block.
     """
     if _in_runtime.get():
         yield
@@ -56,6 +59,7 @@ async def capnp_runtime() -> AsyncIterator[None]:
             yield
         finally:
             _in_runtime.reset(token)
+            await bulk.aclose()
 
 
 def _require_runtime() -> None:
@@ -200,7 +204,7 @@ class CapnpTransport:
             await listener._on_connection(stream, self.login_timeout)
 
         try:
-            server = await capnp.AsyncIoStream.create_server(handler, host, port)
+            server = await serve_streams(handler, host, port)
         except OSError as exc:
             await node.stop(grace=0)
             raise TransportError(f"cannot listen on {host}:{port}: {exc}") from None
@@ -216,7 +220,7 @@ class CapnpTransport:
         _require_runtime()
         host, port = parse_address(address)
         try:
-            stream = await capnp.AsyncIoStream.create_connection(host=host, port=port)
+            stream = await connect_stream(host, port)
         except OSError as exc:
             raise TransportError(f"cannot reach {address}: {exc}") from None
         client = capnp.TwoPartyClient(stream)

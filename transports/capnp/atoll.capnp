@@ -16,8 +16,11 @@
 # (Cap'n Proto cannot pipeline through union members, which is why these two
 # live outside `Value`.)
 #
-# Large arrays travel as a `Buffer` capability that the receiver pulls in
-# chunks, several at a time, so no single message is large.
+# Large arrays travel as a `BufferRef`. A reader on the holder's machine maps
+# its shared-memory segment (`shm`), zero-copy. Elsewhere it asks the `Buffer`
+# capability to `open` a bulk byte stream (a plain TCP connection, authorized
+# by a one-time ticket), and if that cannot be had, pulls the bytes in chunks
+# with `read`, several at a time, so no single message is large.
 @0xb4ebc2e1e1a2baa3;
 
 struct Value {
@@ -57,11 +60,20 @@ struct BufferRef {
   shape @1 :List(UInt64);
   nbytes @2 :UInt64;
   source @3 :Buffer;
+  shm @4 :Text;                   # the shared-memory segment holding the bytes, or ""
+  shmOffset @5 :UInt64;           # where in it they start
+  machine @6 :Text;               # the holder's machine id: `shm` is valid there only
 }
 
 interface Buffer {
-  # The bytes of one array, read in chunks (at most 2^29-1 bytes each).
+  # The bytes of one array.
   read @0 (offset :UInt64, length :UInt32) -> (data :Data);
+  # One chunk (at most 2^29-1 bytes): the fallback.
+
+  open @1 () -> (address :Text, ticket :Data);
+  # A bulk stream: connect to `address` (HOST:PORT), send `ticket`, receive an
+  # 8-byte big-endian length and then that many bytes. The ticket is good for
+  # one connection, for a short while; a wrong one closes the connection.
 }
 
 struct ActorRef {
