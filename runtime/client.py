@@ -222,6 +222,8 @@ class Cluster:
                 inputs.append(leaf.promise)
             elif isinstance(leaf, (BufferHandle, Promise)):
                 inputs.append(leaf)
+            elif _inline(leaf, graph, i):
+                inputs.append(read_only(np.array(leaf)))  # a copy, taken now
             else:
                 first = readers.get(ValueRef(-1, i))
                 slice_id = graph.nodes[first[0]].slice.slice_id if first else None
@@ -299,6 +301,14 @@ class Cluster:
         """Busy time, transfers and computations of every device."""
         promises = [ref.stats() for ref in self._devices]
         return [await p for p in promises]
+
+
+def _inline(leaf: Any, graph: Graph, index: int) -> bool:
+    """Whether program input ``index`` travels by value inside the dispatch:
+    a small array that is not itself one of the program's outputs (those
+    must be stored, so that they have handles)."""
+    small = np.asarray(leaf).nbytes <= INLINE_VALUE_BYTES
+    return small and ValueRef(-1, index) not in graph.outputs
 
 
 def _program_of(target: Any) -> Program:
