@@ -31,9 +31,11 @@ from ..kernel import (
     Clock,
     Promise,
     all_settled,
+    as_promise,
     endpoint,
     failed,
     first_settled,
+    forward,
     then,
     value_of,
 )
@@ -304,24 +306,36 @@ class Device(Actor):
         The producer's promise settles only after its pushes were answered,
         so once it has, a missing push means the push was declined (no room
         here) or the producer failed: nothing more will land under ``key``.
+        Without a promise (``value`` None: the island sent none, to save the
+        messages that resolving it costs), the inbox is the only way in: the
+        producer redirects a declined push there, and the controller fails it
+        when the producer fails.
         """
         if key is None:
             return await value_of(value)
         arrival = self.store.arrival(key)
         try:
-            if isinstance(value, Promise) and not value.done():
+            if value is None:
+                await first_settled(arrival)
+            elif isinstance(value, Promise) and not value.done():
                 await first_settled(arrival, value)
         except BaseException:  # cancelled while waiting: free the copy when it lands
             self.store.abandon(key)
             raise
         if arrival.done():
-            landed: Arrival = arrival.result()
-            self.store.take(key)  # this shard now owns the pushed copy
-            taken.append(landed.handle.id)
-            await self._charge_transfer(landed.transfer_s)
-            return landed.handle
+            return await self._arrived(key, arrival, taken)
         self.store.forget(key)
         return await value_of(value)
+
+    async def _arrived(self, key: str, arrival: Promise[Any], taken: list[str]) -> Any:
+        """What settled the inbox ``key``: a pushed copy (this shard now owns
+        it), the producer's own handle (a declined push), or its failure."""
+        self.store.take(key)
+        landed: Arrival = arrival.result()  # raises the producer's failure
+        if landed.local:
+            taken.append(landed.handle.id)
+            await self._charge_transfer(landed.transfer_s)
+        return landed.handle
 
     async def _push(
         self, task: GangTask, outputs: list[BufferHandle], owner: str
@@ -336,17 +350,32 @@ class Device(Actor):
                     self.store.incref(handle.id)
                     self.store.deliver(key, Arrival(handle, 0.0), handle.id)
                 continue
-            try:  # a push only saves time: failing one must not fail the producer
+            try:
                 host = await self._host_ref(target.host_id, target.address, target.host)
-                array = np.asarray(self.store.get(handle.id))
-                answers.append(host.receive(list(target.keys), array, owner, self.island))
-            except Exception as exc:
-                _log.warning(
-                    "push to host %d failed; its reader will fetch: %s", target.host_id, exc
-                )
+            except Exception as exc:  # its reader waits on its inbox: fail, and say why
+                self._drop(outputs)
+                raise DeviceError(f"cannot reach host {target.host_id} to push: {exc}") from exc
+            array = np.asarray(self.store.get(handle.id))
+            answer = host.receive(list(target.keys), array, owner, self.island)
+            answers.append(_redirect_unless_landed(answer, host, target.keys, handle))
+        return then(all_settled(answers), lambda _: self._pushed(answers, outputs))
+
+    def _pushed(
+        self, answers: list[Promise[Any]], outputs: list[BufferHandle]
+    ) -> list[BufferHandle]:
+        """The outputs, once every push landed or was redirected; a reader left
+        with neither fails the producer (the controller then fails the reader)."""
         for answer in answers:
-            answer.add_done_callback(_log_failed_push)
-        return then(all_settled(answers), lambda _: outputs)
+            error = answer.exception()
+            if error is not None:
+                self._drop(outputs)
+                raise DeviceError(f"a push and its fallback both failed: {error}") from error
+        return outputs
+
+    def _drop(self, outputs: list[BufferHandle]) -> None:
+        for handle in outputs:
+            with suppress(BufferMissing):
+                self.store.decref(handle.id)
 
     async def _charge_transfer(self, seconds: float) -> None:
         if seconds > 0:
@@ -470,15 +499,31 @@ class Device(Actor):
 class Arrival:
     """A pushed input as its reader finds it in the store: the local copy's
     handle, and the modelled link time the transfer took (simulated devices
-    spend it when they take the input)."""
+    spend it when they take the input). ``local`` is False for a redirect:
+    the handle is the producer's own, read from where it is."""
 
     handle: BufferHandle
     transfer_s: float
+    local: bool = True
 
 
-def _log_failed_push(answer: Promise[Any]) -> None:
-    if answer.exception() is not None:
-        _log.warning("a push failed; its reader will fetch: %s", answer.exception())
+def _redirect_unless_landed(
+    answer: Promise[Any], host: ActorRef[Host], keys: tuple[str, ...], handle: BufferHandle
+) -> Promise[Any]:
+    """Settles once the push to ``host`` landed, or, when it was declined or
+    failed, once the readers' inboxes there were pointed at ``handle``."""
+    out: Promise[Any] = Promise("push settled")
+
+    def done(pushed: Promise[Any]) -> None:
+        if pushed.exception() is None and pushed.result():
+            out.set_result(True)
+            return
+        if pushed.exception() is not None:
+            _log.warning("a push failed; its reader will fetch: %s", pushed.exception())
+        forward(as_promise(host.redirect_inbox(list(keys), handle)), out)
+
+    answer.add_done_callback(done)
+    return out
 
 
 def _local_address() -> str:
@@ -572,6 +617,19 @@ class Host(Actor):
         for key in keys:
             self.store.deliver(key, Arrival(handle, seconds), buffer_id)
         return True
+
+    @endpoint
+    def redirect_inbox(self, keys: list[str], handle: BufferHandle) -> None:
+        """A push to ``keys`` did not land here: their readers read ``handle``
+        (the producer's output, where it is) instead."""
+        for key in keys:
+            self.store.redirect(key, Arrival(handle, 0.0, local=False))
+
+    @endpoint
+    def fail_inbox(self, keys: list[str], error: BaseException) -> None:
+        """Nothing will land under ``keys``: their producer failed with ``error``."""
+        for key in keys:
+            self.store.fail(key, error)
 
     @endpoint
     def free(self, buffer_id: str) -> bool:

@@ -75,6 +75,8 @@ class ObjectStore:
         self._arrivals: dict[str, Promise[Any]] = {}
         self._landed: dict[str, str] = {}  # key -> buffer id, delivered, not taken
         self._abandoned: set[str] = set()
+        # keys recently taken: a late failure notice for one of them is ignored
+        self._settled: deque[str] = deque(maxlen=4096)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -165,15 +167,37 @@ class ObjectStore:
         self._landed[key] = buffer_id
         self.arrival(key).set_result(value)
 
+    def redirect(self, key: str, value: Any) -> None:
+        """Nothing will land under ``key``: its reader takes ``value`` instead
+        (the producer's own handle, when the push was declined). No buffer
+        here is involved, so there is nothing to free."""
+        if key in self._abandoned:
+            self._abandoned.discard(key)
+        elif key not in self._landed and key not in self._settled:
+            self.arrival(key).set_result(value)
+
+    def fail(self, key: str, error: BaseException) -> None:
+        """Nothing will land under ``key``: its producer failed with ``error``.
+
+        Ignored when the push landed after all, or its reader already took
+        it or gave up on it.
+        """
+        if key in self._abandoned:
+            self._abandoned.discard(key)
+        elif key not in self._landed and key not in self._settled:
+            self.arrival(key).set_exception(error)
+
     def take(self, key: str) -> None:
-        """Remove a delivered ``key``: its reader now owns the buffer reference."""
-        del self._landed[key]
-        del self._arrivals[key]
+        """Remove a settled ``key``: its reader now owns what landed (if anything)."""
+        self._landed.pop(key, None)
+        self._arrivals.pop(key, None)
+        self._settled.append(key)
 
     def forget(self, key: str) -> None:
-        """Drop a pending ``key`` that nobody will push to (the push was declined)."""
+        """Drop a pending ``key`` that nobody will push to (declined, or failed)."""
         if key not in self._landed:
             self._arrivals.pop(key, None)
+            self._settled.append(key)
 
     def abandon(self, key: str) -> None:
         """The reader gave up: free what landed, or free it when it lands."""

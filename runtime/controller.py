@@ -11,7 +11,9 @@ submits the gangs. Clients reach it through :class:`~atoll.runtime.Cluster`.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -28,6 +30,8 @@ from .topology import Topology
 from .tracing import VirtualSlice
 
 __all__ = ["Controller", "spawn_control"]
+
+_log = logging.getLogger(__name__)
 
 
 class Controller(Actor):
@@ -163,11 +167,23 @@ class Controller(Actor):
         for node, gang, task in zip(graph.nodes, plan_.gangs, tasks, strict=True):
             node_inputs = [values[ref] for ref in node.inputs]
             ran.append(self._submit(gang.island, task, node_inputs, owner))
+            if task.push:
+                ran[-1].add_done_callback(functools.partial(self._fail_readers, task))
             for i in range(len(node.outputs)):
                 values[ValueRef(node.id, i)] = then(ran[-1], operator.itemgetter(i))
         for ref, readers in plan_.frees:
             _free_after(values[ref], [ran[n] for n in readers])
         return [values[ref] for ref in graph.outputs]
+
+    def _fail_readers(self, task: GangTask, ran: Promise[list[BufferHandle]]) -> None:
+        """A producer failed: its readers wait on inboxes that nothing will fill
+        now, so fail them with its error (also when its host was lost)."""
+        error = ran.exception()
+        if error is None:
+            return
+        for target in task.push:
+            notice = self.host_refs[target.host_id].fail_inbox(list(target.keys), error)
+            notice.add_done_callback(_log_failed_notice)
 
     def plan_for(self, graph: Graph, temporary: Sequence[int] = ()) -> Plan:
         """The dispatch plan of ``graph`` (cached; see :mod:`atoll.runtime.planner`)."""
@@ -204,6 +220,11 @@ class Controller(Actor):
 
     def _island(self, node: Node) -> int:
         return self.resources.get(node.slice.slice_id).island
+
+
+def _log_failed_notice(notice: Promise[None]) -> None:
+    if notice.exception() is not None:
+        _log.warning("could not fail a reader's inbox: %s", notice.exception())
 
 
 def _default_axes(rank: int) -> tuple[str, ...]:

@@ -68,7 +68,8 @@ class IslandScheduler(Actor):
         for instruction in instructions:
             gang_id, device = instruction.gang_id, instruction.device
             task, inputs, owner, result, sent = self._pending[gang_id]
-            promise = Wire.through(self.wire, self.devices[device], "run_gang", task, inputs, owner)
+            given = _unpushed(task, inputs) if device == task.leader else inputs
+            promise = Wire.through(self.wire, self.devices[device], "run_gang", task, given, owner)
             promise.add_done_callback(functools.partial(self._report, gang_id, device))
             if device == task.leader:
                 forward(promise, result)
@@ -101,3 +102,14 @@ class IslandScheduler(Actor):
         for gang_id, device in done:
             self._carry_out(self.policy.handle(Completed(next(self._events), gang_id, device)))
         return len(done)
+
+
+def _unpushed(task: GangTask, inputs: Sequence[Any]) -> Sequence[Any]:
+    """The leader's inputs without those pushed to its inbox: it waits for
+    the push, so their promises would only cost messages to resolve (a
+    failed producer's inbox is failed by the controller instead)."""
+    if not any(task.inbox):
+        return inputs
+    return [
+        None if key is not None else value for value, key in zip(inputs, task.inbox, strict=True)
+    ]

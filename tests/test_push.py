@@ -153,6 +153,56 @@ async def test_chain_over_host_processes_pushes() -> None:
         assert sum(u["arrivals"] for u in usage) == 0
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_over_processes_a_failed_producer_fails_its_pushed_reader() -> None:
+    """The reader's leader waits on its inbox only (no promise was sent to it):
+    the controller fails that inbox with the producer's error."""
+
+    def diverge(x: np.ndarray) -> np.ndarray:  # travels by value to the host
+        raise FloatingPointError("step 1 diverged")
+
+    async with atoll.local_cluster(1, 3, 1, transport="capnp", cost=COST) as cluster:
+        slices = [await cluster.devices(1) for _ in range(3)]
+        builder = GraphBuilder()
+        x = builder.input(bench.SCALAR)
+        [y] = builder.add(bench.step(0.001), slices[0], [x], [bench.SCALAR])
+        [y] = builder.add(Computation("broken", diverge, 1e6), slices[1], [y], [bench.SCALAR])
+        [y] = builder.add(bench.step(0.001), slices[2], [y], [bench.SCALAR])
+        [out] = cluster.run_graph(builder.build([y]), [np.zeros(1, np.float32)])
+        with pytest.raises(atoll.RemoteActorError) as info:
+            await cluster.fetch(out)
+        assert info.value.exc_type == "builtins.FloatingPointError"
+        usage = await cluster.store_usage()
+        assert sum(u["buffers"] for u in usage) == 0
+        assert sum(u["arrivals"] for u in usage) == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_over_processes_a_declined_push_is_redirected_to_the_producer() -> None:
+    big = Aval((1024,), "float32")
+    total = Computation("sum", lambda a: a.sum(keepdims=True), 1e9)
+    async with atoll.local_cluster(
+        1, 2, 1, transport="capnp", cost=COST, store_bytes=9 * 1024
+    ) as cluster:
+        first, second = await cluster.devices(1), await cluster.devices(1)
+        builder = GraphBuilder()
+        x = builder.input(big)
+        [y] = builder.add(Computation("inc", lambda a: a + 1, 1e9), first, [x], [big])
+        [z] = builder.add(total, second, [y], [bench.SCALAR])
+        filler = await cluster.put(np.zeros(1536, np.float32), 1)  # host 1: 6 KiB of 9
+        [out] = cluster.run_graph(builder.build([z]), [np.zeros(1024, np.float32)])
+        assert (await cluster.fetch(out))[0] == 1024
+        usage = await cluster.store_usage()
+        assert usage[1]["pushes_declined"] == 1 and usage[1]["pushes_in"] == 0
+        for each in (out, filler):
+            await cluster.free(each)
+        usage = await cluster.store_usage()
+        assert sum(u["buffers"] for u in usage) == 0
+        assert sum(u["arrivals"] for u in usage) == 0
+
+
 async def test_a_failed_resident_input_does_not_strand_a_collective_gang() -> None:
     """The leader fails on its input; the shards that went ahead to the barrier
     must not wait there for ever (the devices answer afterwards)."""
