@@ -296,6 +296,11 @@ async def w3(c: atoll.Cluster, p: Params) -> list[Row]:
     return [row(W3_CALL, [p.w3_fused / s for s in seconds], "computations/s")]
 
 
+# Data moves for real here (sockets, shared memory): no modelled link time on
+# top of it. Only device time is modelled (W4's stages).
+REAL = CostModel(link_bytes_per_s=float("inf"), link_latency_s=0.0)
+
+
 def stage(seconds: float) -> Computation:
     """A W4 stage: ``x + 1`` that keeps its device busy ``seconds``.
 
@@ -305,7 +310,7 @@ def stage(seconds: float) -> Computation:
     time, as ``flops`` its cost model turns into seconds (an asynchronous
     sleep: the device is busy, its host process stays free to move data).
     """
-    return Computation("stage", add1, flops=seconds * CostModel().flops_per_s)
+    return Computation("stage", add1, flops=seconds * REAL.flops_per_s)
 
 
 async def w4(c: atoll.Cluster, p: Params) -> list[Row]:
@@ -470,7 +475,7 @@ def startup_probe(started: float, hosts: int) -> None:
 
 async def _probe(imported: float, hosts: int) -> None:
     started = time.perf_counter()
-    async with atoll.local_cluster(1, hosts, 1, transport="capnp") as c:
+    async with atoll.local_cluster(1, hosts, 1, transport="capnp", cost=REAL) as c:
         ready = time.perf_counter() - started
         for device in range(hosts):  # every host runs once, as Ray's actors do
             await c.fetch(c.run(ADD1, device, [c.put(scalar(), device)]))
@@ -517,13 +522,13 @@ async def measure(p: Params, only: Sequence[str] = WORKLOADS) -> list[Row]:
     small = (("W1", w1), ("W2", w2), ("W3", w3), ("W5", w5))
     if any(name in only for name, _ in small):
         progress(f"atoll: {p.w2_actors} host processes")
-        async with atoll.local_cluster(1, p.w2_actors, 1, transport="capnp") as c:
+        async with atoll.local_cluster(1, p.w2_actors, 1, transport="capnp", cost=REAL) as c:
             for name, workload in small:
                 if name in only:
                     rows += await workload(c, p)
     if "W4" in only:
         progress(f"atoll: {p.w4_stages} host processes")
-        async with atoll.local_cluster(1, p.w4_stages, 1, transport="capnp") as c:
+        async with atoll.local_cluster(1, p.w4_stages, 1, transport="capnp", cost=REAL) as c:
             rows += await w4(c, p)
     return rows
 

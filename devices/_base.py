@@ -39,7 +39,8 @@ from ..kernel import (
     then,
     value_of,
 )
-from ..transports import bulk
+from ..transports import bulk, shm
+from ..transports.inproc import read_only
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask
 from ._store import BufferMissing, ObjectStore
@@ -67,7 +68,9 @@ class BufferHandle:
     (read-only): whoever gets the handle, in this process or across the
     wire, reads it without asking the holder, so fetching a scalar result
     or chaining small values between hosts costs no extra round trip. The
-    buffer still lives in the store, for reference counts and owners.
+    buffer still lives in the store, for reference counts and owners; since
+    a stored value never changes, a small handle still reads after its
+    buffer was freed (a large one then raises ``BufferMissing``).
     """
 
     id: str
@@ -95,6 +98,7 @@ class BufferHandle:
         this process's capnp address, if it announced one)."""
         shape, dtype, nbytes = tuple(array.shape), str(array.dtype), int(array.nbytes)
         small = isinstance(array, np.ndarray) and nbytes <= INLINE_VALUE_BYTES
+        value = read_only(array) if small else None  # nobody writes into a stored value
         return cls(
             buffer_id,
             host,
@@ -105,7 +109,7 @@ class BufferHandle:
             nbytes,
             island,
             _local_address(),
-            array if small else None,
+            value,
         )
 
 
@@ -301,31 +305,21 @@ class Device(Actor):
         return handles if leader else []
 
     async def _input(self, value: Any, key: str | None, taken: list[str]) -> Any:
-        """One input: pushed under ``key`` if that comes first, else its promise.
-
-        The producer's promise settles only after its pushes were answered,
-        so once it has, a missing push means the push was declined (no room
-        here) or the producer failed: nothing more will land under ``key``.
-        Without a promise (``value`` None: the island sent none, to save the
-        messages that resolving it costs), the inbox is the only way in: the
-        producer redirects a declined push there, and the controller fails it
-        when the producer fails.
+        """One input: its promise, or, with an inbox ``key``, what settles the
+        inbox (the island sends no promise for those: resolving it would only
+        cost messages). The producer pushes its output there, or redirects
+        its readers to its own handle when the push was declined; the
+        controller fails the inbox when the producer fails.
         """
         if key is None:
             return await value_of(value)
         arrival = self.store.arrival(key)
         try:
-            if value is None:
-                await first_settled(arrival)
-            elif isinstance(value, Promise) and not value.done():
-                await first_settled(arrival, value)
+            await first_settled(arrival)
         except BaseException:  # cancelled while waiting: free the copy when it lands
             self.store.abandon(key)
             raise
-        if arrival.done():
-            return await self._arrived(key, arrival, taken)
-        self.store.forget(key)
-        return await value_of(value)
+        return await self._arrived(key, arrival, taken)
 
     async def _arrived(self, key: str, arrival: Promise[Any], taken: list[str]) -> Any:
         """What settled the inbox ``key``: a pushed copy (this shard now owns
@@ -343,6 +337,7 @@ class Device(Actor):
         """Send outputs to the hosts that read them; the promise of ``outputs``
         settles when every push was answered (landed, declined or failed)."""
         answers: list[Promise[Any]] = []
+        unreachable: list[str] = []
         for target in task.push:
             handle = outputs[target.output]
             if target.host_id == self.host_id:
@@ -353,23 +348,24 @@ class Device(Actor):
             try:
                 host = await self._host_ref(target.host_id, target.address, target.host)
             except Exception as exc:  # its reader waits on its inbox: fail, and say why
-                self._drop(outputs)
-                raise DeviceError(f"cannot reach host {target.host_id} to push: {exc}") from exc
+                unreachable.append(f"cannot reach host {target.host_id} to push: {exc}")
+                continue
             array = np.asarray(self.store.get(handle.id))
             answer = host.receive(list(target.keys), array, owner, self.island)
             answers.append(_redirect_unless_landed(answer, host, target.keys, handle))
-        return then(all_settled(answers), lambda _: self._pushed(answers, outputs))
+        return then(all_settled(answers), lambda _: self._pushed(answers, unreachable, outputs))
 
     def _pushed(
-        self, answers: list[Promise[Any]], outputs: list[BufferHandle]
+        self, answers: list[Promise[Any]], unreachable: list[str], outputs: list[BufferHandle]
     ) -> list[BufferHandle]:
-        """The outputs, once every push landed or was redirected; a reader left
-        with neither fails the producer (the controller then fails the reader)."""
-        for answer in answers:
-            error = answer.exception()
-            if error is not None:
-                self._drop(outputs)
-                raise DeviceError(f"a push and its fallback both failed: {error}") from error
+        """The outputs, once every push landed or was redirected. A reader left
+        with neither fails the producer (the controller then fails the reader's
+        inbox); the outputs are dropped only now, after every redirect that
+        points at them was answered."""
+        problems = unreachable + [str(a.exception()) for a in answers if a.exception()]
+        if problems:
+            self._drop(outputs)
+            raise DeviceError("; ".join(problems))
         return outputs
 
     def _drop(self, outputs: list[BufferHandle]) -> None:
@@ -647,11 +643,13 @@ class Host(Actor):
         ``shm_buffers``/``shm_bytes``: buffers held in shared memory;
         ``shm_in``, ``stream_in``, ``chunks_in``: large arrays this process
         received by mapping, by bulk stream, by capnp chunks; ``stream_out``:
-        arrays it sent by bulk stream; ``tickets_refused``; ``pid``. Those
+        arrays it sent by bulk stream; ``tickets_refused``; ``maps_reused``,
+        ``recycled``: shared-memory reuse (``transports.shm``); ``pid``. Those
         counters are the process's: hosts that share a process show the same.
         """
         shm_buffers, shm_bytes = self.store.shared_usage()
         moved = {key: bulk.counts[key] for key in _DATA_PLANE}
+        moved.update({key: shm.counts[key] for key in _SHM_REUSE})
         return {
             "buffers": len(self.store),
             "bytes": self.store.used_bytes,
@@ -667,3 +665,4 @@ class Host(Actor):
 
 
 _DATA_PLANE = ("shm_in", "stream_in", "chunks_in", "stream_out", "tickets_refused")
+_SHM_REUSE = ("maps_reused", "recycled")  # see atoll.transports.shm

@@ -12,7 +12,8 @@ stalls new work instead of running out of memory.
 In a host process (``shared``), the bytes of each large numpy buffer live in
 a shared-memory segment (:mod:`atoll.transports.shm`), so that readers in
 other processes of the machine map them instead of copying them; the segment
-is unlinked when the buffer is freed.
+loses its name when the buffer is freed (and is reused for a later buffer once
+no reader holds it).
 
 It is also where pushed inputs land. A device that will read a value produced
 elsewhere waits on :meth:`ObjectStore.arrival` for a key the controller chose;
@@ -75,7 +76,9 @@ class ObjectStore:
         self._arrivals: dict[str, Promise[Any]] = {}
         self._landed: dict[str, str] = {}  # key -> buffer id, delivered, not taken
         self._abandoned: set[str] = set()
-        # keys recently taken: a late failure notice for one of them is ignored
+        # keys recently done with: a late push or notice for one is dropped.
+        # Bounded: a notice older than the last 4,096 keys would open a stale
+        # key again (it takes a host lost after its push was read, that late)
         self._settled: deque[str] = deque(maxlen=4096)
 
     def __len__(self) -> int:
@@ -157,11 +160,10 @@ class ObjectStore:
     def deliver(self, key: str, value: Any, buffer_id: str) -> None:
         """A push for ``key`` landed as one reference to buffer ``buffer_id``.
 
-        If its reader already gave up on it (:meth:`abandon`), the reference
-        is dropped at once.
+        If its reader already gave up on it (:meth:`abandon`), or the key was
+        already settled some other way, the reference is dropped at once.
         """
-        if key in self._abandoned:
-            self._abandoned.discard(key)
+        if self._closed(key):
             self.decref(buffer_id)
             return
         self._landed[key] = buffer_id
@@ -171,9 +173,7 @@ class ObjectStore:
         """Nothing will land under ``key``: its reader takes ``value`` instead
         (the producer's own handle, when the push was declined). No buffer
         here is involved, so there is nothing to free."""
-        if key in self._abandoned:
-            self._abandoned.discard(key)
-        elif key not in self._landed and key not in self._settled:
+        if not self._closed(key) and key not in self._landed:
             self.arrival(key).set_result(value)
 
     def fail(self, key: str, error: BaseException) -> None:
@@ -182,9 +182,7 @@ class ObjectStore:
         Ignored when the push landed after all, or its reader already took
         it or gave up on it.
         """
-        if key in self._abandoned:
-            self._abandoned.discard(key)
-        elif key not in self._landed and key not in self._settled:
+        if not self._closed(key) and key not in self._landed:
             self.arrival(key).set_exception(error)
 
     def take(self, key: str) -> None:
@@ -193,20 +191,25 @@ class ObjectStore:
         self._arrivals.pop(key, None)
         self._settled.append(key)
 
-    def forget(self, key: str) -> None:
-        """Drop a pending ``key`` that nobody will push to (declined, or failed)."""
-        if key not in self._landed:
-            self._arrivals.pop(key, None)
-            self._settled.append(key)
-
     def abandon(self, key: str) -> None:
         """The reader gave up: free what landed, or free it when it lands."""
-        self._arrivals.pop(key, None)
+        arrival = self._arrivals.pop(key, None)
         buffer_id = self._landed.pop(key, None)
         if buffer_id is not None:
             self.decref(buffer_id)
+        if buffer_id is not None or (arrival is not None and arrival.done()):
+            self._settled.append(key)  # redirected or failed: nothing more comes
         else:
             self._abandoned.add(key)
+
+    def _closed(self, key: str) -> bool:
+        """Whether ``key``'s reader is done with it (took it, or gave up); a
+        key given up on is closed for good by the first notice that follows."""
+        if key in self._abandoned:
+            self._abandoned.discard(key)
+            self._settled.append(key)
+            return True
+        return key in self._settled
 
     def pending_arrivals(self) -> int:
         """Keys waited on, delivered and not taken, or given up on (for tests)."""

@@ -30,6 +30,7 @@ from ..kernel import (
     AtollError,
     Clock,
     Promise,
+    all_settled,
     as_promise,
     flatten,
     then,
@@ -222,8 +223,8 @@ class Cluster:
                 inputs.append(leaf.promise)
             elif isinstance(leaf, (BufferHandle, Promise)):
                 inputs.append(leaf)
-            elif _inline(leaf, graph, i):
-                inputs.append(read_only(np.array(leaf)))  # a copy, taken now
+            elif (small := _by_value(leaf)) is not None and ValueRef(-1, i) not in graph.outputs:
+                inputs.append(small)  # an output must be stored: it needs a handle
             else:
                 first = readers.get(ValueRef(-1, i))
                 slice_id = graph.nodes[first[0]].slice.slice_id if first else None
@@ -248,22 +249,29 @@ class Cluster:
         """``inputs``: handles, their promises, ``ArrayRef`` or arrays. A small
         array (up to ``INLINE_VALUE_BYTES``) is copied into the call itself,
         so it costs no message of its own; a larger one is put on the device
-        first (a promise, so the call still leaves at once)."""
+        first (a promise, so the call still leaves at once) and freed once
+        the call ran."""
         self.topology.device(device)
         owner = owner or self.owner
-        args = [self._argument(value, device, owner) for value in inputs]
+        puts: list[Promise[BufferHandle]] = []
+        args = [self._argument(value, device, owner, puts) for value in inputs]
         promise: Promise[BufferHandle] = self.controller.run(computation, device, args, owner)
+        if puts:  # arrays put only for this call are freed once it ran
+            all_settled([promise, *puts]).add_done_callback(lambda _: _free_all(puts))
         return promise
 
-    def _argument(self, value: Any, device: int, owner: str) -> Any:
+    def _argument(
+        self, value: Any, device: int, owner: str, puts: list[Promise[BufferHandle]]
+    ) -> Any:
         if isinstance(value, ArrayRef):
             return value.promise
         if isinstance(value, (BufferHandle, Promise)):
             return value
-        array = np.asarray(value)
-        if array.nbytes <= INLINE_VALUE_BYTES:
-            return read_only(array.copy())
-        return self.put(array, device, owner)
+        small = _by_value(value)
+        if small is not None:
+            return small
+        puts.append(self.put(np.asarray(value), device, owner))
+        return puts[-1]
 
     # -- data -----------------------------------------------------------
     def device_ref(self, device: int) -> ActorRef[Device]:
@@ -303,12 +311,19 @@ class Cluster:
         return [await p for p in promises]
 
 
-def _inline(leaf: Any, graph: Graph, index: int) -> bool:
-    """Whether program input ``index`` travels by value inside the dispatch:
-    a small array that is not itself one of the program's outputs (those
-    must be stored, so that they have handles)."""
-    small = np.asarray(leaf).nbytes <= INLINE_VALUE_BYTES
-    return small and ValueRef(-1, index) not in graph.outputs
+def _by_value(value: Any) -> np.ndarray | None:
+    """A small array-like as it travels inside a call: a read-only copy taken
+    now (the caller may change its own array afterwards); None when it is too
+    large for that and must be put on a device first."""
+    array = np.asarray(value)
+    return read_only(array.copy()) if array.nbytes <= INLINE_VALUE_BYTES else None
+
+
+def _free_all(puts: list[Promise[BufferHandle]]) -> None:
+    for put in puts:
+        if put.exception() is None:
+            handle = put.result()
+            handle.host.free(handle.id)
 
 
 def _program_of(target: Any) -> Program:

@@ -20,7 +20,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..devices import BufferHandle, Computation, Device, GangTask, Host
-from ..kernel import Actor, ActorRef, AtollError, Promise, all_settled, as_promise, endpoint, then
+from ..kernel import (
+    Actor,
+    ActorRef,
+    AtollError,
+    Promise,
+    RemoteActorError,
+    all_settled,
+    as_promise,
+    endpoint,
+    then,
+)
 from .graph import Graph, Node, ValueRef
 from .island import IslandScheduler
 from .latency import Wire
@@ -181,8 +191,9 @@ class Controller(Actor):
         error = ran.exception()
         if error is None:
             return
+        boxed = _boxed(error, task.gang_id)
         for target in task.push:
-            notice = self.host_refs[target.host_id].fail_inbox(list(target.keys), error)
+            notice = self.host_refs[target.host_id].fail_inbox(list(target.keys), boxed)
             notice.add_done_callback(_log_failed_notice)
 
     def plan_for(self, graph: Graph, temporary: Sequence[int] = ()) -> Plan:
@@ -220,6 +231,14 @@ class Controller(Actor):
 
     def _island(self, node: Node) -> int:
         return self.resources.get(node.slice.slice_id).island
+
+
+def _boxed(error: BaseException, gang: str) -> RemoteActorError:
+    """``error`` in the one error type that travels to any host intact."""
+    if isinstance(error, RemoteActorError):
+        return error
+    kind = f"{type(error).__module__}.{type(error).__qualname__}"
+    return RemoteActorError(gang, "run_gang", kind, str(error), "")
 
 
 def _log_failed_notice(notice: Promise[None]) -> None:

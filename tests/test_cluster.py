@@ -116,3 +116,17 @@ async def test_arrays_can_be_passed_by_value_small_inline_large_put() -> None:
         large = np.ones(1 << 13, dtype=np.float32)  # 32 KiB: put on the device first
         assert float(await cluster.fetch(cluster.run(total, 0, [large]))) == 1 << 13
         assert float(await cluster.fetch(cluster.run(total, 0, [small]))) == 28.0
+
+
+async def test_large_arrays_put_for_one_call_are_freed_after_it() -> None:
+    async with atoll.local_cluster(
+        1, 1, 1, clock=VirtualClock(), cost=COST, store_bytes=100 * 1024
+    ) as cluster:
+        large = np.ones(1 << 13, dtype=np.float32)  # 32 KiB, put on the device each time
+        for _ in range(6):  # would fill the store, and stall, if the puts stayed
+            out = cluster.run(TWO_MS, 0, [large])
+            result = await cluster.fetch(out)
+            assert not result.flags.writeable  # a stored value is nobody's to change
+            await cluster.free(out)
+        await wait_idle()  # the frees are sent when the calls settle
+        assert (await cluster.store_usage())[0]["buffers"] == 0

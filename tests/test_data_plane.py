@@ -10,6 +10,7 @@ Which path a transfer took is read from the hosts' ``store_usage`` counters.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import time
@@ -198,6 +199,56 @@ async def test_a_session_that_ends_frees_its_shared_memory() -> None:
 
             await until(freed, "the ended session's buffers are freed")
             assert not linked(name)
+
+
+async def test_a_freed_segment_is_reused_and_its_reader_keeps_its_mapping() -> None:
+    """The second hand-off of a size goes into the first one's segment (under
+    a new name), and host 1 reads it through the mapping it kept: new bytes."""
+    async with atoll.local_cluster(1, 2, 1, transport="capnp", cost=FREE) as cluster:
+        before = await cluster.store_usage()
+        for seed in (1.0, 2.0):
+            given = await cluster.put(np.full(1, seed, np.float32), 0)
+            big = cluster.run(MAKE, 0, [given])
+            checked = cluster.run(CHECK, 1, [big])
+            expected = float(np.arange(N, dtype=np.float64).sum() + N * seed)
+            assert (await cluster.fetch(checked)).tolist() == [expected, N * 4]
+            for value in (big, given, checked):
+                await cluster.free(value)
+        after = await cluster.store_usage()
+    assert after[0]["recycled"] - before[0]["recycled"] == 1
+    assert after[1]["maps_reused"] - before[1]["maps_reused"] == 1
+    assert after[1]["shm_in"] - before[1]["shm_in"] == 2
+
+
+async def test_a_segment_a_reader_holds_is_not_reused_and_a_stale_name_fails() -> None:
+    """(In this process: the creator and, with a file lock of its own, a reader.)"""
+    recycled = shm.counts["recycled"]
+    view, first = _shared(1.0)
+    read = shm.attach(first.name, 0, ODD * 4, "<f4", (ODD,))
+    shm.release(first)  # the buffer is freed: its name goes...
+    del view  # ...and so does the creator's view: the segment is kept for reuse
+    view, second = _shared(2.0)  # but the reader holds it: another segment
+    assert shm.counts["recycled"] == recycled and read[0] == 1.0
+    with pytest.raises(FileNotFoundError):
+        shm.attach(first.name, 0, ODD * 4, "<f4", (ODD,))
+    del read, view
+    shm.release(second)
+    _, third = _shared(3.0)  # the first segment again, under a new name
+    assert shm.counts["recycled"] == recycled + 1
+    reused = shm.counts["maps_reused"]
+    again = shm.attach(third.name, 0, ODD * 4, "<f4", (ODD,))
+    assert shm.counts["maps_reused"] == reused + 1 and again[0] == 3.0
+    shm.release(third)
+
+
+ODD = N + 1024  # a size of its own: no segment of it was freed before
+
+
+def _shared(value: float) -> tuple[np.ndarray, shm.Segment]:
+    gc.collect()  # the views dropped before are gone
+    made = shm.share(np.full(ODD, value, np.float32))
+    assert made is not None
+    return made
 
 
 # -- the bulk stream itself, in this process ---------------------------------------

@@ -253,3 +253,25 @@ async def test_readers_done_before_their_producer_reports_free_its_output() -> N
         usage = await cluster.store_usage()
         assert [u["buffers"] for u in usage] == [0, 0, 0]
         assert sum(u["arrivals"] for u in usage) == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_a_producer_error_that_does_not_pickle_still_fails_its_reader() -> None:
+    """The inbox notice carries the error boxed, so any error type reaches the
+    reader (some atoll errors cannot be rebuilt from a pickle)."""
+
+    def cancelled(x: np.ndarray) -> np.ndarray:
+        raise atoll.kernel.CallCancelled("somewhere", "step", "gave up")
+
+    async with atoll.local_cluster(1, 2, 1, transport="capnp", cost=COST) as cluster:
+        first, second = await cluster.devices(1), await cluster.devices(1)
+        builder = GraphBuilder()
+        x = builder.input(bench.SCALAR)
+        [y] = builder.add(Computation("cancelled", cancelled, 1e6), first, [x], [bench.SCALAR])
+        [z] = builder.add(bench.step(0.001), second, [y], [bench.SCALAR])
+        [out] = cluster.run_graph(builder.build([z]), [np.zeros(1, np.float32)])
+        with anyio.fail_after(20), pytest.raises(atoll.AtollError, match="gave up"):
+            await cluster.fetch(out)
+        usage = await cluster.store_usage()
+        assert sum(u["arrivals"] for u in usage) == 0

@@ -51,3 +51,33 @@ async def test_reserve_waits_for_room_then_resumes() -> None:
     assert len(admitted) == 1 and store.used_bytes == 32
     with pytest.raises(AtollError, match="never fit"):
         await store.reserve(65)
+
+
+def test_an_inbox_closed_by_a_failure_leaves_nothing_behind() -> None:
+    store = ObjectStore("h0")
+    store.fail("k1", AtollError("producer failed"))
+    store.abandon("k1")  # the reader gave up after the failure came in
+    assert store.pending_arrivals() == 0
+    store.redirect("k2", "the producer's handle")
+    store.take("k2")
+    store.fail("k2", AtollError("late notice"))  # after the reader took it: dropped
+    assert store.pending_arrivals() == 0
+
+
+def test_a_push_landing_after_its_inbox_was_settled_is_freed() -> None:
+    store = ObjectStore("h0")
+    store.fail("k", AtollError("producer failed"))
+    store.take("k")
+    buffer_id = store.put(np.ones(4, np.float32), owner="o")
+    store.deliver("k", "pushed", buffer_id)  # too late: its reference is dropped
+    assert len(store) == 0 and store.pending_arrivals() == 0
+
+
+def test_a_key_given_up_on_stays_closed_through_every_notice() -> None:
+    store = ObjectStore("h0")
+    store.abandon("k")
+    store.redirect("k", "handle")
+    store.fail("k", AtollError("then a failure"))
+    buffer_id = store.put(np.ones(4, np.float32), owner="o")
+    store.deliver("k", "pushed", buffer_id)
+    assert len(store) == 0 and store.pending_arrivals() == 0

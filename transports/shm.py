@@ -4,15 +4,15 @@ A host process keeps the bytes of each large buffer (above :data:`THRESHOLD`)
 in a POSIX shared-memory segment of its own, a file in ``/dev/shm`` named
 ``atoll-<pid>-<tag>-<n>`` after the process that made it. A reader on the
 same machine (same :func:`machine_id`) maps that file read-only and reads the
-array in place: no copy, no bytes on a socket. Segments are written once,
-before anyone else learns their name, and never change after.
+array in place: no copy, no bytes on a socket. A segment is written before
+anyone else learns its name, and does not change while it has that name.
 
 Lifetimes:
 
-* the creator unlinks a segment when its store frees the buffer
+* the creator takes a segment's name away when its store frees the buffer
   (:func:`release`), or when its own last mapping goes, or at exit;
   a reader's mapping stays valid after that, and the memory is returned
-  when the last mapping anywhere goes;
+  when the last mapping anywhere goes (or reused, see below);
 * a process that dies without unlinking (``kill -9``) leaves its segments
   behind until someone calls :func:`sweep`, which unlinks every segment
   whose creator is gone. Host processes sweep when they start, and the
@@ -24,8 +24,30 @@ clears its pages, and the first write to each faults it in (about 40 ms for
 taken, a worker thread makes a *spare* of that size with its pages already
 in place (up to two per size, :data:`SPARE_BYTES` in all); the next buffer of
 that size only pays the copy. A spare's name is fresh and was never handed
-out, so nobody else can have it mapped. The same worker unmaps mappings that
-are no longer used, off the event loop.
+out, so nobody can read it (readers may have its file mapped, see below). The
+same worker unmaps mappings that are no longer used, off the event loop.
+
+Mapping a segment costs a reader too: the kernel fills in 16,384 page-table
+entries for 64 MiB (about 5.5 ms here, and 2.5 ms more to unmap them). So
+segments are *reused*, as in Ray's object store, and readers keep their
+mappings of them:
+
+* a freed segment is not removed but renamed to a fresh name that nobody
+  was told (so a late reader of the old name finds nothing); once its
+  creator's last view went, it is kept (:func:`_recycle`; up to two per
+  size, :data:`SPARE_BYTES` in all, else it is removed), and the next
+  buffer of its size goes into it (:func:`_reusable`, preferred to a spare;
+  counted in ``counts["recycled"]``);
+* a reader holds a shared ``flock`` on a segment while any view of its
+  mapping lives, and the creator reuses a segment only while it can take
+  an exclusive one: it never rewrites memory that a reader is looking at;
+* a reader keeps a mapping without views for :data:`KEEP_S` (at most
+  :data:`KEEP_BYTES` of them), by the file's identity (device and inode).
+  A segment handed out again under a new name is then read through the
+  mapping it already has, pages in place (:func:`_reused`, counted in
+  ``counts["maps_reused"]``). It checks, holding the shared lock, that the
+  name still leads to that file: a name that was taken away since fails,
+  and the caller gets the bytes another way.
 
 No resource tracker is involved (``multiprocessing.shared_memory`` on Python
 3.11 would unlink a segment when *any* process that opened it exits): files
@@ -40,6 +62,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import fcntl
 import itertools
 import mmap
 import os
@@ -47,6 +70,7 @@ import re
 import secrets
 import socket
 import threading
+import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -59,6 +83,7 @@ __all__ = [
     "THRESHOLD",
     "Segment",
     "attach",
+    "counts",
     "enabled",
     "locate",
     "machine_id",
@@ -74,6 +99,7 @@ PREFIX = "atoll-"
 _NAME = re.compile(rf"^{PREFIX}(\d+)-")
 _TAG = secrets.token_hex(4)  # tells this process's names from a pid's earlier owner
 _numbers = itertools.count()
+counts: Counter[str] = Counter()  # maps_reused, recycled (for tests and store_usage)
 
 
 @cache
@@ -102,19 +128,32 @@ def enabled() -> bool:
 
 
 class Segment:
-    """A segment this process made: its name, and whether it is still linked."""
+    """A segment this process made: the name it was handed out under, whether
+    it still has that name (``linked``), and the fresh name it has since."""
 
     def __init__(self, name: str, nbytes: int) -> None:
         self.name = name
         self.nbytes = nbytes
         self.linked = True
+        self.hidden: str | None = None  # its name once ``name`` was taken away
 
     def unlink(self) -> None:
-        """Remove the name (idempotent); mappings stay valid until they go."""
+        """Take the name away (idempotent): the file gets a fresh name nobody
+        knows, so that its memory can be reused. Mappings stay valid."""
         if self.linked:
             self.linked = False
+            hidden = _fresh_name()
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(_path(self.name))
+                os.rename(_path(self.name), _path(hidden))
+                self.hidden = hidden
+
+    def remove(self) -> None:
+        """Remove the file, under whichever name it has (idempotent)."""
+        current = self.name if self.linked else self.hidden
+        self.linked, self.hidden = False, None
+        if current is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(_path(current))
 
 
 @dataclass(frozen=True)
@@ -126,7 +165,7 @@ class _Mapping:
 
 
 _mappings: dict[int, _Mapping] = {}  # by start address, while mapped here
-_own: dict[str, Segment] = {}  # linked segments this process made
+_own: dict[str, Segment] = {}  # segments this process made, while it maps them
 
 
 def share(array: np.ndarray) -> tuple[np.ndarray, Segment] | None:
@@ -146,12 +185,15 @@ def share(array: np.ndarray) -> tuple[np.ndarray, Segment] | None:
 
 
 def _take(nbytes: int) -> tuple[np.ndarray, Segment]:
-    """A writable uint8 view of a fresh segment of ``nbytes``: a spare made
-    ahead if there is one (then the copy into it is a plain memcpy), else one
-    made now; either way another spare of that size is made in the background."""
+    """A writable uint8 view of a segment of ``nbytes`` that nobody reads: a
+    freed one whose readers let go of it, or a spare made ahead (then the copy
+    into it is a plain memcpy), else one made now; either way another spare
+    of that size is made in the background."""
     with _lock:
+        made = _reusable(nbytes)
         spares = _spares.get(nbytes)
-        made = spares.pop() if spares else None
+        if made is None and spares:
+            made = spares.pop()
     if made is None:
         made = _make(nbytes, populate=False)  # the copy faults its pages in
     _make_spare_soon(nbytes)
@@ -162,7 +204,7 @@ def _take(nbytes: int) -> tuple[np.ndarray, Segment]:
 
 def _make(nbytes: int, populate: bool) -> tuple[str, mmap.mmap]:
     """A new segment of ``nbytes``, mapped read-write (any thread)."""
-    name = f"{PREFIX}{os.getpid()}-{_TAG}-{next(_numbers)}"
+    name = _fresh_name()
     fd = os.open(_path(name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.posix_fallocate(fd, 0, nbytes)  # ENOSPC now, not SIGBUS on a write later
@@ -175,6 +217,10 @@ def _make(nbytes: int, populate: bool) -> tuple[str, mmap.mmap]:
     if populate:
         _fault_in(memory)
     return name, memory
+
+
+def _fresh_name() -> str:
+    return f"{PREFIX}{os.getpid()}-{_TAG}-{next(_numbers)}"
 
 
 def _fault_in(memory: mmap.mmap) -> None:
@@ -199,6 +245,7 @@ SPARE_BYTES = int(os.environ.get("ATOLL_SHM_SPARE_BYTES", 256 << 20))
 SPARES_PER_SIZE = 2
 _lock = threading.Lock()
 _spares: dict[int, list[tuple[str, mmap.mmap]]] = {}  # by size, ready to take
+_returned: dict[int, list[tuple[str, mmap.mmap]]] = {}  # by size, freed, maybe read
 _making: Counter[int] = Counter()  # by size, being made
 
 
@@ -206,14 +253,57 @@ def _make_spare_soon(nbytes: int) -> None:
     """Have a worker make a spare of ``nbytes`` if there are too few and the
     budget (:data:`SPARE_BYTES`, ``ATOLL_SHM_SPARE_BYTES``) allows."""
     with _lock:
-        have = len(_spares.get(nbytes, ())) + _making[nbytes]
+        if len(_spares.get(nbytes, ())) + _making[nbytes] >= SPARES_PER_SIZE:
+            return
         held = sum(size * len(ready) for size, ready in _spares.items())
         held += sum(size * count for size, count in _making.items())
-        if have >= SPARES_PER_SIZE or held + nbytes > SPARE_BYTES:
+        if held + nbytes > SPARE_BYTES:
             return
         _making[nbytes] += 1
     with contextlib.suppress(RuntimeError):  # shutting down: no more spares
         _worker().submit(_make_spare, nbytes)
+
+
+def _recycle(segment: Segment, memory: mmap.mmap) -> bool:
+    """Keep ``segment`` (no longer named, no views here), pages in place, for
+    :func:`_reusable`: up to two per size, :data:`SPARE_BYTES` in all."""
+    with _lock:
+        returned = _returned.setdefault(segment.nbytes, [])
+        held = sum(n * len(kept) for n, kept in _returned.items())
+        if segment.hidden is None or len(returned) >= SPARES_PER_SIZE:
+            return False
+        if held + segment.nbytes > SPARE_BYTES:
+            return False
+        returned.append((segment.hidden, memory))
+    segment.hidden = None  # kept under that name now
+    return True
+
+
+def _reusable(nbytes: int) -> tuple[str, mmap.mmap] | None:
+    """(Holding ``_lock``.) A freed segment of ``nbytes`` that no reader holds
+    now, the oldest first. Readers may still have it mapped: they read
+    through that mapping again once they are told its new name."""
+    returned = _returned.get(nbytes, [])
+    for i, (name, _) in enumerate(returned):
+        if _unread(name):
+            counts["recycled"] += 1
+            return returned.pop(i)
+    return None
+
+
+def _unread(name: str) -> bool:
+    """Whether no reader holds segment ``name`` now (its exclusive lock can be had)."""
+    try:
+        fd = os.open(_path(name), os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True  # let go of with the file descriptor
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _make_spare(nbytes: int) -> None:
@@ -230,12 +320,16 @@ def _make_spare(nbytes: int) -> None:
 
 def _drop_spares() -> None:
     with _lock:
-        spares = [made for ready in _spares.values() for made in ready]
+        spares = [
+            made for kept in (_spares, _returned) for ready in kept.values() for made in ready
+        ]
         _spares.clear()
+        _returned.clear()
     for name, memory in spares:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(_path(name))
-        memory.close()
+        with contextlib.suppress(BufferError):  # a view on its way out: it goes with it
+            memory.close()
 
 
 def _worker() -> concurrent.futures.ThreadPoolExecutor:
@@ -254,31 +348,9 @@ def _idle_priority() -> None:
 _workers: list[concurrent.futures.ThreadPoolExecutor] = []
 
 
-def attach(name: str, offset: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Map ``nbytes`` of segment ``name`` from ``offset``, read-only, as an array.
-
-    Raises ``OSError`` if the segment is gone (its creator freed it) or too
-    short. The mapping is released when the array (and every view of it) goes.
-    """
-    if not _NAME.match(name) or "/" in name:
-        raise FileNotFoundError(f"not an atoll segment: {name!r}")
-    fd = os.open(_path(name), os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        if offset + nbytes > size:
-            raise OSError(f"segment {name} holds {size} bytes, not {offset + nbytes}")
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-        memory = mmap.mmap(fd, size, flags, mmap.PROT_READ)
-    finally:
-        os.close(fd)
-    base = _register(memory, name, None)
-    array = base[offset : offset + nbytes].view(np.dtype(dtype)).reshape(shape)
-    return array
-
-
-def _register(memory: mmap.mmap, name: str, own: Segment | None) -> np.ndarray:
-    """The uint8 array over ``memory``, known to :func:`locate` while any view
-    of it lives."""
+def _register(memory: mmap.mmap, name: str, own: Segment) -> np.ndarray:
+    """The uint8 array over ``memory`` (a segment of ours), known to
+    :func:`locate` while any view of it lives."""
     base = np.frombuffer(memory, dtype=np.uint8)
     start = int(base.ctypes.data)
     _mappings[start] = _Mapping(start, len(memory), name, own)
@@ -286,14 +358,21 @@ def _register(memory: mmap.mmap, name: str, own: Segment | None) -> np.ndarray:
     return base
 
 
-def _unused(start: int, own: Segment | None, memory: mmap.mmap) -> None:
-    """No view of a mapping is left: forget it, unlink it if it was ours, and
-    unmap it soon, off the event loop (unmapping 64 MiB takes milliseconds,
-    which the answer that dropped the last view should not wait for)."""
+def _unused(start: int, own: Segment, memory: mmap.mmap) -> None:
+    """No view of a segment of ours is left: forget it, take its name away,
+    and keep it for reuse (:func:`_recycle`), or remove it and unmap it."""
     _mappings.pop(start, None)
-    if own is not None:
-        own.unlink()
-        _own.pop(own.name, None)
+    _own.pop(own.name, None)
+    own.unlink()
+    if not _recycle(own, memory):
+        own.remove()
+        _retire_soon(memory)
+
+
+def _retire_soon(memory: mmap.mmap) -> None:
+    """Unmap ``memory`` soon, off the event loop (unmapping 64 MiB takes
+    milliseconds, which the answer that dropped the last view should not
+    wait for)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -315,6 +394,197 @@ def _unmap(memory: mmap.mmap) -> None:
         memory.close()  # munmap, without holding the GIL
 
 
+# -- readers: mappings of other processes' segments, kept for reuse ------------------
+KEEP_S = 1.0  # how long a reader keeps a mapping without views
+KEEP_BYTES = int(os.environ.get("ATOLL_SHM_KEEP_BYTES", 512 << 20))
+
+
+@dataclass(eq=False)
+class _Read:
+    """A reader's mapping of a segment; ``fd`` holds a shared lock on the
+    file while ``views`` > 0."""
+
+    memory: mmap.mmap
+    fd: int
+    key: tuple[int, int]  # the file's device and inode
+    loop: asyncio.AbstractEventLoop | None  # where it was mapped
+    views: int = 1
+    idle_since: float = 0.0
+
+
+_reads: dict[tuple[int, int], _Read] = {}  # by file, mapped here
+
+
+def attach(name: str, offset: int, nbytes: int, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Map ``nbytes`` of segment ``name`` from ``offset``, read-only, as an array.
+
+    Raises ``OSError`` if the segment is gone (its creator freed it) or too
+    short. A mapping kept of the same file is reused; a mapping is let go of
+    when the array (and every view of it) goes, and kept :data:`KEEP_S`.
+    """
+    if not _NAME.match(name) or "/" in name:
+        raise FileNotFoundError(f"not an atoll segment: {name!r}")
+    read = _reused(name, offset + nbytes) or _map(name, offset + nbytes)
+    base = _view(read, name)
+    return base[offset : offset + nbytes].view(np.dtype(dtype)).reshape(shape)
+
+
+def _reused(name: str, needed: int) -> _Read | None:
+    """The mapping kept of segment ``name``'s file, held for one more view;
+    None if there is none. Raises ``OSError`` if ``name`` is gone or short."""
+    found = os.stat(_path(name))
+    if found.st_size < needed:
+        raise OSError(f"segment {name} holds {found.st_size} bytes, not {needed}")
+    with _lock:
+        read = _reads.get((found.st_dev, found.st_ino))
+        if read is None or not _hold(read, name):
+            return None
+    counts["maps_reused"] += 1
+    return read
+
+
+def _hold(read: _Read, name: str) -> bool:
+    """(Holding ``_lock``.) Count one more view of ``read`` if ``name`` still
+    leads to its file, checked under the shared lock (the first view takes it)."""
+    if read.views == 0:
+        try:
+            fcntl.flock(read.fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return False  # its creator is taking it back
+    if not _leads_to(name, read.key):
+        if read.views == 0:
+            fcntl.flock(read.fd, fcntl.LOCK_UN)
+        return False
+    read.views += 1
+    return True
+
+
+def _leads_to(name: str, key: tuple[int, int]) -> bool:
+    try:
+        found = os.stat(_path(name))
+    except OSError:
+        return False
+    return (found.st_dev, found.st_ino) == key
+
+
+def _map(name: str, needed: int) -> _Read:
+    """A new mapping of segment ``name``, pages in place, held for one view."""
+    fd = os.open(_path(name), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        found = os.fstat(fd)
+        key = (found.st_dev, found.st_ino)
+        if not _leads_to(name, key):
+            raise FileNotFoundError(f"segment {name} was freed")
+        if found.st_size < needed:
+            raise OSError(f"segment {name} holds {found.st_size} bytes, not {needed}")
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+        memory = mmap.mmap(fd, found.st_size, flags, mmap.PROT_READ)
+    except BaseException:
+        os.close(fd)
+        raise
+    read = _Read(memory, fd, key, _running_loop())
+    _keep(read)
+    return read
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _keep(read: _Read) -> None:
+    """Remember ``read`` for reuse; drop kept mappings without views beyond
+    :data:`KEEP_BYTES` (the oldest first), whose file is gone, or whose loop
+    (which would have dropped them after :data:`KEEP_S`) is closed."""
+    with _lock:
+        replaced = _reads.get(read.key)
+        _reads[read.key] = read
+        idle = sorted((r for r in _reads.values() if not r.views), key=lambda r: -r.idle_since)
+        room, doomed = KEEP_BYTES, []
+        for kept in idle:
+            if len(kept.memory) > room or _stale(kept):
+                doomed.append(_reads.pop(kept.key))
+            else:
+                room -= len(kept.memory)
+        if replaced is not None and not replaced.views:
+            doomed.append(replaced)  # (with views: dropped when they go)
+    for kept in doomed:
+        _drop(kept)
+
+
+def _stale(read: _Read) -> bool:
+    closed = read.loop is None or read.loop.is_closed()
+    return closed or os.fstat(read.fd).st_nlink == 0
+
+
+def _view(read: _Read, name: str) -> np.ndarray:
+    """The uint8 array over ``read``'s mapping (its view already counted),
+    known to :func:`locate` as segment ``name`` while any view lives."""
+    base = np.frombuffer(read.memory, dtype=np.uint8)
+    start = int(base.ctypes.data)
+    _mappings[start] = _Mapping(start, len(read.memory), name, None)
+    weakref.finalize(base, _let_go, read, start)
+    return base
+
+
+def _let_go(read: _Read, start: int) -> None:
+    """A view of ``read`` went. After the last, the file's creator may reuse
+    it: let go of the lock, and keep the mapping :data:`KEEP_S` for reuse."""
+    with _lock:
+        read.views -= 1
+        if read.views:
+            return
+        _mappings.pop(start, None)
+        fcntl.flock(read.fd, fcntl.LOCK_UN)
+        read.idle_since = time.monotonic()
+        kept = _reads.get(read.key) is read
+    if not kept:
+        _drop(read)  # another mapping of the file replaced it meanwhile
+    elif not _expire_later(read):
+        _forget(read)
+
+
+def _expire_later(read: _Read) -> bool:
+    """Have :func:`_expire` look at ``read`` in :data:`KEEP_S`; False if its
+    loop is gone."""
+    loop = read.loop
+    if loop is None or loop.is_closed():
+        return False
+    if _running_loop() is loop:
+        loop.call_later(KEEP_S, _expire, read)
+        return True
+    with contextlib.suppress(RuntimeError):  # closed meanwhile
+        loop.call_soon_threadsafe(loop.call_later, KEEP_S, _expire, read)
+        return True
+    return False
+
+
+def _expire(read: _Read) -> None:
+    """Drop ``read`` if it had no view for :data:`KEEP_S` (if it was used
+    since, a later call looks again)."""
+    if time.monotonic() - read.idle_since >= KEEP_S - 0.01:
+        _forget(read)
+
+
+def _forget(read: _Read) -> None:
+    """Drop ``read`` if it is kept and has no views."""
+    with _lock:
+        if read.views or _reads.get(read.key) is not read:
+            return
+        del _reads[read.key]
+    _drop(read)
+
+
+def _drop(read: _Read) -> None:
+    """Close ``read``'s file and unmap it soon (it has no views, and is no
+    longer kept)."""
+    os.close(read.fd)
+    _retire_soon(read.memory)
+
+
 def locate(array: Any) -> tuple[str, int] | None:
     """The segment and offset that hold ``array``'s bytes, if any can be named.
 
@@ -333,15 +603,15 @@ def locate(array: Any) -> tuple[str, int] | None:
 
 
 def release(segment: Segment) -> None:
-    """Unlink ``segment`` (its buffer was freed)."""
+    """Take ``segment``'s name away (its buffer was freed); its memory is
+    reused or removed once no view of it is left here."""
     segment.unlink()
-    _own.pop(segment.name, None)
 
 
 def release_all() -> None:
-    """Unlink every segment this process made, spares too (on the way out)."""
+    """Remove every segment this process made, spares too (on the way out)."""
     for segment in list(_own.values()):
-        release(segment)
+        segment.remove()
     _drop_spares()
 
 

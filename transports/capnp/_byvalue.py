@@ -16,6 +16,7 @@ so the codec imports it only when a value needs it.
 
 from __future__ import annotations
 
+import functools
 import io
 import pickle
 from collections import ChainMap
@@ -86,5 +87,17 @@ def reduce(
 
 
 def load(data: bytes, caps: tuple[Any, ...]) -> Any:
-    """The object :func:`reduce` pickled, with its caps put back."""
-    return _Unpickler(io.BytesIO(data), caps).load()
+    """The object :func:`reduce` pickled, with its caps put back.
+
+    Without caps, the same bytes give the same object each time (remembered,
+    most recent first), so caches keyed by a function, such as a JAX
+    device's compiled code, keep hitting when the function is sent again.
+    """
+    if caps:
+        return _Unpickler(io.BytesIO(data), caps).load()
+    return _load_plain(data)
+
+
+@functools.lru_cache(maxsize=256)
+def _load_plain(data: bytes) -> Any:
+    return _Unpickler(io.BytesIO(data), ()).load()

@@ -36,6 +36,7 @@ from ...kernel import (
     Promise,
     RemoteActorError,
     TransportError,
+    failed,
 )
 from ...kernel.lowlevel import channel_of
 from .. import shm
@@ -211,8 +212,8 @@ def decode(peer: Peer, reader: Any) -> Any:
         return peer.remote_ref(reader.actor)
     if which == "promise":
         return peer.remote_promise(reader.promise)
-    if which == "error":
-        return decode_error(reader.error)
+    if which == "error":  # a failed value: the receiver's promise fails too
+        return failed(decode_error(reader.error), "failed value")
     if which == "pickled":
         return _decode_pickled(peer, reader.pickled)
     raise AtollError(f"unknown Value kind {which!r}")

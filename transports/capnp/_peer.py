@@ -103,7 +103,9 @@ class Peer:
         connection's answer is served here: passing the other peer's
         capability on would make every ``get`` a proxied round trip through
         this process to the producer (Cap'n Proto has no three-party
-        hand-off), while this process hears the answer anyway.
+        hand-off), while this process hears the answer anyway. The price: a
+        third peer's call on the value waits here for the whole answer (a
+        large array included) instead of queueing at the producer.
         """
         held = pipeline_answer(promise)
         if isinstance(held, _Answer) and held.peer is self:
