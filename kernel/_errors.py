@@ -10,6 +10,8 @@ exception type and its traceback as text.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ActorCancelled",
     "ActorFailed",
@@ -29,7 +31,22 @@ __all__ = [
 
 
 class AtollError(Exception):
-    """Base class of every error atoll raises on purpose."""
+    """Base class of every error atoll raises on purpose.
+
+    Every one pickles faithfully, whatever its ``__init__`` takes: it is
+    rebuilt from its ``args`` and attributes, not by calling ``__init__``
+    again, so errors cross process boundaries intact.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[AtollError], args: tuple[Any, ...], state: dict[str, Any]) -> AtollError:
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class BadCall(AtollError, TypeError):

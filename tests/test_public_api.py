@@ -167,3 +167,23 @@ def test_import_atoll_stays_lean() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, close_fds=False
     )
     assert done.stdout.split() == ["False", "False"], done.stderr
+
+
+def test_errors_cross_processes_intact() -> None:
+    """Any atoll error pickles and comes back the same, whatever its ``__init__``."""
+    import pickle
+
+    from atoll import kernel
+
+    errors = [
+        kernel.ActorStopped("worker", "stopped"),
+        kernel.CallCancelled("worker", "step", "gave up"),
+        kernel.NoSuchEndpoint("worker", "nope"),
+        kernel.MailboxFull("worker", 8),
+        kernel.HostLost("connection to host 2 lost"),
+        kernel.BadCall("bad", "builtins.TypeError", "tb"),
+    ]
+    for error in errors:
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert back.__dict__ == error.__dict__
