@@ -42,7 +42,7 @@ from ..kernel import (
 from ..transports import bulk, shm
 from ..transports.inproc import read_only
 from ._errors import DeviceError, UnsupportedKernel
-from ._gang import GangTask
+from ._gang import GangTask, PushTarget
 from ._store import BufferMissing, ObjectStore
 
 _log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 
+_RECENT_GANGS = 64  # finished gangs whose outputs a late push_output can still find
 INLINE_VALUE_BYTES = 1 << 14  # outputs up to this size ride along in their handle
 
 
@@ -210,6 +211,7 @@ class Device(Actor):
         self.busy_s = 0.0
         self.transfer_s = 0.0
         self.started_at = 0.0
+        self._recent: dict[str, list[BufferHandle]] = {}  # gang id -> outputs, newest last
 
     @property
     def clock(self) -> Clock:
@@ -266,9 +268,33 @@ class Device(Actor):
                 with suppress(BufferMissing):  # its owner's session may have ended
                     self.store.decref(buffer_id)
         self.computations += 1
+        if leader:
+            self._remember(task.gang_id, outputs)
         if leader and task.push:
-            return await self._push(task, outputs, owner)
+            return await self._push(task.push, outputs, owner)
         return outputs
+
+    def _remember(self, gang_id: str, outputs: list[BufferHandle]) -> None:
+        """Keep a finished gang's output handles a little, for ``push_output``."""
+        self._recent[gang_id] = outputs
+        while len(self._recent) > _RECENT_GANGS:
+            del self._recent[next(iter(self._recent))]
+
+    @endpoint
+    async def push_output(
+        self, gang_id: str, target: PushTarget, owner: str = ""
+    ) -> Promise[list[BufferHandle]] | bool:
+        """Push an output of gang ``gang_id``, which ran here, to a reader that
+        appeared after it was dispatched (a ``cluster.run`` chain).
+
+        The island sends this right after the gang itself, so it is handled
+        once the gang finished. False: the gang failed (its reader's inbox is
+        failed by the controller); otherwise it settles like a dispatch push.
+        """
+        outputs = self._recent.pop(gang_id, None)
+        if outputs is None:
+            return False
+        return await self._push((target,), outputs, owner)
 
     async def leave_barriers(self, task: GangTask) -> None:
         """A shard that fails before running still passes its gang's barriers,
@@ -332,13 +358,13 @@ class Device(Actor):
         return landed.handle
 
     async def _push(
-        self, task: GangTask, outputs: list[BufferHandle], owner: str
+        self, targets: Sequence[PushTarget], outputs: list[BufferHandle], owner: str
     ) -> Promise[list[BufferHandle]]:
         """Send outputs to the hosts that read them; the promise of ``outputs``
         settles when every push was answered (landed, declined or failed)."""
         answers: list[Promise[Any]] = []
         unreachable: list[str] = []
-        for target in task.push:
+        for target in targets:
             handle = outputs[target.output]
             if target.host_id == self.host_id:
                 for key in target.keys:

@@ -9,7 +9,9 @@ returned :class:`Outputs` fetches the arrays.
 
 from __future__ import annotations
 
+import itertools
 import operator
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -116,6 +118,8 @@ class Cluster:
         self.owner = owner
         self._devices = devices
         self._hosts = hosts
+        self._tags = itertools.count()
+        self._made: weakref.WeakKeyDictionary[Promise[Any], str] = weakref.WeakKeyDictionary()
 
     @property
     def device_infos(self) -> tuple[DeviceInfo, ...]:
@@ -255,7 +259,12 @@ class Cluster:
         owner = owner or self.owner
         puts: list[Promise[BufferHandle]] = []
         args = [self._argument(value, device, owner, puts) for value in inputs]
-        promise: Promise[BufferHandle] = self.controller.run(computation, device, args, owner)
+        sources = [self._made.get(arg) if isinstance(arg, Promise) else None for arg in args]
+        tag = f"{owner}/{next(self._tags)}"
+        promise: Promise[BufferHandle] = self.controller.run(
+            computation, device, args, owner, tag, sources
+        )
+        self._made[promise] = tag  # so that a call reading it can name its maker
         if puts:  # arrays put only for this call are freed once it ran
             all_settled([promise, *puts]).add_done_callback(lambda _: _free_all(puts))
         return promise

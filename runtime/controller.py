@@ -19,7 +19,7 @@ import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..devices import BufferHandle, Computation, Device, GangTask, Host
+from ..devices import BufferHandle, Computation, Device, GangTask, Host, PushTarget
 from ..kernel import (
     Actor,
     ActorRef,
@@ -76,6 +76,8 @@ class Controller(Actor):
         self.host_refs = list(hosts)
         self.resources = ResourceManager([(d.id, d.host, d.island) for d in topology.devices])
         self.plans = PlanCache()
+        # `run` calls still pending, by the client's tag: (gang, device)
+        self._made: dict[str, tuple[str, int]] = {}
         self._gangs = itertools.count()
 
     async def on_start(self) -> None:
@@ -143,12 +145,72 @@ class Controller(Actor):
 
     @endpoint(resolve_args=False)
     def run(
-        self, computation: Computation, device: int, inputs: Sequence[Any], owner: str = ""
+        self,
+        computation: Computation,
+        device: int,
+        inputs: Sequence[Any],
+        owner: str = "",
+        tag: str = "",
+        sources: Sequence[str | None] = (),
     ) -> Promise[BufferHandle]:
-        """One computation on one physical device; returns its output's promise."""
-        island = self.topology_.device(device).island
-        task = GangTask(f"gang{next(self._gangs)}", computation, (device,), (1,), ("x",))
-        return then(self._submit(island, task, inputs, owner), _first)
+        """One computation on one physical device; returns its output's promise.
+
+        An input that is the pending output of an earlier ``run`` on another
+        host is pushed straight from there to this device's host (when
+        pushing is on), so a chain of ``run`` calls moves each value once,
+        host to host, not through the controller. The client names each call
+        (``tag``) and, per input, the call that makes it (``sources``), since
+        the promises it holds are not the ones returned here.
+        """
+        info = self.topology_.device(device)
+        gang_id = f"gang{next(self._gangs)}"
+        named = list(sources) + [None] * (len(inputs) - len(sources))
+        inbox = tuple(
+            self._pull_in(gang_id, i, value, named[i], info.host, owner)
+            for i, value in enumerate(inputs)
+        )
+        pushed = any(key is not None for key in inbox)
+        task = GangTask(
+            gang_id,
+            computation,
+            (device,),
+            (1,),
+            ("x",),
+            inbox=inbox if pushed else (),
+            inbox_host=info.host if pushed else -1,
+        )
+        result = then(self._submit(info.island, task, inputs, owner), _first)
+        if tag:  # remembered while pending: a later call may want it pushed
+            self._made[tag] = (gang_id, device)
+            result.add_done_callback(functools.partial(self._forget_made, tag))
+        return result
+
+    def _forget_made(self, tag: str, _: Promise[Any]) -> None:
+        self._made.pop(tag, None)
+
+    def _pull_in(
+        self, gang_id: str, index: int, value: Any, maker: str | None, host: int, owner: str
+    ) -> str | None:
+        """Arrange for input ``index`` to be pushed to ``host``; its inbox key,
+        or None when it comes as it is (a value, or a promise to resolve)."""
+        made = self._made.get(maker) if maker else None
+        if made is None or not self.push or not isinstance(value, Promise) or value.done():
+            return None
+        producer_gang, producer = made
+        source = self.topology_.device(producer)
+        if source.host == host:
+            return None
+        key = f"{gang_id}/{index}"
+        address = self.host_addresses[host]
+        target = PushTarget(0, host, None if address else self.host_refs[host], address, (key,))
+        island = self.schedulers[source.island]
+        asked = Wire.through(
+            self.wire, island, "push_after", producer_gang, producer, target, owner
+        )
+        fail = functools.partial(self._fail_inboxes, producer_gang, (target,))
+        value.add_done_callback(fail)
+        asked.add_done_callback(fail)
+        return key
 
     @endpoint(resolve_args=False)
     def run_node(
@@ -178,21 +240,23 @@ class Controller(Actor):
             node_inputs = [values[ref] for ref in node.inputs]
             ran.append(self._submit(gang.island, task, node_inputs, owner))
             if task.push:
-                ran[-1].add_done_callback(functools.partial(self._fail_readers, task))
+                fail = functools.partial(self._fail_inboxes, task.gang_id, task.push)
+                ran[-1].add_done_callback(fail)
             for i in range(len(node.outputs)):
                 values[ValueRef(node.id, i)] = then(ran[-1], operator.itemgetter(i))
         for ref, readers in plan_.frees:
             _free_after(values[ref], [ran[n] for n in readers])
         return [values[ref] for ref in graph.outputs]
 
-    def _fail_readers(self, task: GangTask, ran: Promise[list[BufferHandle]]) -> None:
-        """A producer failed: its readers wait on inboxes that nothing will fill
-        now, so fail them with its error (also when its host was lost)."""
+    def _fail_inboxes(self, gang_id: str, targets: Sequence[PushTarget], ran: Promise[Any]) -> None:
+        """A producer (or its push) failed: its readers wait on inboxes that
+        nothing will fill now, so fail them with its error (also when its
+        host was lost). A notice for an inbox already settled is dropped."""
         error = ran.exception()
         if error is None:
             return
-        boxed = _boxed(error, task.gang_id)
-        for target in task.push:
+        boxed = _boxed(error, gang_id)
+        for target in targets:
             notice = self.host_refs[target.host_id].fail_inbox(list(target.keys), boxed)
             notice.add_done_callback(_log_failed_notice)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..devices import BufferHandle, Device, GangTask, Rendezvous
+from ..devices import BufferHandle, Device, GangTask, PushTarget, Rendezvous
 from ..kernel import Actor, ActorRef, Promise, endpoint, forward
 from ..schedulers import Completed, Dispatch, Submit, get_scheduler
 from .latency import Wire
@@ -46,6 +46,7 @@ class IslandScheduler(Actor):
         self._pending: dict[str, tuple[GangTask, Sequence[Any], str, Promise[Any], int]] = {}
         self.rendezvous: ActorRef[Rendezvous] | None = None
         self._completions: list[tuple[str, int]] = []
+        self._after: dict[str, list[tuple[PushTarget, str, Promise[Any]]]] = {}
 
     async def on_start(self) -> None:
         self.rendezvous = self.ctx.spawn(Rendezvous, name="rendezvous")
@@ -73,11 +74,32 @@ class IslandScheduler(Actor):
             promise.add_done_callback(functools.partial(self._report, gang_id, device))
             if device == task.leader:
                 forward(promise, result)
+                for target, by, answer in self._after.pop(gang_id, ()):
+                    forward(self._push_output(device, gang_id, target, by), answer)
             sent += 1
             if sent == len(task.devices):
                 del self._pending[gang_id]
             else:
                 self._pending[gang_id] = (task, inputs, owner, result, sent)
+
+    @endpoint
+    def push_after(
+        self, gang_id: str, leader: int, target: PushTarget, owner: str = ""
+    ) -> Promise[Any]:
+        """Have the one-device gang ``gang_id`` push its output to ``target``
+        once it ran. Sent to its device right after the gang itself (now, if
+        it was dispatched already), so the device handles it after the gang."""
+        if gang_id not in self._pending:
+            return self._push_output(leader, gang_id, target, owner)
+        answer: Promise[Any] = Promise(f"push after {gang_id}")
+        self._after.setdefault(gang_id, []).append((target, owner, answer))
+        return answer
+
+    def _push_output(
+        self, device: int, gang_id: str, target: PushTarget, owner: str
+    ) -> Promise[Any]:
+        ref = self.devices[device]
+        return Wire.through(self.wire, ref, "push_output", gang_id, target, owner)
 
     def _report(self, gang_id: str, device: int, _: Promise[Any]) -> None:
         """A shard finished: queue the event, and wake the actor once per batch.

@@ -275,3 +275,48 @@ async def test_a_producer_error_that_does_not_pickle_still_fails_its_reader() ->
             await cluster.fetch(out)
         usage = await cluster.store_usage()
         assert sum(u["arrivals"] for u in usage) == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_a_cluster_run_chain_over_processes_pushes_host_to_host() -> None:
+    """Each ``cluster.run`` reading the pending output of a ``run`` on another
+    host has that output pushed to it; nothing is left behind."""
+    add1 = Computation("add1", lambda a: a + 1, 1e6)
+    async with atoll.local_cluster(1, 2, 1, transport="capnp", cost=COST) as cluster:
+        handle = cluster.run(add1, 0, [np.zeros(1, np.float32)])
+        for i in range(1, 8):
+            handle = cluster.run(add1, i % 2, [handle])
+        assert (await cluster.fetch(handle))[0] == 8
+        usage = await cluster.store_usage()
+        assert sum(u["pushes_in"] for u in usage) == 7  # every hop, host to host
+        assert sum(u["arrivals"] for u in usage) == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_a_failed_link_of_a_cluster_run_chain_fails_what_follows() -> None:
+    def diverge(x: np.ndarray) -> np.ndarray:
+        raise FloatingPointError("diverged")
+
+    add1 = Computation("add1", lambda a: a + 1, 1e6)
+    async with atoll.local_cluster(1, 2, 1, transport="capnp", cost=COST) as cluster:
+        handle = cluster.run(add1, 0, [np.zeros(1, np.float32)])
+        handle = cluster.run(Computation("broken", diverge, 1e6), 1, [handle])
+        handle = cluster.run(add1, 0, [handle])
+        with anyio.fail_after(20), pytest.raises(atoll.RemoteActorError) as info:
+            await cluster.fetch(handle)
+        assert info.value.exc_type == "builtins.FloatingPointError"
+        usage = await cluster.store_usage()
+        assert sum(u["arrivals"] for u in usage) == 0
+
+
+async def test_an_in_process_cluster_run_chain_pushes_when_asked() -> None:
+    async with atoll.local_cluster(1, 2, 1, cost=COST, push=True) as cluster:
+        handle = cluster.run(bench.step(0.001), 0, [np.zeros(1, np.float32)])
+        for i in range(1, 6):
+            handle = cluster.run(bench.step(0.001), i % 2, [handle])
+        assert (await cluster.fetch(handle))[0] == 6
+        usage = await cluster.store_usage()
+        assert sum(u["pushes_in"] for u in usage) == 5
+        assert sum(u["arrivals"] for u in usage) == 0
