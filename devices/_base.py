@@ -288,11 +288,12 @@ class Device(Actor):
         appeared after it was dispatched (a ``cluster.run`` chain).
 
         The island sends this right after the gang itself, so it is handled
-        once the gang finished. False: the gang failed (its reader's inbox is
-        failed by the controller); otherwise it settles like a dispatch push.
+        once the gang finished. False: the gang failed, or ran too long ago to
+        be remembered (the controller then fails or redirects the reader's
+        inbox itself); otherwise it settles like a dispatch push.
         """
-        outputs = self._recent.pop(gang_id, None)
-        if outputs is None:
+        outputs = self._recent.get(gang_id)  # kept: another reader may ask too
+        if outputs is None:  # failed, or no longer remembered: the controller redirects
             return False
         return await self._push((target,), outputs, owner)
 

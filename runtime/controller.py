@@ -210,7 +210,23 @@ class Controller(Actor):
         fail = functools.partial(self._fail_inboxes, producer_gang, (target,))
         value.add_done_callback(fail)
         asked.add_done_callback(fail)
+        asked.add_done_callback(functools.partial(self._unpushed, value, target))
         return key
+
+    def _unpushed(self, made: Promise[Any], target: PushTarget, asked: Promise[Any]) -> None:
+        """The producer's device could not push (its gang failed, or it no
+        longer remembers it): point the reader's inbox at the output itself,
+        once that is known (a failure is handled by ``_fail_inboxes``)."""
+        if asked.exception() is not None or asked.result() is not False:
+            return
+
+        def redirect(done: Promise[Any]) -> None:
+            if done.exception() is None:
+                host = self.host_refs[target.host_id]
+                notice = host.redirect_inbox(list(target.keys), done.result())
+                notice.add_done_callback(_log_failed_notice)
+
+        made.add_done_callback(redirect)
 
     @endpoint(resolve_args=False)
     def run_node(

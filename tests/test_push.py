@@ -320,3 +320,23 @@ async def test_an_in_process_cluster_run_chain_pushes_when_asked() -> None:
         usage = await cluster.store_usage()
         assert sum(u["pushes_in"] for u in usage) == 5
         assert sum(u["arrivals"] for u in usage) == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_one_output_read_by_two_later_calls_and_one_read_long_after() -> None:
+    """Two readers ask for the same output; and a reader whose producer's
+    device ran many gangs in between, so it no longer remembers the output,
+    is pointed at the output by the controller instead."""
+    add1 = Computation("add1", lambda a: a + 1, 1e6)
+    async with atoll.local_cluster(1, 3, 1, transport="capnp", cost=COST) as cluster:
+        made = cluster.run(add1, 0, [np.zeros(1, np.float32)])
+        first, second = cluster.run(add1, 1, [made]), cluster.run(add1, 2, [made])
+        assert [(await cluster.fetch(h))[0] for h in (first, second)] == [2, 2]
+        made = cluster.run(add1, 0, [np.zeros(1, np.float32)])
+        busy = [cluster.run(add1, 0, [np.zeros(1, np.float32)]) for _ in range(70)]
+        late = cluster.run(add1, 1, [made])
+        assert (await cluster.fetch(late))[0] == 2
+        assert [(await cluster.fetch(h))[0] for h in busy] == [1] * 70
+        usage = await cluster.store_usage()
+        assert sum(u["arrivals"] for u in usage) == 0
