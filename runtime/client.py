@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import secrets
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
@@ -119,6 +120,7 @@ class Cluster:
         self._devices = devices
         self._hosts = hosts
         self._tags = itertools.count()
+        self._tag_prefix = secrets.token_hex(8)  # unique to this handle, across processes
         self._made: weakref.WeakKeyDictionary[Promise[Any], str] = weakref.WeakKeyDictionary()
 
     @property
@@ -260,7 +262,7 @@ class Cluster:
         puts: list[Promise[BufferHandle]] = []
         args = [self._argument(value, device, owner, puts) for value in inputs]
         sources = [self._made.get(arg) if isinstance(arg, Promise) else None for arg in args]
-        tag = f"{owner}/{next(self._tags)}"
+        tag = f"{self._tag_prefix}/{next(self._tags)}"
         promise: Promise[BufferHandle] = self.controller.run(
             computation, device, args, owner, tag, sources
         )

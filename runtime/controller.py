@@ -77,7 +77,7 @@ class Controller(Actor):
         self.resources = ResourceManager([(d.id, d.host, d.island) for d in topology.devices])
         self.plans = PlanCache()
         # `run` calls still pending, by the client's tag: (gang, device)
-        self._made: dict[str, tuple[str, int]] = {}
+        self._made: dict[tuple[str, str], tuple[str, int]] = {}  # (owner, tag) ->
         self._gangs = itertools.count()
 
     async def on_start(self) -> None:
@@ -181,19 +181,19 @@ class Controller(Actor):
         )
         result = then(self._submit(info.island, task, inputs, owner), _first)
         if tag:  # remembered while pending: a later call may want it pushed
-            self._made[tag] = (gang_id, device)
-            result.add_done_callback(functools.partial(self._forget_made, tag))
+            self._made[owner, tag] = (gang_id, device)
+            result.add_done_callback(functools.partial(self._forget_made, (owner, tag)))
         return result
 
-    def _forget_made(self, tag: str, _: Promise[Any]) -> None:
-        self._made.pop(tag, None)
+    def _forget_made(self, key: tuple[str, str], _: Promise[Any]) -> None:
+        self._made.pop(key, None)
 
     def _pull_in(
         self, gang_id: str, index: int, value: Any, maker: str | None, host: int, owner: str
     ) -> str | None:
         """Arrange for input ``index`` to be pushed to ``host``; its inbox key,
         or None when it comes as it is (a value, or a promise to resolve)."""
-        made = self._made.get(maker) if maker else None
+        made = self._made.get((owner, maker)) if maker else None  # only the caller's own
         if made is None or not self.push or not isinstance(value, Promise) or value.done():
             return None
         producer_gang, producer = made

@@ -21,6 +21,8 @@ from .latency import Wire
 
 __all__ = ["IslandScheduler"]
 
+_LED_KEPT = 4096  # gangs remembered as dispatched to their leader, for push_after
+
 
 class IslandScheduler(Actor):
     """Runs one island's scheduling policy (a pure state machine) as an actor.
@@ -47,6 +49,7 @@ class IslandScheduler(Actor):
         self.rendezvous: ActorRef[Rendezvous] | None = None
         self._completions: list[tuple[str, int]] = []
         self._after: dict[str, list[tuple[PushTarget, str, Promise[Any]]]] = {}
+        self._led: dict[str, None] = {}  # gangs whose leader was sent them, newest last
 
     async def on_start(self) -> None:
         self.rendezvous = self.ctx.spawn(Rendezvous, name="rendezvous")
@@ -74,6 +77,9 @@ class IslandScheduler(Actor):
             promise.add_done_callback(functools.partial(self._report, gang_id, device))
             if device == task.leader:
                 forward(promise, result)
+                self._led[gang_id] = None
+                while len(self._led) > _LED_KEPT:
+                    del self._led[next(iter(self._led))]
                 for target, by, answer in self._after.pop(gang_id, ()):
                     forward(self._push_output(device, gang_id, target, by), answer)
             sent += 1
@@ -86,10 +92,10 @@ class IslandScheduler(Actor):
     def push_after(
         self, gang_id: str, leader: int, target: PushTarget, owner: str = ""
     ) -> Promise[Any]:
-        """Have the one-device gang ``gang_id`` push its output to ``target``
-        once it ran. Sent to its device right after the gang itself (now, if
+        """Have gang ``gang_id``'s leader push its output to ``target`` once
+        the gang ran. Sent to its device right after the gang itself (now, if
         it was dispatched already), so the device handles it after the gang."""
-        if gang_id not in self._pending:
+        if gang_id in self._led or gang_id not in self._pending:  # its leader has it
             return self._push_output(leader, gang_id, target, owner)
         answer: Promise[Any] = Promise(f"push after {gang_id}")
         self._after.setdefault(gang_id, []).append((target, owner, answer))

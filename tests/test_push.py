@@ -340,3 +340,16 @@ async def test_one_output_read_by_two_later_calls_and_one_read_long_after() -> N
         assert [(await cluster.fetch(h))[0] for h in busy] == [1] * 70
         usage = await cluster.store_usage()
         assert sum(u["arrivals"] for u in usage) == 0
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_two_handles_of_one_owner_never_get_each_others_pushes() -> None:
+    add = Computation("add", lambda a: a + 1, 1e6)
+    async with atoll.local_cluster(1, 2, 1, transport="capnp", cost=COST) as cluster:
+        one, two = cluster.client("worker"), cluster.client("worker")
+        mine = one.run(add, 0, [np.zeros(1, np.float32)])
+        theirs = two.run(add, 0, [np.full(1, 99, np.float32)])
+        read = one.run(add, 1, [mine])
+        assert (await one.fetch(read))[0] == 2
+        assert (await two.fetch(theirs))[0] == 100
