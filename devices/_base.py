@@ -542,7 +542,7 @@ def _redirect_unless_landed(
             out.set_result(True)
             return
         if pushed.exception() is not None:
-            _log.warning("a push failed; its reader will fetch: %s", pushed.exception())
+            _log.warning("a push failed; redirecting its reader: %s", pushed.exception())
         forward(as_promise(host.redirect_inbox(list(keys), handle)), out)
 
     answer.add_done_callback(done)

@@ -34,7 +34,7 @@ from ..kernel import (
 from .graph import Graph, Node, ValueRef
 from .island import IslandScheduler
 from .latency import Wire
-from .planner import Plan, PlanCache, instantiate, place, plan
+from .planner import Plan, PlanCache, instantiate, place, plan, push_target
 from .resources import ResourceManager
 from .topology import Topology
 from .tracing import VirtualSlice
@@ -201,8 +201,7 @@ class Controller(Actor):
         if source.host == host:
             return None
         key = f"{gang_id}/{index}"
-        address = self.host_addresses[host]
-        target = PushTarget(0, host, None if address else self.host_refs[host], address, (key,))
+        target = push_target(0, host, [key], self.host_addresses, self.host_refs)
         island = self.schedulers[source.island]
         asked = Wire.through(
             self.wire, island, "push_after", producer_gang, producer, target, owner
@@ -210,10 +209,12 @@ class Controller(Actor):
         fail = functools.partial(self._fail_inboxes, producer_gang, (target,))
         value.add_done_callback(fail)
         asked.add_done_callback(fail)
-        asked.add_done_callback(functools.partial(self._unpushed, value, target))
+        asked.add_done_callback(functools.partial(self._redirect_if_not_pushed, value, target))
         return key
 
-    def _unpushed(self, made: Promise[Any], target: PushTarget, asked: Promise[Any]) -> None:
+    def _redirect_if_not_pushed(
+        self, made: Promise[Any], target: PushTarget, asked: Promise[Any]
+    ) -> None:
         """The producer's device could not push (its gang failed, or it no
         longer remembers it): point the reader's inbox at the output itself,
         once that is known (a failure is handled by ``_fail_inboxes``)."""

@@ -37,6 +37,7 @@ __all__ = [
     "instantiate",
     "place",
     "plan",
+    "push_target",
 ]
 
 
@@ -194,13 +195,7 @@ def instantiate(
     for gang in plan_.gangs:
         node = graph.nodes[gang.node]
         targets = tuple(
-            PushTarget(
-                p.output,
-                p.host,
-                None if addresses[p.host] else host_refs[p.host],
-                addresses[p.host],
-                tuple(key(*reader) for reader in p.readers),
-            )
+            push_target(p.output, p.host, [key(*r) for r in p.readers], addresses, host_refs)
             for p in gang.push
         )
         inbox = tuple(key(gang.node, i) if on else None for i, on in enumerate(gang.pushed))
@@ -219,6 +214,20 @@ def instantiate(
             )
         )
     return tasks
+
+
+def push_target(
+    output: int,
+    host: int,
+    keys: Sequence[str],
+    addresses: Sequence[str],
+    host_refs: Sequence[Any],
+) -> PushTarget:
+    """Where output ``output`` goes for the readers waiting on ``keys`` at
+    ``host``: dialled at the host's address when it has one (a process of
+    its own), else reached through its reference (this process)."""
+    address = addresses[host]
+    return PushTarget(output, host, None if address else host_refs[host], address, tuple(keys))
 
 
 class PlanCache:
