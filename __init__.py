@@ -76,11 +76,12 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def connect(target: str | os.PathLike[str], *, token: bytes | None = None) -> Any:
+def connect(target: str | os.PathLike[str] | None = None, *, token: bytes | None = None) -> Any:
     """Connect to a node or cluster: ``async with atoll.connect(...) as client``.
 
     ``target`` is ``capnp://HOST:PORT`` or a cluster file written by ``atoll
-    up``. (Imported on first use, so ``import atoll`` does not load pycapnp.)
+    up``; without it, the cluster ``atoll up`` started last on this machine.
+    (Imported on first use, so ``import atoll`` does not load pycapnp.)
     """
     from .runtime.connect import connect as _connect
 

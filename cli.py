@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--step-ms", type=float, default=2.0, help="device time per step")
     demo.add_argument("--virtual-clock", action="store_true", help="simulate time, no sleeping")
     demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    demo.add_argument("--trace", metavar="JSON", help="write the run's timeline (Chrome trace)")
+    demo.add_argument("--trace-page", metavar="HTML", help="and a page that draws it (--trace)")
+    demo.add_argument("--elements", type=_positive, default=8, help="size of the array that moves")
     bench = sub.add_parser("bench", help="run a benchmark (args after the name go to it)")
     bench.add_argument("name", choices=sorted(BENCHMARKS))
     bench.add_argument("args", nargs=argparse.REMAINDER)
@@ -47,7 +50,12 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--login-timeout", type=float, default=10.0)
     node.add_argument("--cluster-file", help="write address and token here, for atoll.connect")
     up = sub.add_parser("up", help="start a controller and host processes on this machine")
-    up.add_argument("--hosts", type=_positive, default=2, help="host processes started here")
+    up.add_argument(
+        "--hosts",
+        type=int,
+        default=2,
+        help="host processes started here (0: every host joins from elsewhere)",
+    )
     up.add_argument(
         "--remote-hosts",
         type=int,
@@ -59,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--device", choices=["sim", "jax"], default="sim")
     up.add_argument("--port", type=int, default=0, help="controller port (0: any free one)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    up.add_argument("--scheduler", default="fifo")
+    up.add_argument("--scheduler", default="share")  # schedulers.DEFAULT_POLICY
     up.add_argument(
         "--cluster-file",
         help="write address and token here (default: $XDG_RUNTIME_DIR/atoll/cluster.json, "
@@ -71,6 +79,19 @@ def _parser() -> argparse.ArgumentParser:
         help="where the first host serves the hosts' JAX runtime (--device jax; "
         "default: a free port on --host), for --remote-hosts to join",
     )
+    status = sub.add_parser("status", help="hosts, islands and sessions of a running cluster")
+    status.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
+    status.add_argument("--json", action="store_true", help="print the rows as JSON")
+    trace = sub.add_parser("trace", help="record a running cluster's timeline (Chrome trace)")
+    trace.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
+    trace.add_argument("-o", "--output", default="trace.json", help="where to write it")
+    trace.add_argument("--seconds", type=float, help="how long to record (default: until Ctrl-C)")
+    dashboard = sub.add_parser("dashboard", help="serve a cluster's web page from its controller")
+    dashboard.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
+    dashboard.add_argument("--port", type=int, default=0, help="0: any free one")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    down = sub.add_parser("down", help="stop a cluster started by atoll up, hosts and all")
+    down.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
     host = sub.add_parser("host", help="join a host to a running cluster")
     host.add_argument("--join", required=True, help="controller address, capnp://HOST:PORT")
     host.add_argument(
@@ -113,6 +134,8 @@ def _up(args: argparse.Namespace) -> int:
     from .runtime.spec import ClusterSpec
     from .transports.capnp.clusterfile import default_cluster_file
 
+    if args.hosts < 0 or args.remote_hosts < 0 or args.hosts + args.remote_hosts < 1:
+        raise SystemExit("atoll up: needs at least one host (--hosts, --remote-hosts)")
     device_cls: type[Device] = SimDevice
     if args.device == "jax":
         from .devices.jax_device import JaxDevice
@@ -153,23 +176,95 @@ def _share_jax_runtime(args: argparse.Namespace) -> None:
         os.environ[COORDINATOR] = f"{args.host}:{free_port()}"
     os.environ[PROCESSES] = str(total)
     print(
-        f"atoll: remote hosts join the JAX runtime with --jax-coordinator "
-        f"{os.environ[COORDINATOR]} --jax-processes {total} --jax-process-id K "
-        f"(K from {args.hosts} to {total - 1}, one each)",
+        f"atoll: remote hosts get the JAX runtime ({os.environ[COORDINATOR]}, "
+        f"{total} processes) from the controller when they join",
         flush=True,
     )
 
 
-def _host(args: argparse.Namespace) -> int:
+def _status(args: argparse.Namespace) -> int:
+    """``atoll status``: tables on a terminal (rich), rows as JSON with ``--json``."""
+    import asyncio
+    import json
+
+    from .kernel import AtollError
+    from .runtime.admin import status_rows
+    from .runtime.status import render
+
+    try:
+        rows = asyncio.run(status_rows(args.cluster_file))
+    except AtollError as exc:
+        raise SystemExit(f"atoll status: {exc}") from None
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    from rich.console import Console
+
+    console = Console(width=None if sys.stdout.isatty() else 160)  # a pipe: wide, no wrap
+    for table in render(rows):
+        console.print(table)
+    return 0
+
+
+def _trace(args: argparse.Namespace) -> int:
     import asyncio
 
+    from .kernel import AtollError
+    from .runtime.admin import record_timeline
+
+    try:
+        print(asyncio.run(record_timeline(args.cluster_file, args.output, args.seconds)))
+    except AtollError as exc:
+        raise SystemExit(f"atoll trace: {exc}") from None
+    return 0
+
+
+def _dashboard(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .kernel import AtollError
+    from .runtime.admin import open_dashboard
+
+    try:
+        url = asyncio.run(open_dashboard(args.cluster_file, args.host, args.port))
+    except AtollError as exc:
+        raise SystemExit(f"atoll dashboard: {exc}") from None
+    print(f"atoll dashboard at {url}  (served by the controller until it stops)", flush=True)
+    return 0
+
+
+def _down(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .kernel import AtollError
+    from .runtime.admin import shut_down
+
+    try:
+        print(asyncio.run(shut_down(args.cluster_file)), flush=True)
+    except AtollError as exc:
+        raise SystemExit(f"atoll down: {exc}") from None
+    return 0
+
+
+def _host(args: argparse.Namespace) -> int:
+    import asyncio
+    import os
+
+    from .kernel import AtollError, logs
     from .runtime.process import run_host
     from .transports.capnp import ClusterFile, default_token
 
     token = ClusterFile.read(args.cluster_file).token if args.cluster_file else default_token()
     if args.jax_coordinator:
         _join_jax_runtime(args)
-    asyncio.run(run_host(args.join, token, args.listen))
+    # a host started by `atoll up` shares its terminal; one from elsewhere
+    # also sends its log to the controller's
+    forward = "ATOLL_PARENT_PID" not in os.environ
+    logs.set_prefix(f"host (pid {os.getpid()}) | ")
+    try:
+        asyncio.run(run_host(args.join, token, args.listen, forward_logs=forward))
+    except AtollError as exc:  # e.g. "login ... refused: wrong cluster token"
+        raise SystemExit(f"atoll host: {exc}") from None
     return 0
 
 
@@ -194,9 +289,14 @@ def _join_jax_runtime(args: argparse.Namespace) -> None:
 BENCHMARKS = {
     "transport": "atoll.benchmarks.transport",
     "dispatch": "atoll.benchmarks.dispatch",
+    "scale": "atoll.benchmarks.scale",
     "partition": "atoll.benchmarks.partition",
     "peers": "atoll.benchmarks.peers",
     "handoff": "atoll.benchmarks.handoff",
+    "bridge": "atoll.benchmarks.bridge",
+    "multitenant": "atoll.benchmarks.multitenant",
+    "faults": "atoll.benchmarks.faults",
+    "load": "atoll.benchmarks.load",
 }
 
 
@@ -212,7 +312,9 @@ def _bench(args: argparse.Namespace) -> int:
             "run them from a source checkout (pip install -e . in a clone of atoll)"
         ) from None
     module = importlib.import_module(BENCHMARKS[args.name])
-    code: int = module.main(args.args)
+    common = importlib.import_module("atoll.benchmarks._common")
+    with common.progress_bars():  # rich bars on a terminal, for every timed job
+        code: int = module.main(args.args)
     return code
 
 
@@ -238,15 +340,44 @@ def _demo(args: argparse.Namespace) -> int:
         args.steps,
         args.step_ms,
         virtual=args.virtual_clock,
+        trace=args.trace,
+        elements=args.elements,
     )
     result = anyio.run(job, backend=args.backend)
     print(format_demo(result, args.step_ms))
+    if args.trace:
+        print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
+    if args.trace and args.trace_page:
+        import json
+        from pathlib import Path
+
+        from .runtime.dashboard import timeline_page
+
+        trace = json.loads(Path(args.trace).read_text())
+        title = f"atoll demo: a chain of {args.steps} steps"
+        Path(args.trace_page).write_text(timeline_page(trace, title))
+        print(f"page that draws it written to {args.trace_page}")
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``atoll`` console script."""
     args = _parser().parse_args(argv)
+    from .kernel import logs
+
+    logs.configure()  # ATOLL_LOG=debug|info|warning; each line names its actor
+    try:
+        return _command(args)
+    except ModuleNotFoundError as exc:  # an optional extra is missing: say which
+        from .kernel.extras import explain
+
+        missing = explain(exc, f"atoll {args.command}")
+        if missing is None:
+            raise
+        raise SystemExit(f"atoll: {missing}") from None
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "demo":
         return _demo(args)
     if args.command == "bench":
@@ -264,6 +395,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_partition(args)
     if args.command == "host":
         return _host(args)
+    if args.command == "status":
+        return _status(args)
+    if args.command == "down":
+        return _down(args)
+    if args.command == "trace":
+        return _trace(args)
+    if args.command == "dashboard":
+        return _dashboard(args)
     from . import __version__
 
     print(__version__)

@@ -13,5 +13,9 @@ values as a table or, with ``--json``, as one JSON object per line.
   (shared memory, or ``--stream`` for the bulk stream);
 * ``partition``: the partitioner's methods on BERT, against the paper;
 * ``peers_ray``: runs the Ray peer scripts (``shared/peers``) beside them;
+* ``faults``: random faults injected into a cluster of real processes
+  (hosts killed, frozen, links cut, clients killed), with its invariants;
+* ``load``: 10,000 calls in flight against one actor, 64 clients at once,
+  and a well-behaved client's latency meanwhile;
 * ``_common``: the row type, the table and the timing helpers they share.
 """

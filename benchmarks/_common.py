@@ -3,16 +3,26 @@
 A benchmark measures :class:`Row` values, prints them with :func:`emit`
 (``--json``: one object per line; otherwise a :func:`table`), and times its
 work with :func:`timings` or :func:`median_time`.
+
+``atoll bench`` runs every benchmark inside :func:`progress_bars`: on a
+terminal, each :func:`timings` call then shows a rich progress bar (on
+stderr, gone when done) named after the job it times; off a terminal
+(pipes, CI, tests) nothing is drawn.
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
-from collections.abc import Awaitable, Callable, Hashable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 __all__ = [
     "Column",
@@ -20,9 +30,11 @@ __all__ = [
     "emit",
     "median_time",
     "p99",
+    "progress_bars",
     "system_column",
     "table",
     "timings",
+    "track",
     "unit_column",
 ]
 
@@ -125,13 +137,51 @@ def emit(rows: Sequence[Row], as_json: bool, render: Callable[[Sequence[Row]], s
 
 
 # -- timing ------------------------------------------------------------------------
+_bars: list[Progress] = []  # the live progress display, inside progress_bars()
+
+
+@contextmanager
+def progress_bars(enabled: bool | None = None) -> Iterator[None]:
+    """Show a progress bar for each :func:`timings` call inside (on stderr,
+    transient). ``enabled`` defaults to whether stderr is a terminal."""
+    if not (sys.stderr.isatty() if enabled is None else enabled):
+        yield
+        return
+    columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bars:
+        _bars.append(bars)
+        try:
+            yield
+        finally:
+            _bars.remove(bars)
+
+
+def track(items: Sequence[Any], label: str) -> Iterator[Any]:
+    """``items``, one by one, with a progress bar inside :func:`progress_bars`
+    (for loops that do not time through :func:`timings`)."""
+    bars = _bars[-1] if _bars else None
+    task = bars.add_task(label, total=len(items)) if bars is not None else None
+    for item in items:
+        yield item
+        if bars is not None and task is not None:
+            bars.advance(task)
+    if bars is not None and task is not None:
+        bars.remove_task(task)
+
+
 async def timings(job: Callable[[], Awaitable[Any]], reps: int = 1) -> list[float]:
     """Wall-clock seconds of each of ``reps`` runs of ``job``, one after another."""
+    bars = _bars[-1] if _bars and reps > 1 else None
+    task = bars.add_task(getattr(job, "__name__", "job"), total=reps) if bars else None
     samples = []
     for _ in range(reps):
         started = time.perf_counter()
         await job()
         samples.append(time.perf_counter() - started)
+        if bars is not None and task is not None:
+            bars.advance(task)
+    if bars is not None and task is not None:
+        bars.remove_task(task)
     return samples
 
 

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from atoll.benchmarks._common import Row, emit, system_column, table, unit_column
+from atoll.benchmarks._common import Row, emit, system_column, table, track, unit_column
 from atoll.devices import Computation, CostModel
 from atoll.runtime import local_cluster
 
@@ -58,7 +58,7 @@ async def _measure(reps: int) -> tuple[list[float], list[float]]:
     handoff: list[float] = []
     async with local_cluster(1, 2, 1, transport="capnp", cost=FREE_LINKS) as cluster:
         seed = await cluster.put(np.ones(1, np.float32), 0)
-        for rep in range(reps + 1):
+        for rep in track(range(reps + 1), "hand-offs"):
             started = time.perf_counter()
             a = cluster.run(PRODUCE, 0, [seed])
             b = cluster.run(CONSUME, 1, [a])

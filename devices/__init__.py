@@ -22,8 +22,18 @@ from ._gang import GangTask as GangTask
 from ._gang import PushTarget as PushTarget
 from ._gang import Rendezvous as Rendezvous
 from ._jax_kernel import JaxKernel as JaxKernel
+from ._ledger import NotYours as NotYours
+from ._ledger import OwnerLedger as OwnerLedger
+from ._ledger import QuotaExceeded as QuotaExceeded
+from ._ledger import SessionEnded as SessionEnded
+from ._plan import DeviceProgram as DeviceProgram
+from ._plan import PlannedGang as PlannedGang
+from ._plan import RunReport as RunReport
+from ._plan import portable as portable
+from ._plan import run_key as run_key
 from ._store import BufferMissing as BufferMissing
 from ._store import ObjectStore as ObjectStore
+from ._store import StoreFull as StoreFull
 from .sim import SimDevice as SimDevice
 
 __all__ = [
@@ -35,13 +45,23 @@ __all__ = [
     "CostModel",
     "Device",
     "DeviceError",
+    "DeviceProgram",
     "DeviceStats",
     "GangTask",
     "Host",
     "JaxKernel",
+    "NotYours",
     "ObjectStore",
+    "OwnerLedger",
+    "PlannedGang",
     "PushTarget",
+    "QuotaExceeded",
     "Rendezvous",
+    "RunReport",
+    "SessionEnded",
     "SimDevice",
+    "StoreFull",
     "UnsupportedKernel",
+    "portable",
+    "run_key",
 ]

@@ -14,6 +14,7 @@ data cannot deadlock with a device whose data it needs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -35,14 +36,18 @@ from ..kernel import (
     endpoint,
     failed,
     first_settled,
+    flatten,
     forward,
     then,
     value_of,
 )
-from ..transports import bulk, shm
+from ..transports import bulk, lane, shm
 from ..transports.inproc import read_only
+from ..transports.lane import LaneMessage
+from . import timeline
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask, PushTarget
+from ._plan import DeviceProgram, PlannedGang, RunReport, portable
 from ._store import BufferMissing, ObjectStore
 
 _log = logging.getLogger(__name__)
@@ -57,8 +62,15 @@ __all__ = [
 ]
 
 
+_LANES: dict[str, tuple[str, ActorRef[Host]] | tuple[()]] = {}  # by capnp address
+LANES_ON = os.environ.get("ATOLL_PUSH_LANES", "1") != "0"  # 0: every push by call (A/B runs)
+PLANS_KEPT = 256  # compiled plans a device keeps (the controller's plan cache size)
 _RECENT_GANGS = 64  # finished gangs whose outputs a late push_output can still find
 INLINE_VALUE_BYTES = 1 << 14  # outputs up to this size ride along in their handle
+assert INLINE_VALUE_BYTES <= lane.MAX_BODY  # a lane's value can always ride in a handle
+# pushes above this size (what Cap'n Proto sends as a pulled buffer, not
+# inline) ask the reader's host for room first (Host.hold)
+HOLD_ABOVE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -212,6 +224,7 @@ class Device(Actor):
         self.transfer_s = 0.0
         self.started_at = 0.0
         self._recent: dict[str, list[BufferHandle]] = {}  # gang id -> outputs, newest last
+        self._plans: dict[int, DeviceProgram] = {}  # installed compiled plans, newest last
 
     @property
     def clock(self) -> Clock:
@@ -252,6 +265,21 @@ class Device(Actor):
         handles reach anyone only after the pushes landed); the other shards
         return an empty list.
         """
+        return await self._run_gang(task, inputs, owner)
+
+    async def _run_gang(
+        self,
+        task: GangTask,
+        inputs: Sequence[Any],
+        owner: str,
+        remember: bool = True,
+        held: list[str] | None = None,
+    ) -> list[BufferHandle] | Promise[list[BufferHandle]]:
+        """The body of :meth:`run_gang`, also run per gang by :meth:`run_plan`
+        (which does not ``remember`` the outputs for ``push_output``, and
+        collects in ``held`` the outputs a reader elsewhere reads in place)."""
+        if len(task.devices) == 1:  # a gone session's gangs spend no device time (a
+            self.store.ledger.check_open(owner)  # wider gang runs: its partners wait)
         leader = self.device_id == task.leader
         taken: list[str] = []  # pushed copies this shard owns and frees
         try:
@@ -262,16 +290,19 @@ class Device(Actor):
                 return failed(exc)
             if task.collective:
                 await self.arrive(task, "in")
+            busy, began = self.busy_s, timeline.now_us()
             outputs = await self.run_shard(task, handles, owner)
+            timeline.gang(self.host_id, self.device_id, task, owner, began, leader)
+            self.store.ledger.charge(owner, self.busy_s - busy)  # device time per session
         finally:
             for buffer_id in taken:
                 with suppress(BufferMissing):  # its owner's session may have ended
                     self.store.decref(buffer_id)
         self.computations += 1
-        if leader:
+        if leader and remember:
             self._remember(task.gang_id, outputs)
         if leader and task.push:
-            return await self._push(task.push, outputs, owner)
+            return await self._push(task.push, outputs, owner, held)
         return outputs
 
     def _remember(self, gang_id: str, outputs: list[BufferHandle]) -> None:
@@ -296,6 +327,98 @@ class Device(Actor):
         if outputs is None:  # failed, or no longer remembered: the controller redirects
             return False
         return await self._push((target,), outputs, owner)
+
+    @endpoint
+    def install_plan(self, program: DeviceProgram) -> None:
+        """Keep this device's part of a compiled plan, for :meth:`run_plan`.
+
+        The island installs it before the plan's first run, on the same link,
+        so it is here before any run asks for it. The oldest plans go first
+        beyond ``PLANS_KEPT`` (the controller's plan cache holds no more).
+        """
+        self._plans[program.plan_id] = program
+        while len(self._plans) > PLANS_KEPT:
+            del self._plans[next(iter(self._plans))]
+
+    @endpoint
+    def drop_plans(self, plan_ids: list[int]) -> None:
+        """Forget compiled plans (their slices were released, or they aged out)."""
+        for plan_id in plan_ids:
+            self._plans.pop(plan_id, None)
+
+    @endpoint(resolve_args=False)
+    async def run_plan(
+        self, plan_id: int, epoch: int, inputs: Sequence[Any], owner: str = ""
+    ) -> Promise[RunReport]:
+        """Run this device's gangs of an installed plan, as run ``epoch``.
+
+        One message per device per run: the gangs run in the installed order,
+        each as :meth:`run_gang` would run it (inputs awaited here, in order,
+        pushed ones taken from this host's inbox), and the answer is one
+        :class:`RunReport`, once every gang settled and its pushes were
+        answered. A gang that fails before it pushes fails its readers'
+        inboxes at once, here and on other hosts, so that no reader waits for
+        a run report that waits for it.
+        """
+        program = self._plans.get(plan_id)
+        if program is None:
+            raise AtollError(f"plan {plan_id} is not installed on device {self.device_id}")
+        report = RunReport()
+        values = dict(zip(program.inputs, inputs, strict=True))
+        settled: list[Promise[Any]] = []
+        for gang in program.gangs:
+            task = gang.task(epoch, self.host_id, self.device_id)
+            held: list[str] = []
+            try:
+                out = as_promise(await self._run_gang(task, gang.given(values), owner, False, held))
+            except Exception as exc:
+                out = failed(exc)
+            early = out.exception() if out.done() else None  # failed before pushing
+            if early is not None:
+                await self._fail_targets(task.push, portable(early, task.gang_id))
+            out.add_done_callback(functools.partial(self._planned, gang, task, held, report))
+            settled.append(out)
+        return then(all_settled(settled), lambda _: report)
+
+    def _planned(
+        self,
+        gang: PlannedGang,
+        task: GangTask,
+        held: list[str],
+        report: RunReport,
+        out: Promise[Any],
+    ) -> None:
+        """A planned gang settled: report its kept outputs, free the others
+        (unless a reader elsewhere reads them in place), or report its error."""
+        error = out.exception()
+        if error is not None:
+            report.errors[gang.node] = portable(error, task.gang_id)
+            return
+        if self.device_id != task.leader:  # only the leader holds outputs
+            return
+        for index, (handle, keep) in enumerate(zip(out.result(), gang.keep, strict=True)):
+            if keep:
+                report.outputs[gang.node, index] = handle
+            elif handle.id in held:
+                if handle.id not in report.held:  # declined by two hosts: freed once
+                    report.held.append(handle.id)
+            else:
+                with suppress(BufferMissing):
+                    self.store.decref(handle.id)
+
+    async def _fail_targets(self, targets: Sequence[PushTarget], error: BaseException) -> None:
+        """Fail the inboxes a failed gang's outputs were due in (no reply awaited)."""
+        for target in targets:
+            if target.host_id == self.host_id:
+                for key in target.keys:
+                    self.store.fail(key, error)
+                continue
+            try:
+                host = await self._host_ref(target.host_id, target.address, target.host)
+            except Exception as exc:  # unreachable: its readers fail with the host
+                _log.warning("cannot fail inboxes on host %s: %s", target.host_id, exc)
+                continue
+            host.fail_inbox(list(target.keys), error).add_done_callback(_log_unsent)
 
     async def leave_barriers(self, task: GangTask) -> None:
         """A shard that fails before running still passes its gang's barriers,
@@ -359,11 +482,18 @@ class Device(Actor):
         return landed.handle
 
     async def _push(
-        self, targets: Sequence[PushTarget], outputs: list[BufferHandle], owner: str
+        self,
+        targets: Sequence[PushTarget],
+        outputs: list[BufferHandle],
+        owner: str,
+        held: list[str] | None = None,
     ) -> Promise[list[BufferHandle]]:
         """Send outputs to the hosts that read them; the promise of ``outputs``
-        settles when every push was answered (landed, declined or failed)."""
+        settles when every push was answered (landed, declined or failed).
+        ``held`` collects the outputs whose push was declined: a reader reads
+        them where they are, so they must outlive the push."""
         answers: list[Promise[Any]] = []
+        sent: list[str] = []
         unreachable: list[str] = []
         for target in targets:
             handle = outputs[target.output]
@@ -372,15 +502,79 @@ class Device(Actor):
                     self.store.incref(handle.id)
                     self.store.deliver(key, Arrival(handle, 0.0), handle.id)
                 continue
+            array = np.asarray(self.store.get(handle.id))
+            began = timeline.now_us()
+            if array.nbytes <= INLINE_VALUE_BYTES and await self._by_lane(target, array, owner):
+                timeline.push(
+                    self.host_id, self.device_id, target.host_id, target.keys, array.nbytes, began
+                )
+                continue  # one way: it lands there without an answer
             try:
                 host = await self._host_ref(target.host_id, target.address, target.host)
             except Exception as exc:  # its reader waits on its inbox: fail, and say why
                 unreachable.append(f"cannot reach host {target.host_id} to push: {exc}")
                 continue
-            array = np.asarray(self.store.get(handle.id))
-            answer = host.receive(list(target.keys), array, owner, self.island)
+            answer = self._offer(host, list(target.keys), array, owner)
+            timeline.pushing(answer, self.host_id, self.device_id, target, array.nbytes)
             answers.append(_redirect_unless_landed(answer, host, target.keys, handle))
-        return then(all_settled(answers), lambda _: self._pushed(answers, unreachable, outputs))
+            sent.append(handle.id)
+
+        def pushed(_: None) -> list[BufferHandle]:
+            if held is not None:
+                held.extend(i for a, i in zip(answers, sent, strict=True) if _declined(a))
+            return self._pushed(answers, unreachable, outputs)
+
+        return then(all_settled(answers), pushed)
+
+    def _offer(
+        self, host: ActorRef[Host], keys: list[str], array: np.ndarray, owner: str
+    ) -> Promise[Any]:
+        """``host.receive`` of a pushed output; True if it landed. An array
+        big enough to be pulled by its reader goes only after the reader's
+        host said it has room (``Host.hold``): a full store declines before
+        any byte moves, not after the whole array was pulled."""
+        if array.nbytes <= HOLD_ABOVE_BYTES:
+            return host.receive(keys, array, owner, self.island)
+
+        def send(hold_id: int | None) -> Promise[Any] | bool:
+            if hold_id is None:
+                return False  # no room there: its reader reads it here
+            return host.receive(keys, array, owner, self.island, hold_id)
+
+        return flatten(then(host.hold(int(array.nbytes)), send))
+
+    async def _by_lane(self, target: PushTarget, array: np.ndarray, owner: str) -> bool:
+        """Push a small value down the one-way lane to its reader's host process
+        (``transports.lane``), when there is one; False: push it by call."""
+        if not target.address or not LANES_ON or not lane.fits(array):
+            return False
+        found = _LANES.get(target.address)
+        if found is None:
+            found = _LANES[target.address] = await self._open_lane(target)
+        if not found:
+            return False
+        address, host = found
+        message = LaneMessage(target.host_id, target.keys, owner, self.island, array)
+        fallback = functools.partial(_push_by_call, host)
+        if lane.send(address, message, fallback):
+            return True
+        from ..transports.capnp.directory import local_token
+
+        return await lane.connect(address, local_token()) and lane.send(address, message, fallback)
+
+    async def _open_lane(self, target: PushTarget) -> tuple[str, ActorRef[Host]] | tuple[()]:
+        """The lane to ``target``'s host process, opened once (empty: none)."""
+        from ..transports.capnp.directory import local_token
+
+        try:
+            host = await self._host_ref(target.host_id, target.address, target.host)
+            address = await host.lane()
+        except Exception as exc:  # an older host, or none: pushes go by call
+            _log.info("no lane to host %s: %s", target.host_id, exc)
+            return ()
+        if not address or not await lane.connect(address, local_token()):
+            return ()
+        return address, host
 
     def _pushed(
         self, answers: list[Promise[Any]], unreachable: list[str], outputs: list[BufferHandle]
@@ -438,11 +632,12 @@ class Device(Actor):
         self, computation: Computation, inputs: Sequence[BufferHandle], owner: str
     ) -> BufferHandle:
         """Read the inputs, run ``computation``, store its output here."""
-        arrays = [await self._read(handle) for handle in inputs]
+        arrays = [await self._read(handle, owner) for handle in inputs]
         return await self._stored(np.asarray(await self.execute(computation, arrays)), owner)
 
     async def _stored(self, array: Any, owner: str) -> BufferHandle:
         """Store ``array`` once there is room (back-pressure); its handle."""
+        self.store.ledger.check(owner, array.nbytes)  # over its quota: fail, never stall
         await self.store.reserve(array.nbytes)
         return self._handle(self.store.put(array, owner, reserved=True), array)
 
@@ -457,6 +652,9 @@ class Device(Actor):
         await self.store.reserve(nbytes)
         try:
             outs = await run()
+            # over its quota: fail, never stall; checked after the run, which
+            # may be one part of a program over several processes
+            self.store.ledger.check(owner, nbytes)
         except BaseException:
             self.store.unreserve(nbytes)
             raise
@@ -474,13 +672,15 @@ class Device(Actor):
             self.clock.now() - self.started_at,
         )
 
-    async def _read(self, handle: BufferHandle) -> Any:
+    async def _read(self, handle: BufferHandle, owner: str = "") -> Any:
         """The input's array: from this host's store, carried in its handle
         (small values), or fetched from its holder. A small array passed by
-        value in the call (``cluster.run(c, d, [array])``) is used as it is."""
+        value in the call (``cluster.run(c, d, [array])``) is used as it is.
+        Session ``owner`` reads only its own buffers (``NotYours``)."""
         if isinstance(handle, np.ndarray):
             return handle
         if handle.host_id == self.host_id:
+            self.store.check_owner(handle.id, owner)
             return self.store.get(handle.id)
         if handle.value is not None:
             await self._charge_transfer(
@@ -488,7 +688,9 @@ class Device(Actor):
             )
             return handle.value
         holder = await self._host_ref(handle.host_id, handle.address, handle.host)
-        array: np.ndarray = await holder.fetch(handle.id)
+        began = timeline.now_us()
+        array: np.ndarray = await holder.fetch(handle.id, owner)
+        timeline.pulled(self.host_id, self.device_id, handle, began)
         await self._charge_transfer(
             self.cost.transfer_time(handle.nbytes, handle.island != self.island)
         )
@@ -528,6 +730,35 @@ class Arrival:
     handle: BufferHandle
     transfer_s: float
     local: bool = True
+
+
+def _log_unsent(notice: Promise[Any]) -> None:
+    if notice.exception() is not None:
+        _log.warning("could not fail a reader's inbox: %s", notice.exception())
+
+
+def _push_by_call(host: ActorRef[Host], message: LaneMessage) -> None:
+    """A lane closed before its receiver acknowledged ``message``: push it the
+    ordinary way (a copy that did land is ignored there). If that push is
+    declined, the readers take the value as it is, carried in a handle (the
+    producer may have freed its own copy by now)."""
+    keys = list(message.keys)
+    answer = host.receive(keys, message.array, message.owner, message.island)
+
+    def landed(done: Promise[Any]) -> None:
+        if done.exception() is None and done.result():
+            return
+        if done.exception() is not None:
+            _log.warning("a push sent again by call failed: %s", done.exception())
+        value = BufferHandle.of("lane", message.array, host, -1, -1, message.island)
+        host.redirect_inbox(keys, value).add_done_callback(_log_unsent)
+
+    answer.add_done_callback(landed)
+
+
+def _declined(answer: Promise[Any]) -> bool:
+    """Whether a settled push was redirected (its reader reads in place)."""
+    return answer.exception() is None and answer.result() is not True
 
 
 def _redirect_unless_landed(
@@ -582,8 +813,10 @@ class Host(Actor):
         self.device_refs: list[ActorRef[Device]] = []
         self.pushes_in = 0  # pushes that landed here
         self.pushes_declined = 0
+        self.lane_address = ""  # where other host processes push small values
 
     async def on_start(self) -> None:
+        await self._serve_lane()
         self.device_refs = [
             self.ctx.spawn(
                 self.device_cls,
@@ -598,48 +831,135 @@ class Host(Actor):
             for device_id in self.device_ids
         ]
 
+    async def on_stop(self) -> None:
+        if self.lane_address:
+            lane.register(self.host_id, None)
+
+    async def _serve_lane(self) -> None:
+        """In a host process, take small pushes by lane (``transports.lane``)."""
+        address = _local_address()
+        if not address:
+            return
+        from ..transports.capnp.directory import local_token
+
+        where = address.split("://", 1)[-1].rpartition(":")[0]
+        try:
+            self.lane_address = await lane.serve(where, local_token())
+        except OSError as exc:  # lanes are an optimization: push by call instead
+            _log.warning("host %s takes no pushes by lane: %s", self.host_id, exc)
+            return
+        lane.register(self.host_id, self._from_lane)
+
+    @endpoint
+    def lane(self) -> str:
+        """Where this host takes pushes by lane ("" : it takes them by call only)."""
+        return self.lane_address
+
+    def _from_lane(self, message: LaneMessage) -> None:
+        """A small value pushed down a lane. Its sender did not wait for an
+        answer, so it cannot be declined: when the store has no room, the
+        readers get it as it came, outside the store (a small value, read
+        once; nothing here to free), instead of waiting for room that only
+        their own progress would make."""
+        keys, array = list(message.keys), message.array
+        timeline.received(self.host_id, keys, array.nbytes, timeline.now_us())
+        if self.store.fits(array.nbytes):
+            try:
+                self._land(keys, array, message.owner, message.island)
+            except Exception as exc:  # its session ended, or is over its quota
+                for key in keys:
+                    self.store.fail(key, portable(exc, f"push to {key}"))
+            return
+        self.pushes_declined += 1
+        value = BufferHandle.of("lane", array, self.ctx.ref, -1, -1, message.island)
+        seconds = self.cost.transfer_time(value.nbytes, message.island != self.island)
+        for key in keys:
+            self.store.redirect(key, Arrival(value, seconds, local=False))
+
     @endpoint
     def devices(self) -> list[ActorRef[Device]]:
         return list(self.device_refs)
 
     @endpoint
-    def fetch(self, buffer_id: str) -> np.ndarray:
-        """The bytes of a buffer held here (read-only)."""
+    def fetch(self, buffer_id: str, owner: str = "") -> np.ndarray:
+        """The bytes of a buffer held here (read-only). A session passes its
+        ``owner`` label and gets ``NotYours`` for another session's buffer."""
+        self.store.check_owner(buffer_id, owner)
         return np.asarray(self.store.get(buffer_id))
+
+    @endpoint
+    def timeline(self, record: bool) -> list[dict[str, Any]]:
+        """Switch this process's timeline recorder on or off; what it held
+        (``devices/timeline.py``; hosts sharing a process share one)."""
+        return timeline.RECORDER.switch(record)
 
     @endpoint
     def address(self) -> str:
         """The capnp address of this host's process ('' in-process)."""
         return _local_address()
 
+    @endpoint
+    def hold(self, nbytes: int) -> int | None:
+        """Room for a push of ``nbytes`` that is yet to be sent: a hold's id,
+        or None if it does not fit now (the push is then declined before its
+        bytes move). A hold not used within ``HOLD_TTL_S`` lapses."""
+        hold_id = self.store.hold(nbytes)
+        if hold_id is None:
+            self.pushes_declined += 1
+        return hold_id
+
     @endpoint(resolve_args=False)
-    def receive(self, keys: list[str], array: Any, owner: str, island: int) -> bool | Promise[bool]:
+    def receive(
+        self, keys: list[str], array: Any, owner: str, island: int, hold: int | None = None
+    ) -> bool | Promise[bool]:
         """A producer elsewhere pushes an output that devices here will read.
 
         Never blocks the host: bulk bytes still on their way arrive as a
         promise, and the answer follows it. The bytes are stored once, with
-        one reference per inbox key in ``keys``, and delivered to each. If
-        they do not fit now, the push is declined (False): the readers then
-        fetch the value when they run, under the store's back-pressure.
+        one reference per inbox key in ``keys``, and delivered to each. With
+        ``hold`` (from :meth:`hold`) they go into the room held for them;
+        else, if they do not fit now, the push is declined (False): the
+        readers then fetch the value when they run, under the store's
+        back-pressure.
         """
         if isinstance(array, Promise):
-            return then(array, lambda value: self._accept(keys, value, owner, island))
-        return self._accept(keys, array, owner, island)
+            if hold is not None:  # a pull that fails gives its room back
+                array.add_done_callback(lambda done: self._unhold(done, hold))
+            return then(array, lambda value: self._accept(keys, value, owner, island, hold))
+        return self._accept(keys, array, owner, island, hold)
 
-    def _accept(self, keys: list[str], array: Any, owner: str, island: int) -> bool:
+    def _unhold(self, pulled: Promise[Any], hold: int) -> None:
+        if pulled.exception() is not None:
+            self.store.release_hold(hold)
+
+    def _accept(
+        self, keys: list[str], array: Any, owner: str, island: int, hold: int | None = None
+    ) -> bool:
         array = np.asarray(array)
+        timeline.received(self.host_id, keys, array.nbytes, timeline.now_us())
+        if keys and hold is not None and self.store.take_hold(hold, array.nbytes):
+            self._land(keys, array, owner, island, reserved=True)
+            return True
+        if hold is not None:
+            self.store.release_hold(hold)
         if not keys or not self.store.fits(array.nbytes):
             self.pushes_declined += 1
             return False
+        self._land(keys, array, owner, island)
+        return True
+
+    def _land(
+        self, keys: list[str], array: Any, owner: str, island: int, reserved: bool = False
+    ) -> None:
+        """Store a pushed value once, with one reference per reader's key."""
         self.pushes_in += 1
-        buffer_id = self.store.put(array, owner)
+        buffer_id = self.store.put(array, owner, reserved=reserved)
         for _ in keys[1:]:
             self.store.incref(buffer_id)
         handle = BufferHandle.of(buffer_id, array, self.ctx.ref, self.host_id, -1, self.island)
         seconds = self.cost.transfer_time(handle.nbytes, island != self.island)
         for key in keys:
             self.store.deliver(key, Arrival(handle, seconds), buffer_id)
-        return True
 
     @endpoint
     def redirect_inbox(self, keys: list[str], handle: BufferHandle) -> None:
@@ -655,13 +975,27 @@ class Host(Actor):
             self.store.fail(key, error)
 
     @endpoint
-    def free(self, buffer_id: str) -> bool:
-        """Drop one reference; True if the buffer was freed."""
+    def free(self, buffer_id: str, owner: str = "") -> bool:
+        """Drop one reference; True if the buffer was freed (``owner``: as in
+        :meth:`fetch`, a session may free only its own)."""
+        self.store.check_owner(buffer_id, owner)
         return self.store.decref(buffer_id)
 
     @endpoint
     def free_owner(self, owner: str) -> int:
+        """Free everything ``owner`` holds here, and forget its quota and usage."""
+        self.store.ledger.forget(owner)
         return self.store.free_owner(owner)
+
+    @endpoint
+    def set_quota(self, owner: str, max_bytes: int | None) -> None:
+        """At most ``max_bytes`` in this store for ``owner`` (None: no limit)."""
+        self.store.ledger.set_quota(owner, max_bytes)
+
+    @endpoint
+    def owner_usage(self) -> dict[str, dict[str, float]]:
+        """Per owner: bytes and buffers held here, device seconds used here."""
+        return self.store.ledger.usage()
 
     @endpoint
     def store_usage(self) -> dict[str, int]:
@@ -669,7 +1003,8 @@ class Host(Actor):
 
         ``shm_buffers``/``shm_bytes``: buffers held in shared memory;
         ``shm_in``, ``stream_in``, ``chunks_in``: large arrays this process
-        received by mapping, by bulk stream, by capnp chunks; ``stream_out``:
+        received by mapping, by bulk stream, by capnp chunks; ``lane_in``,
+        ``lane_out``: small pushes it took and sent by lane; ``stream_out``:
         arrays it sent by bulk stream; ``tickets_refused``; ``maps_reused``,
         ``recycled``: shared-memory reuse (``transports.shm``); ``pid``. Those
         counters are the process's: hosts that share a process show the same.
@@ -677,6 +1012,7 @@ class Host(Actor):
         shm_buffers, shm_bytes = self.store.shared_usage()
         moved = {key: bulk.counts[key] for key in _DATA_PLANE}
         moved.update({key: shm.counts[key] for key in _SHM_REUSE})
+        moved.update({"lane_in": lane.stats["delivered"], "lane_out": lane.stats["sent"]})
         return {
             "buffers": len(self.store),
             "bytes": self.store.used_bytes,

@@ -24,6 +24,8 @@ settles that promise, whichever of the two comes first.
 from __future__ import annotations
 
 import itertools
+import os
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -34,8 +36,16 @@ import numpy as np
 from ..kernel import AtollError, Promise
 from ..transports import shm
 from ..transports.inproc import read_only
+from ._ledger import OwnerLedger, check_owner
 
-__all__ = ["BufferMissing", "ObjectStore"]
+__all__ = ["BufferMissing", "ObjectStore", "StoreFull"]
+
+
+HOLD_TTL_S = 30.0  # a hold for a push not taken within this lapses
+
+
+class StoreFull(AtollError):
+    """No room in a host's store within the store's bound (``ObjectStore.wait_s``)."""
 
 
 class BufferMissing(AtollError, KeyError):
@@ -62,6 +72,9 @@ class ObjectStore:
     has it; ``ATOLL_SHM=0`` turns it off).
     """
 
+    # how long reserve() waits for room before it raises StoreFull
+    wait_s = float(os.environ.get("ATOLL_STORE_WAIT_S", "60"))
+
     def __init__(
         self, name: str, capacity_bytes: int | None = None, *, shared: bool = False
     ) -> None:
@@ -80,25 +93,87 @@ class ObjectStore:
         # Bounded: a notice older than the last 4,096 keys would open a stale
         # key again (it takes a host lost after its push was read, that late)
         self._settled: deque[str] = deque(maxlen=4096)
+        self.ledger = OwnerLedger()  # per-owner bytes, device time and quotas
+        self._holds: dict[int, tuple[int, float]] = {}  # id -> (bytes, lapses at)
 
     def __len__(self) -> int:
         return len(self._entries)
 
     async def reserve(self, nbytes: int) -> None:
-        """Wait until ``nbytes`` more fit; then hold them for a :meth:`put`."""
+        """Wait until ``nbytes`` more fit; then hold them for a :meth:`put`.
+
+        The wait is bounded (:attr:`wait_s`): work that holds some buffers
+        while it waits for room that only other waiting work could free
+        would otherwise wait for ever. Past the bound it raises
+        :class:`StoreFull`, so the work fails, lets go of what it held, and
+        the rest goes on: every promise settles.
+        """
         cap = self.capacity_bytes
         if cap is not None and nbytes > cap:
             raise AtollError(f"{nbytes} bytes can never fit in store {self.name} ({cap} bytes)")
-        while cap is not None and self.used_bytes + self.reserved_bytes + nbytes > cap:
-            event = anyio.Event()
-            self._room.append(event)
-            await event.wait()
+        with anyio.move_on_after(self.wait_s) as waited:
+            while cap is not None and self.used_bytes + self.reserved_bytes + nbytes > cap:
+                await self._wait_for_room()
+        if waited.cancelled_caught:
+            raise StoreFull(
+                f"store {self.name}: no room for {nbytes} bytes within {self.wait_s} s "
+                f"({self.used_bytes} used, {self.reserved_bytes} reserved of {cap})"
+            )
         self.reserved_bytes += nbytes
+
+    async def _wait_for_room(self) -> None:
+        event = anyio.Event()
+        self._room.append(event)
+        try:
+            with anyio.move_on_after(HOLD_TTL_S):  # then look again: holds lapse
+                await event.wait()
+            self._lapse_holds()
+        finally:
+            if not event.is_set():  # given up: it must not hold back fits()
+                self._room.remove(event)
 
     def unreserve(self, nbytes: int) -> None:
         """Give back a reservation that will not be :meth:`put` (the work failed)."""
         self.reserved_bytes -= nbytes
         self._wake()
+
+    # -- holds: room promised to a push before its bytes are pulled ------------
+    def hold(self, nbytes: int) -> int | None:
+        """Reserve ``nbytes`` for a push that is yet to come, if they fit now
+        (:meth:`fits`); the hold's id, or None. A hold that is not taken
+        within :data:`HOLD_TTL_S` (its producer died, say) lapses."""
+        self._lapse_holds()
+        if not self.fits(nbytes):
+            return None
+        self.reserved_bytes += nbytes
+        hold_id = next(self._ids)
+        self._holds[hold_id] = (nbytes, time.monotonic() + HOLD_TTL_S)
+        return hold_id
+
+    def take_hold(self, hold_id: int, nbytes: int) -> bool:
+        """Turn hold ``hold_id`` into a reservation of ``nbytes`` for a
+        :meth:`put` with ``reserved=True``; False if it lapsed or is for
+        another size (then nothing is reserved)."""
+        held = self._holds.pop(hold_id, None)
+        if held is None:
+            return False
+        if held[0] != nbytes:
+            self.unreserve(held[0])
+            return False
+        return True
+
+    def release_hold(self, hold_id: int) -> None:
+        """Give hold ``hold_id`` back unused (its push failed)."""
+        held = self._holds.pop(hold_id, None)
+        if held is not None:
+            self.unreserve(held[0])
+
+    def _lapse_holds(self) -> None:
+        now = time.monotonic()
+        for hold_id, (nbytes, until) in list(self._holds.items()):
+            if until < now:
+                del self._holds[hold_id]
+                self.unreserve(nbytes)
 
     def fits(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit now, without waiting, and without
@@ -122,13 +197,30 @@ class ObjectStore:
         nbytes = int(array.nbytes)
         if reserved:
             self.reserved_bytes -= nbytes
+        try:
+            self.ledger.check(owner, 0)  # its session ended: store nothing more for it
+        except AtollError:
+            if segment is not None:
+                shm.release(segment)
+            self._wake()
+            raise
         buffer_id = f"{self.name}:{next(self._ids)}"
         self._entries[buffer_id] = _Entry(array, owner, 1, nbytes, segment)
         self.used_bytes += nbytes
+        self.ledger.added(owner, nbytes)
         return buffer_id
 
     def get(self, buffer_id: str) -> Any:
         return self._entry(buffer_id).array
+
+    def check_owner(self, buffer_id: str, asker: str) -> None:
+        """Raise ``NotYours`` unless session ``asker`` ('' : the runtime) may
+        use buffer ``buffer_id`` (see ``devices/_ledger.py``)."""
+        entry = self._entries.get(buffer_id)
+        if entry is None:
+            self._entry(buffer_id)  # raises BufferMissing
+        else:
+            check_owner(buffer_id, entry.owner, asker)
 
     def incref(self, buffer_id: str) -> None:
         self._entry(buffer_id).refs += 1
@@ -160,10 +252,13 @@ class ObjectStore:
     def deliver(self, key: str, value: Any, buffer_id: str) -> None:
         """A push for ``key`` landed as one reference to buffer ``buffer_id``.
 
-        If its reader already gave up on it (:meth:`abandon`), or the key was
-        already settled some other way, the reference is dropped at once.
+        If its reader already gave up on it (:meth:`abandon`), the key was
+        already settled some other way, or a copy already landed (a lane's
+        push sent again by call), the reference is dropped at once.
         """
-        if self._closed(key):
+        arrival = self._arrivals.get(key)
+        settled = key in self._landed or (arrival is not None and arrival.done())
+        if self._closed(key) or settled:  # or a second copy, or failed or redirected
             self.decref(buffer_id)
             return
         self._landed[key] = buffer_id
@@ -238,6 +333,7 @@ class ObjectStore:
     def _drop(self, buffer_id: str) -> None:
         entry = self._entries.pop(buffer_id)
         self.used_bytes -= entry.nbytes
+        self.ledger.removed(entry.owner, entry.nbytes)
         if entry.segment is not None:
             shm.release(entry.segment)  # readers' mappings stay valid
         self._wake()

@@ -156,7 +156,7 @@ class JaxDevice(Device):
         mesh = self._mesh(task, devices)
         shardings = [NamedSharding(mesh, spec) for spec in kernel.in_specs]
         arrays = [
-            jax.device_put(await self._read(handle), sharding)
+            jax.device_put(await self._read(handle, owner), sharding)
             for handle, sharding in zip(inputs, shardings, strict=True)
         ]
         compiled = self._compiled(kernel, mesh, arrays)
@@ -176,7 +176,7 @@ class JaxDevice(Device):
         them), and the gang leader keeps its device's copy.
         """
         mesh = self._mesh(task, devices)
-        arrays = [np.asarray(await self._read(handle)) for handle in inputs]
+        arrays = [np.asarray(await self._read(handle, owner)) for handle in inputs]
         if self.device_id != task.leader:  # the gang leader alone keeps the outputs
             await self._busy(self._run_spmd, task.kernel, mesh, arrays)
             return []

@@ -5,6 +5,7 @@
 - ``two_islands``: a program whose value crosses the "datacenter network".
 - ``custom_scheduler``: a user's own island scheduler, selected by name.
 - ``partitioned_pipeline``: a pipeline whose stages the partitioner chose.
+- ``multi_tenant``: four clients of weights 1, 2, 4, 8 share one island.
 """
 
 import importlib
@@ -12,7 +13,14 @@ import os
 
 __all__ = ["EXAMPLES", "run_example", "use_fake_cpu_devices"]
 
-EXAMPLES = ("spmd", "pipeline", "two_islands", "custom_scheduler", "partitioned_pipeline")
+EXAMPLES = (
+    "spmd",
+    "pipeline",
+    "two_islands",
+    "custom_scheduler",
+    "partitioned_pipeline",
+    "multi_tenant",
+)
 
 
 def use_fake_cpu_devices(n: int = 8) -> None:

@@ -9,7 +9,9 @@ prints the result (checked against plain numpy) and how busy each device was.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -51,28 +53,40 @@ async def run_demo(
     step_ms: float = 2.0,
     *,
     virtual: bool = False,
+    trace: str | None = None,
+    elements: int = 8,
 ) -> DemoResult:
-    """Run the chain on a fresh in-process cluster; returns what it measured."""
+    """Run the chain on a fresh in-process cluster; returns what it measured.
+
+    With ``trace``, the cluster's timeline is written there (Chrome trace
+    event JSON, see ``docs/observability.md``). ``elements``: the size of
+    the array that travels (above 4096 float32 it no longer rides in its
+    handle, and each hop is a transfer of its own)."""
     clock: Clock = VirtualClock() if virtual else WallClock()
     cost = CostModel(flops_per_s=FLOPS_PER_S)
     step = Computation("affine", affine, flops=step_ms * 1e-3 * FLOPS_PER_S)
     hosts = islands * hosts_per_island
     plan = chain_devices(steps, hosts, devices_per_host)
-    x0 = np.arange(8, dtype=np.float32)
+    x0 = np.arange(elements, dtype=np.float32)
     async with local_cluster(
         islands, hosts_per_island, devices_per_host, clock=clock, cost=cost
     ) as cluster:
-        started, t0 = time.perf_counter(), clock.now()
-        handle = _dispatch(cluster, step, plan, x0)
-        dispatch_s = time.perf_counter() - started
-        result = await cluster.fetch(handle)
-        wall_s = time.perf_counter() - started
+        async with _tracing(cluster, trace):
+            started, t0 = time.perf_counter(), clock.now()
+            handle = _dispatch(cluster, step, plan, x0)
+            dispatch_s = time.perf_counter() - started
+            result = await cluster.fetch(handle)
+            wall_s = time.perf_counter() - started
         device_elapsed = clock.now() - t0
         stats = await cluster.device_stats()
     expected = x0
     for _ in plan:
         expected = affine(expected)
     return DemoResult(result, expected, plan, stats, dispatch_s, device_elapsed, wall_s)
+
+
+def _tracing(cluster: Cluster, path: str | None) -> AbstractAsyncContextManager[Any]:
+    return cluster.tracing(path) if path else nullcontext()
 
 
 def _dispatch(

@@ -10,7 +10,8 @@ loop's thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from ._promise import Promise
@@ -39,10 +40,8 @@ def then(promise: Promise[T], fn: Callable[[T], U], label: str = "") -> Promise[
         if error is not None:
             out.set_exception(error)
             return
-        try:
+        with _failing(out):
             out.set_result(fn(done.result()))
-        except Exception as exc:
-            out.set_exception(exc)
 
     promise.add_done_callback(settle)
     return out
@@ -61,10 +60,29 @@ def flatten(promise: Promise[Promise[T] | T], label: str = "") -> Promise[T]:
         if error is not None:
             out.set_exception(error)
             return
-        forward(as_promise(done.result()), out)
+        with _failing(out):
+            forward(as_promise(done.result()), out)
 
     promise.add_done_callback(outer)
     return out
+
+
+@contextmanager
+def _failing(out: Promise[Any]) -> Iterator[None]:
+    """Fail ``out`` with whatever the block raises, so it never hangs.
+
+    Any exception counts, not only :class:`Exception`: a cancellation or an
+    exit raised inside a callback would otherwise escape past the promise
+    machinery (which only logs ``Exception``) and leave ``out`` pending. Those
+    that are not an ``Exception`` are raised again once ``out`` holds them.
+    """
+    try:
+        yield
+    except Exception as exc:
+        out.set_exception(exc)
+    except BaseException as exc:
+        out.set_exception(exc)
+        raise
 
 
 def forward(source: Promise[T], target: Promise[T]) -> None:

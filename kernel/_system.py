@@ -51,6 +51,23 @@ _current_cell: contextvars.ContextVar[_Cell | None] = contextvars.ContextVar(
 )
 
 
+def running_cell() -> _Cell | None:
+    """The cell whose own task is running this code, or None.
+
+    ``_current_cell`` alone cannot tell: a task created from a cell's task
+    inherits a copy of its context, the variable included. Cap'n Proto does
+    that to every server method it dispatches in a turn of its event loop
+    that a cell's call scheduled (the turn runs in the context of whoever
+    woke the loop), so an ``Actor.stop`` arriving from a client could look
+    like the actor stopping itself, return at once, and leave the running
+    call unanswered. Only the cell's own task counts.
+    """
+    cell = _current_cell.get()
+    if cell is None or cell.task_id != anyio.get_current_task().id:
+        return None
+    return cell
+
+
 class _Failure(Exception):
     """Internal: unwinds a cell's message loop when the actor fails."""
 
@@ -135,6 +152,7 @@ class _Cell:
         self._kill_error: AtollError | None = None
         self._outside_failure: BaseException | None = None
         self._done = anyio.Event()
+        self.task_id: int | None = None  # the cell's own task, once it runs
 
     # -- Channel --------------------------------------------------------
     @property
@@ -166,7 +184,7 @@ class _Cell:
 
     async def stop(self, grace: float | None) -> None:
         self._close(ActorStopped(self.actor_name, "stopped"))
-        if _current_cell.get() is self:
+        if running_cell() is self:
             return  # an actor stopping itself: it ends after this call
         if grace is None:
             await self._done.wait()
@@ -178,7 +196,7 @@ class _Cell:
 
     async def cancel(self, reason: str) -> None:
         self._terminate(ActorCancelled(self.actor_name, reason))
-        if _current_cell.get() is not self:
+        if running_cell() is not self:
             await self._done.wait()
 
     # -- stopping -------------------------------------------------------
@@ -211,6 +229,7 @@ class _Cell:
     # -- the cell's task ------------------------------------------------
     async def main(self) -> None:
         _current_cell.set(self)
+        self.task_id = anyio.get_current_task().id
         try:
             while True:
                 restart = False

@@ -12,6 +12,7 @@ This layer sits on top of the kernel, transports, devices and schedulers (see
 * :mod:`~atoll.runtime.island`: the island scheduler actor;
 * :mod:`~atoll.runtime.controller`: the controller;
 * :mod:`~atoll.runtime.sessions`: client sessions;
+* :mod:`~atoll.runtime.tenancy`: sessions' weights, admission and slice ownership;
 * :mod:`~atoll.runtime.client`: the client (``Cluster``, ``ArrayRef``, ``Outputs``);
 * :mod:`~atoll.runtime.spec`: the one cluster spec every launcher reads;
 * :mod:`~atoll.runtime.local`: ``local_cluster``;
@@ -42,6 +43,8 @@ from .resources import Allocation as Allocation
 from .resources import ResourceManager as ResourceManager
 from .spec import BadClusterSpec as BadClusterSpec
 from .spec import ClusterSpec as ClusterSpec
+from .tenancy import NotYourSlice as NotYourSlice
+from .tenancy import Tenants as Tenants
 from .topology import DeviceInfo as DeviceInfo
 from .topology import Topology as Topology
 from .tracing import NotAProgram as NotAProgram
@@ -89,6 +92,7 @@ __all__ = [
     "IslandScheduler",
     "Node",
     "NotAProgram",
+    "NotYourSlice",
     "Outputs",
     "PlacedFunction",
     "Plan",
@@ -96,6 +100,7 @@ __all__ = [
     "Program",
     "ResourceManager",
     "SliceSpec",
+    "Tenants",
     "Topology",
     "ValueRef",
     "VirtualSlice",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import os
 import secrets
 import weakref
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from ..devices import (
     DeviceStats,
     Host,
 )
+from ..devices import timeline as _timelines
 from ..kernel import (
     ActorRef,
     ActorSystem,
@@ -92,6 +94,17 @@ class Outputs:
     def __await__(self) -> Any:
         return self._fetch().__await__()
 
+    async def timeline(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """For ``run(..., trace=True)``: once the outputs exist, stop recording
+        and return the Chrome trace (written to ``path`` too, if given)."""
+        from .timelines import stop, write_trace
+
+        await all_settled([ref.promise for ref in self.flat])
+        trace = await stop(self.client)
+        if path is not None:
+            write_trace(trace, path)
+        return trace
+
     async def _fetch(self) -> Any:
         import jax
 
@@ -131,6 +144,19 @@ class Cluster:
     def clock(self) -> Clock:
         return self.system.clock
 
+    @property
+    def host_refs(self) -> list[ActorRef[Host]]:
+        """The host actors (for tools; users go through run)."""
+        return list(self._hosts)
+
+    def tracing(self, path: str | os.PathLike[str] | None = None) -> Any:
+        """``async with cluster.tracing("run.json") as log:`` records what every
+        device, host and island does in the block, and writes it as a Chrome
+        trace event file (``log.trace``; see ``docs/observability.md``)."""
+        from .timelines import record
+
+        return record(self, path)
+
     def client(self, owner: str) -> Cluster:
         """Another client of the same cluster, whose buffers carry ``owner``."""
         return Cluster(
@@ -159,10 +185,14 @@ class Cluster:
 
     async def release(self, slice_: VirtualSlice) -> None:
         """Give a slice's devices back."""
-        await self.controller.release(slice_.slice_id)
+        await self.controller.release(slice_.slice_id, self.owner)
 
     async def close(self) -> int:
-        """This client goes away: free its slices and every buffer it owns."""
+        """This client goes away: free its slices and every buffer it owns.
+
+        Its owner label is closed for good: the hosts store nothing more for
+        it (its gangs still running fail with ``SessionEnded``), so a client
+        that wants to go on needs a label of its own (:meth:`client`)."""
         freed: int = await self.controller.release_owner(self.owner)
         return freed
 
@@ -176,18 +206,30 @@ class Cluster:
         owner: str = "",
     ) -> Promise[BufferHandle]: ...
     @overload
-    def run(self, target: Program | PlacedFunction, *args: Any) -> Outputs: ...
+    def run(self, target: Program | PlacedFunction, *args: Any, trace: bool = False) -> Outputs: ...
     def run(self, target: Any, *args: Any, **kwargs: Any) -> Any:
         """Run a program (or a placed function, as a one-node program).
 
         Returns :class:`Outputs` at once; every node is already on its way to
         its devices. ``run(computation, device, inputs)`` is the low-level
-        form: one :class:`Computation` on one physical device.
+        form: one :class:`Computation` on one physical device. With
+        ``trace=True`` the cluster records its timeline until
+        ``await outputs.timeline(path)`` (``docs/observability.md``).
         """
         if isinstance(target, Computation):
             return self._run_computation(target, *args, **kwargs)
         program = _program_of(target)
         leaves, trace = _trace(program, args)
+        if kwargs.pop("trace", False):  # Outputs.timeline() gives what it recorded
+            from .timelines import start
+
+            start(self)
+        if kwargs:
+            raise TypeError(f"run got unexpected keyword arguments {sorted(kwargs)}")
+        if _timelines.RECORDER.on:  # the node names cost a list per run
+            _timelines.control(
+                "run", "client", program=program.name, nodes=_names(trace.graph), client=self.owner
+            )
         return Outputs(self, self.run_graph(trace.graph, leaves), trace.out_tree, trace.graph)
 
     async def run_sequential(self, target: Program | PlacedFunction, *args: Any) -> Outputs:
@@ -303,13 +345,13 @@ class Cluster:
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
         if handle.value is not None:  # a small value rides along in its handle
             return handle.value
-        array: np.ndarray = await handle.host.fetch(handle.id)
+        array: np.ndarray = await handle.host.fetch(handle.id, self.owner)  # only its own
         return array
 
     async def free(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> bool:
         """Drop this client's reference to a buffer; True if it was freed."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
-        freed: bool = await handle.host.free(handle.id)
+        freed: bool = await handle.host.free(handle.id, self.owner)  # only its own
         return freed
 
     async def store_usage(self) -> list[dict[str, int]]:
@@ -335,6 +377,10 @@ def _free_all(puts: list[Promise[BufferHandle]]) -> None:
         if put.exception() is None:
             handle = put.result()
             handle.host.free(handle.id)
+
+
+def _names(graph: Graph) -> list[str]:
+    return [node.name for node in graph.nodes]
 
 
 def _program_of(target: Any) -> Program:

@@ -14,14 +14,19 @@ cleanly or not.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+import sniffio
 
 from ..kernel import ActorRef, ActorSystem, NodeActor
 from ..transports.capnp import CapnpTransport, ClusterFile, capnp_runtime
+from ..transports.capnp.bridge import CapnpBridge
+from ..transports.capnp.clusterfile import find_cluster_file
 from .sessions import SessionAnchor, SessionWatcher
 
 if TYPE_CHECKING:
@@ -38,6 +43,7 @@ class Client:
     node: ActorRef[NodeActor]
     system: ActorSystem
     address: str
+    weight: float = 1.0  # this client's share of device time (see runtime/sessions.py)
     _anchor: ActorRef[SessionAnchor] | None = field(default=None, repr=False)
 
     def spawn(self, target: str, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
@@ -64,26 +70,67 @@ class Client:
         """A session's owner label; the anchor that binds it is made once."""
         if self._anchor is None:
             self._anchor = self.system.spawn(SessionAnchor)
-        label: str = await sessions.open(self._anchor, owner or "client")
+        label: str = await sessions.open(self._anchor, owner or "client", self.weight)
         return label
 
+    async def set_weight(self, session: int | str, weight: float) -> float:
+        """Administration: change a session's weight (by id or public name,
+        as ``status()`` shows them); its next gangs carry the new weight."""
+        info: ClusterInfo = await self.node.lookup("cluster").cluster()
+        changed: float = await info.sessions.set_weight(session, weight)
+        return changed
+
+    async def set_quota(
+        self, session: int | str, max_gangs: int | None = None, max_bytes: int | None = None
+    ) -> None:
+        """Administration: a session's quotas, gangs queued or running at
+        once and bytes held per host store (None: no limit)."""
+        info: ClusterInfo = await self.node.lookup("cluster").cluster()
+        await info.sessions.set_quota(session, max_gangs, max_bytes)
+
+    async def set_default_quota(
+        self, max_gangs: int | None = None, max_bytes: int | None = None
+    ) -> None:
+        """Administration: the quotas of every session opened from now on."""
+        info: ClusterInfo = await self.node.lookup("cluster").cluster()
+        await info.sessions.set_default_quota(max_gangs, max_bytes)
+
     async def status(self) -> list[dict[str, Any]]:
-        """The cluster's hosts and whether each still answers."""
+        """What ``atoll status`` shows, as rows with a ``"kind"``: every host
+        (alive or lost, address, pid, devices, store usage, last error), every
+        island's queued and running gangs, every session (``runtime/status.py``)."""
         report: list[dict[str, Any]] = await self.node.lookup("cluster").status()
         return report
 
 
 @asynccontextmanager
 async def connect(
-    target: str | os.PathLike[str], *, token: bytes | None = None
+    target: str | os.PathLike[str] | None = None,
+    *,
+    token: bytes | None = None,
+    weight: float = 1.0,
 ) -> AsyncIterator[Client]:
     """Connect to ``capnp://HOST:PORT`` or to the cluster a cluster file names.
 
-    An async context manager (asyncio; trio apps use
-    ``atoll.transports.capnp.bridge``). The token is ``token=`` if given,
+    Without ``target``, to the cluster that ``atoll up`` started last on this
+    machine (its cluster file in the private runtime directory, see
+    ``find_cluster_file``), as ``ray.init(address="auto")`` does.
+
+    An async context manager, on asyncio and on trio. Under trio the client
+    lives on an asyncio loop thread (pycapnp runs only on asyncio) and the
+    ``client`` given, and everything reached through it (its cluster,
+    promises, outputs), are proxies with the same methods
+    (``transports.capnp.bridge.Bridged``). The token is ``token=`` if given,
     else the cluster file's, else the ``ATOLL_TOKEN`` environment variable.
+    ``weight`` is the share of device time the client's session gets against
+    other clients' (default 1; see ``runtime/sessions.py``).
     """
-    text = os.fspath(target)
+    if sniffio.current_async_library() == "trio":
+        again = functools.partial(connect, target, token=token, weight=weight)
+        async with CapnpBridge.enter(again) as bridged:
+            yield cast(Client, bridged)  # a proxy with the same methods
+        return
+    text = os.fspath(find_cluster_file() if target is None else target)
     if text.startswith("capnp://"):
         address, found = text, token
     else:
@@ -93,6 +140,6 @@ async def connect(
     async with capnp_runtime(), ActorSystem("client") as system:
         connection = await transport.connect(address, system)
         try:
-            yield Client(connection.node, system, address)
+            yield Client(connection.node, system, address, weight)
         finally:
             await connection.aclose()

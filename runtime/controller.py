@@ -17,25 +17,49 @@ import logging
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ..devices import BufferHandle, Computation, Device, GangTask, Host, PushTarget
+from ..devices import (
+    BufferHandle,
+    Computation,
+    Device,
+    GangTask,
+    Host,
+    PushTarget,
+    RunReport,
+    run_key,
+    timeline,
+)
 from ..kernel import (
     Actor,
     ActorRef,
+    ActorStopped,
     AtollError,
+    HostLost,
     Promise,
     RemoteActorError,
     all_settled,
     as_promise,
     endpoint,
+    forward,
     then,
 )
 from .graph import Graph, Node, ValueRef
 from .island import IslandScheduler
 from .latency import Wire
-from .planner import Plan, PlanCache, instantiate, place, plan, push_target
+from .planner import (
+    CompiledPlan,
+    Plan,
+    PlanCache,
+    compile_plan,
+    instantiate,
+    place,
+    plan,
+    push_target,
+)
 from .resources import ResourceManager
+from .tenancy import DEFAULT_MAX_GANGS, Tenants, check_slice, merge_usage
 from .topology import Topology
 from .tracing import VirtualSlice
 
@@ -75,7 +99,13 @@ class Controller(Actor):
         self.device_refs = list(devices)
         self.host_refs = list(hosts)
         self.resources = ResourceManager([(d.id, d.host, d.island) for d in topology.devices])
-        self.plans = PlanCache()
+        self.plans = PlanCache(on_drop=self._plan_dropped)
+        self.tenants = Tenants()  # sessions' weights and quotas (runtime/tenancy.py)
+        self.compile: bool | None = None  # None: when hosts are processes (see set_compile)
+        self._compiled: dict[int, CompiledPlan | None] = {}  # by id(plan); None: not compilable
+        self._plan_ids = itertools.count(1)
+        self._runs = itertools.count()
+        self._compiled_runs = 0
         # `run` calls still pending, by the client's tag: (gang, device)
         self._made: dict[tuple[str, str], tuple[str, int]] = {}  # (owner, tag) ->
         self._gangs = itertools.count()
@@ -84,6 +114,7 @@ class Controller(Actor):
         answers = [host.address() for host in self.host_refs]
         self.host_addresses = [await answer for answer in answers]
         self.set_push(self.push)
+        self.set_compile(self.compile)
 
     @property
     def hosts_in_processes(self) -> bool:
@@ -95,6 +126,15 @@ class Controller(Actor):
         """Turn pushing on or off (None: automatic); returns the setting in force."""
         self.push = self.hosts_in_processes if push is None else push
         return self.push
+
+    @endpoint
+    def set_compile(self, compile_: bool | None) -> bool:
+        """Run programs as compiled plans, one message per device per run,
+        or not (None: automatic, when hosts are processes of their own);
+        returns the setting in force. Plans that cannot compile (gangs over
+        several devices, or over several islands) are dispatched per gang."""
+        self.compile = self.hosts_in_processes if compile_ is None else compile_
+        return self.compile
 
     @endpoint
     def topology(self) -> Topology:
@@ -124,22 +164,26 @@ class Controller(Actor):
         return VirtualSlice(alloc.slice_id, shape, names, alloc.island)
 
     @endpoint
-    def release(self, slice_id: int) -> None:
+    def release(self, slice_id: int, owner: str = "") -> None:
+        """Give a slice back; a session (``owner``) may release only its own."""
+        check_slice(self.resources.get(slice_id), owner)
         self.resources.release(slice_id)
         self.plans.invalidate_slice(slice_id)
 
     @endpoint
     async def release_owner(self, owner: str) -> int:
         """Free every slice and buffer of ``owner`` (a client going away)."""
+        self.tenants.forget(owner)
         for slice_id in self.resources.release_owner(owner):
             self.plans.invalidate_slice(slice_id)
         freed = [host.free_owner(owner) for host in self.host_refs]
-        return sum([await each for each in freed])
+        return sum([await _unless_lost(each) or 0 for each in freed])
 
     @endpoint
     def put(self, array: Any, slice_id: int | None, owner: str = "") -> Promise[BufferHandle]:
         """Place a host array on the leader device of a slice (device 0 if None)."""
-        device = self.resources.get(slice_id).devices[0] if slice_id is not None else 0
+        alloc = check_slice(self.resources.get(slice_id), owner) if slice_id is not None else None
+        device = alloc.devices[0] if alloc is not None else 0
         promise: Promise[BufferHandle] = self.device_refs[device].put(array, owner)
         return promise
 
@@ -234,6 +278,7 @@ class Controller(Actor):
         self, node: Node, inputs: Sequence[Any], owner: str = ""
     ) -> Promise[list[BufferHandle]]:
         """Dispatch one node; returns the promise of its output handles."""
+        check_slice(self.resources.get(node.slice.slice_id), owner)
         return self._submit(self._island(node), self._task(node), inputs, owner)
 
     @endpoint(resolve_args=False)
@@ -246,7 +291,16 @@ class Controller(Actor):
         that are not outputs are freed once all their readers ran, and so are
         the program inputs listed in ``temporary``.
         """
-        plan_ = self.plan_for(graph, temporary)
+        plan_ = self.plan_for(graph, temporary, owner)
+        compiled = self._compiled_plan(plan_, graph) if self.compile else None
+        if compiled is not None:
+            return self._run_compiled(compiled, plan_, graph, inputs, owner)
+        return self._dispatch(plan_, graph, inputs, owner)
+
+    def _dispatch(
+        self, plan_: Plan, graph: Graph, inputs: Sequence[Any], owner: str
+    ) -> list[Promise[BufferHandle]]:
+        """Dispatch a planned graph gang by gang (see :meth:`run_graph`)."""
         gang_ids = [f"gang{next(self._gangs)}" for _ in graph.nodes]
         tasks = instantiate(plan_, graph, gang_ids, self.host_addresses, self.host_refs)
         values: dict[ValueRef, Promise[BufferHandle]] = {
@@ -265,6 +319,92 @@ class Controller(Actor):
             _free_after(values[ref], [ran[n] for n in readers])
         return [values[ref] for ref in graph.outputs]
 
+    def _compiled_plan(self, plan_: Plan, graph: Graph) -> CompiledPlan | None:
+        """``plan_`` compiled for its devices (once per plan), or None."""
+        key = id(plan_)  # the plan cache holds the plan, so its id stays its own
+        if key not in self._compiled:
+            self._compiled[key] = compile_plan(
+                plan_, graph, next(self._plan_ids), self.host_addresses, self.host_refs
+            )
+        return self._compiled[key]
+
+    def _plan_dropped(self, plan_: Plan) -> None:
+        """The plan cache let a plan go: so do the devices it was installed on."""
+        compiled = self._compiled.pop(id(plan_), None)
+        if compiled is not None:
+            island = self.schedulers[compiled.island]
+            island.drop_plans([compiled.plan_id]).add_done_callback(_log_failed_notice)
+
+    def _run_compiled(
+        self,
+        compiled: CompiledPlan,
+        plan_: Plan,
+        graph: Graph,
+        inputs: Sequence[Any],
+        owner: str,
+    ) -> list[Promise[BufferHandle]]:
+        """One run of a compiled plan: the island sends each device one
+        ``run_plan``; each output settles from its device's report."""
+        epoch = next(self._runs)
+        self._compiled_runs += 1
+        given = {d: [inputs[i] for i in p.inputs] for d, p in compiled.programs.items()}
+        island = self.schedulers[compiled.island]
+        weight = self.tenants.weight(owner)  # its share, for the policy's accounting
+        sent = Wire.through(self.wire, island, "run_plan", compiled, epoch, given, owner, weight)
+        outs: list[Promise[BufferHandle]] = [
+            as_promise(inputs[index]) if node < 0 else Promise(f"output {node}/{index}")
+            for node, index, _ in compiled.outputs
+        ]
+        run = _CompiledRun(compiled, plan_, graph, list(inputs), owner, epoch, outs)
+        sent.add_done_callback(functools.partial(self._compiled_sent, run))
+        return outs
+
+    def _compiled_sent(self, run: _CompiledRun, sent: Promise[Any]) -> None:
+        """The island sent a compiled run (as one, or gang by gang)."""
+        error = sent.exception()
+        reports: dict[int, Promise[RunReport]] | None = None if error else sent.result()
+        for (node, index, device), out in zip(run.compiled.outputs, run.outs, strict=True):
+            if node >= 0 and reports is not None:
+                forward(then(reports[device], functools.partial(_output, node, index)), out)
+            elif node >= 0:
+                out.set_exception(error or AtollError("a compiled run was not sent"))
+        for device, report in (reports or {}).items():
+            report.add_done_callback(functools.partial(self._reported, run, device))
+        if reports:  # read in place by readers on any device: free once all ran
+            every = all_settled(list(reports.values()))
+            every.add_done_callback(functools.partial(self._free_held, reports))
+        for ref, _ in run.plan.frees:
+            if ref.node < 0:
+                _free_after(as_promise(run.inputs[ref.index]), list((reports or {}).values()))
+
+    def _free_held(self, reports: dict[int, Promise[RunReport]], _: Promise[None]) -> None:
+        """The whole run is over: free the outputs devices kept because a
+        reader elsewhere read them in place (a declined push)."""
+        for device, report in reports.items():
+            if report.exception() is None and report.result().held:
+                host = self.host_refs[self.topology_.device(device).host]
+                for buffer_id in report.result().held:
+                    host.free(buffer_id).add_done_callback(_log_failed_notice)
+
+    def _reported(self, run: _CompiledRun, device: int, report: Promise[RunReport]) -> None:
+        """A device's report: the gangs it led that failed (all of them, if
+        the report itself failed: its host was lost) fail the inboxes their
+        outputs were due in, so that their readers do not wait forever (an
+        inbox that settled already ignores it; a gang that failed before it
+        pushed did this itself)."""
+        error = report.exception()
+        failed = report.result().errors if error is None else {}
+        prefix = run_key(run.epoch)
+        for gang in run.compiled.programs[device].gangs:
+            if gang.devices[0] != device or (error is None and gang.node not in failed):
+                continue
+            cause = failed.get(gang.node) or error or AtollError("lost")
+            boxed = _boxed(cause, f"{prefix}/{gang.node}")
+            for target in gang.push:
+                keys = [f"{prefix}/{k}" for k in target.keys]
+                notice = self.host_refs[target.host_id].fail_inbox(keys, boxed)
+                notice.add_done_callback(_log_failed_notice)
+
     def _fail_inboxes(self, gang_id: str, targets: Sequence[PushTarget], ran: Promise[Any]) -> None:
         """A producer (or its push) failed: its readers wait on inboxes that
         nothing will fill now, so fail them with its error (also when its
@@ -277,13 +417,16 @@ class Controller(Actor):
             notice = self.host_refs[target.host_id].fail_inbox(list(target.keys), boxed)
             notice.add_done_callback(_log_failed_notice)
 
-    def plan_for(self, graph: Graph, temporary: Sequence[int] = ()) -> Plan:
-        """The dispatch plan of ``graph`` (cached; see :mod:`atoll.runtime.planner`)."""
-        options = (tuple(temporary), bool(self.push))
+    def plan_for(self, graph: Graph, temporary: Sequence[int] = (), owner: str = "") -> Plan:
+        """The dispatch plan of ``graph`` (cached; see :mod:`atoll.runtime.planner`),
+        for session ``owner``, which must own its slices (checked when planned:
+        a released slice drops its plans)."""
+        options = (tuple(temporary), bool(self.push), owner)
         cached = self.plans.get(graph, options)
         if cached is not None:
             return cached
-        placement = {n.slice.slice_id: self.resources.get(n.slice.slice_id) for n in graph.nodes}
+        slices = {n.slice.slice_id for n in graph.nodes}
+        placement = {s: check_slice(self.resources.get(s), owner) for s in slices}
         made = plan(
             graph, placement, self.topology_, self.host_addresses, bool(self.push), temporary
         )
@@ -291,14 +434,90 @@ class Controller(Actor):
         return made
 
     @endpoint
+    def timeline(self, record: bool) -> list[dict[str, Any]]:
+        """Switch this process's timeline recorder on or off; what it held
+        (the islands' dispatches, ``devices/timeline.py``)."""
+        return timeline.RECORDER.switch(record)
+
+    @endpoint
+    async def islands_load(self) -> list[dict[str, Any]]:
+        """Each island's counters (``IslandScheduler.load``), in island order."""
+        answers = [ref.load() for _, ref in sorted(self.schedulers.items())]
+        return [await answer for answer in answers]
+
+    @endpoint
     def plan_stats(self) -> dict[str, int]:
-        """Plan cache counters: plans held, hits and misses (for tests and tools)."""
-        return {"plans": len(self.plans), "hits": self.plans.hits, "misses": self.plans.misses}
+        """Plan counters, for tests and tools: plans held, cache hits and
+        misses; ``compiled``: plans held that run compiled; ``compiled_runs``:
+        runs sent compiled (an island whose policy holds gangs back runs them
+        gang by gang; ``IslandScheduler.load`` counts those)."""
+        compiled = sum(c is not None for c in self._compiled.values())
+        return {
+            "plans": len(self.plans),
+            "hits": self.plans.hits,
+            "misses": self.plans.misses,
+            "compiled": compiled,
+            "compiled_runs": self._compiled_runs,
+        }
 
     def _submit(
         self, island: int, task: GangTask, inputs: Sequence[Any], owner: str
     ) -> Promise[list[BufferHandle]]:
-        return Wire.through(self.wire, self.schedulers[island], "submit_gang", task, inputs, owner)
+        if owner not in self.tenants:  # no session: weight 1, no quota, not counted
+            return Wire.through(
+                self.wire, self.schedulers[island], "submit_gang", task, inputs, owner
+            )
+        result: Promise[list[BufferHandle]] = Promise(task.gang_id)
+        send = functools.partial(self._send, island, task, inputs, owner, result)
+        self.tenants.admit(owner, send, result)  # now, after a stall, or refused
+        return result
+
+    def _send(
+        self,
+        island: int,
+        task: GangTask,
+        inputs: Sequence[Any],
+        owner: str,
+        result: Promise[list[BufferHandle]],
+    ) -> None:
+        """Submit a session's admitted gang, with its weight (runtime/tenancy.py)."""
+        weight = self.tenants.weight(owner)
+        ran: Promise[list[BufferHandle]] = Wire.through(
+            self.wire, self.schedulers[island], "submit_gang", task, inputs, owner, weight
+        )
+        ran.add_done_callback(functools.partial(self.tenants.finished, owner))
+        forward(ran, result)
+
+    @endpoint
+    async def set_tenant(
+        self,
+        owner: str,
+        weight: float | None = None,
+        max_gangs: int | None = DEFAULT_MAX_GANGS,
+        max_bytes: int | None = None,
+        quotas: bool = True,
+    ) -> dict[str, Any]:
+        """Register session ``owner`` or change its weight (None: keep it) and,
+        with ``quotas``, its quotas (queued gangs; store bytes, per host)."""
+        if weight is not None:
+            self.tenants.set_weight(owner, weight)
+        if quotas:
+            held = self.tenants.byte_quota(owner)  # hosts know it (None: they have none)
+            self.tenants.set_quotas(owner, max_gangs, max_bytes)
+            if max_bytes != held:
+                for done in [host.set_quota(owner, max_bytes) for host in self.host_refs]:
+                    await _unless_lost(done)
+        return self.tenants.rows()[owner]
+
+    @endpoint
+    async def tenant_usage(self) -> dict[str, dict[str, Any]]:
+        """Per owner: its weight and quotas here, the islands' queued and
+        running gangs, and the hosts' bytes, buffers and device seconds."""
+        islands = [ref.tenants() for ref in self.schedulers.values()]
+        hosts = [ref.owner_usage() for ref in self.host_refs]
+        by_island = [await answer for answer in islands]
+        live = [usage for h in hosts if (usage := await _unless_lost(h)) is not None]
+        return merge_usage(self.tenants.rows(), by_island, live)
 
     def _task(self, node: Node) -> GangTask:
         """One node as a gang of its own, with no dispatch wiring (sequential runs)."""
@@ -314,6 +533,25 @@ class Controller(Actor):
         return self.resources.get(node.slice.slice_id).island
 
 
+@dataclass(frozen=True)
+class _CompiledRun:
+    """What the controller keeps of one run of a compiled plan while it goes."""
+
+    compiled: CompiledPlan
+    plan: Plan
+    graph: Graph
+    inputs: list[Any]
+    owner: str
+    epoch: int
+    outs: list[Promise[BufferHandle]]
+
+
+def _output(node: int, index: int, report: RunReport) -> BufferHandle:
+    """Output ``index`` of ``node`` out of its device's run report."""
+    handle: BufferHandle = report.output(node, index)
+    return handle
+
+
 def _boxed(error: BaseException, gang: str) -> RemoteActorError:
     """``error`` in the one error type that travels to any host intact."""
     if isinstance(error, RemoteActorError):
@@ -322,9 +560,21 @@ def _boxed(error: BaseException, gang: str) -> RemoteActorError:
     return RemoteActorError(gang, "run_gang", kind, str(error), "")
 
 
+async def _unless_lost(answer: Promise[Any]) -> Any:
+    """``answer``'s value, or None if its host is gone: a lost host holds
+    nothing to limit or count, and must not fail what asks every host."""
+    try:
+        return await answer
+    except (HostLost, ActorStopped):
+        return None
+
+
 def _log_failed_notice(notice: Promise[None]) -> None:
-    if notice.exception() is not None:
-        _log.warning("could not fail a reader's inbox: %s", notice.exception())
+    error = notice.exception()
+    if error is None:
+        return
+    quiet = isinstance(error, (HostLost, ActorStopped))  # the cluster going down, or that host
+    _log.log(logging.DEBUG if quiet else logging.WARNING, "a notice to a host failed: %s", error)
 
 
 def _default_axes(rank: int) -> tuple[str, ...]:
@@ -335,7 +585,7 @@ def _first(handles: list[BufferHandle]) -> BufferHandle:
     return handles[0]
 
 
-def _free_after(value: Promise[BufferHandle], readers: list[Promise[list[BufferHandle]]]) -> None:
+def _free_after(value: Promise[BufferHandle], readers: Sequence[Promise[Any]]) -> None:
     """Drop the value's reference once every reader has run (or failed) and
     the value itself settled (a reader fed by a push may finish first)."""
 
@@ -368,6 +618,7 @@ def spawn_control(
             policies[island],
             {d.id: devices[d.id] for d in topology.devices if d.island == island},
             wire(f"island{island}"),
+            dict(enumerate(hosts)),
             name=f"island{island}",
         )
         for island in range(topology.islands)

@@ -10,16 +10,33 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..devices import BufferHandle, Device, GangTask, PushTarget, Rendezvous
-from ..kernel import Actor, ActorRef, Promise, endpoint, forward
-from ..schedulers import Completed, Dispatch, Submit, get_scheduler
+from ..devices import (
+    BufferHandle,
+    Device,
+    DeviceProgram,
+    GangTask,
+    Host,
+    PlannedGang,
+    PushTarget,
+    Rendezvous,
+    RunReport,
+    portable,
+    run_key,
+    timeline,
+)
+from ..kernel import Actor, ActorRef, Promise, all_settled, endpoint, forward, then
+from ..schedulers import Completed, Dispatch, PolicyError, Submit, get_scheduler
 from .latency import Wire
+from .planner import CompiledPlan
 
 __all__ = ["IslandScheduler"]
+
+_log = logging.getLogger(__name__)
 
 _LED_KEPT = 4096  # gangs remembered as dispatched to their leader, for push_after
 
@@ -38,8 +55,11 @@ class IslandScheduler(Actor):
         policy: str,
         devices: dict[int, ActorRef[Device]],
         wire: Wire | None = None,
+        hosts: Mapping[int, ActorRef[Host]] | None = None,
     ) -> None:
         self.island = island
+        self.hosts = dict(hosts or {})  # every host, by id: to fail readers' inboxes
+        self.gang_by_gang = 0  # compiled runs this island's policy made go gang by gang
         self.wire = wire
         self.policy_name = policy
         self.policy = get_scheduler(policy)
@@ -50,21 +70,28 @@ class IslandScheduler(Actor):
         self._completions: list[tuple[str, int]] = []
         self._after: dict[str, list[tuple[PushTarget, str, Promise[Any]]]] = {}
         self._led: dict[str, None] = {}  # gangs whose leader was sent them, newest last
+        self._running: dict[str, int] = {}  # gang -> its shards sent and not done (status)
+        self._installed: dict[int, tuple[ActorRef[Device], set[int]]] = {}  # device -> plans
 
     async def on_start(self) -> None:
         self.rendezvous = self.ctx.spawn(Rendezvous, name="rendezvous")
 
     @endpoint(resolve_args=False)
     def submit_gang(
-        self, task: GangTask, inputs: Sequence[Any], owner: str = ""
+        self, task: GangTask, inputs: Sequence[Any], owner: str = "", weight: float = 1.0
     ) -> Promise[list[BufferHandle]]:
-        """Order the gang; returns its leader's promise of the output handles."""
+        """Order the gang; returns its leader's promise of the output handles.
+
+        ``owner`` is the sending session's label and ``weight`` its share
+        (for policies that keep shares, see ``schedulers/_share.py``)."""
         if task.collective:  # only barriers need it: a capability costs on the wire
             task = replace(task, rendezvous=self.rendezvous)
         result: Promise[list[BufferHandle]] = Promise(task.gang_id)
         self._pending[task.gang_id] = (task, inputs, owner, result, 0)
         self._carry_out(
-            self.policy.handle(Submit(next(self._events), task.gang_id, task.devices, owner))
+            self.policy.handle(
+                Submit(next(self._events), task.gang_id, task.devices, owner, weight)
+            )
         )
         return result
 
@@ -75,7 +102,9 @@ class IslandScheduler(Actor):
             given = _unpushed(task, inputs) if device == task.leader else inputs
             promise = Wire.through(self.wire, self.devices[device], "run_gang", task, given, owner)
             promise.add_done_callback(functools.partial(self._report, gang_id, device))
+            self._running[gang_id] = self._running.get(gang_id, 0) + 1
             if device == task.leader:
+                self._traced(instruction, task, owner)
                 forward(promise, result)
                 self._led[gang_id] = None
                 while len(self._led) > _LED_KEPT:
@@ -87,6 +116,130 @@ class IslandScheduler(Actor):
                 del self._pending[gang_id]
             else:
                 self._pending[gang_id] = (task, inputs, owner, result, sent)
+
+    @endpoint(resolve_args=False)
+    def run_plan(
+        self,
+        compiled: CompiledPlan,
+        epoch: int,
+        inputs: Mapping[int, Sequence[Any]],
+        owner: str = "",
+        weight: float = 1.0,
+    ) -> dict[int, Promise[RunReport]] | None:
+        """Run a compiled plan as run ``epoch``: one message per device.
+
+        The policy sees the whole run as one gang over all its devices (a
+        ``Submit`` whose ``cost`` is the run's gangs per device, and a
+        ``Completed`` per device once it reported): the run's gangs take
+        consecutive places in the island's order, and a policy that keeps
+        shares charges the run's client for all of them, at a cost per run
+        that does not grow with its length. That needs a policy that
+        dispatches a gang as it is submitted (``dispatches_on_submit``: gang
+        FIFO, or the share policy while one client is alone); with any other,
+        or when the policy does not now, the run goes through the policy gang
+        by gang (:meth:`_gang_by_gang`), in this same handler, so that nothing
+        sent later can overtake it. Devices get their part in one
+        island-wide order, since this actor is the only sender to them.
+
+        Each device is sent its part (installed first, once, on the same
+        link); returns each device's promise of its
+        :class:`~atoll.devices.RunReport`. Inputs stay promises.
+        """
+        if not getattr(self.policy, "dispatches_on_submit", False):
+            return self._gang_by_gang(compiled, epoch, inputs, owner, weight)
+        run, devices = run_key(epoch), tuple(compiled.programs)
+        shards = sum(len(gang_devices) for _, gang_devices in compiled.gangs)
+        submit = Submit(next(self._events), run, devices, owner, weight, shards / len(devices))
+        sent = self.policy.handle(submit)
+        if sorted(d.device for d in sent) != sorted(devices):
+            raise PolicyError(f"{self.policy_name} did not dispatch run {run} as submitted")
+        self._running[run] = len(devices)
+        for each in sent:
+            self._traced(each, None, owner)
+        reports = {}
+        for device, program in compiled.programs.items():
+            ref = self.devices[device]
+            self._install(device, ref, program)
+            given = inputs.get(device, ())
+            report = Wire.through(self.wire, ref, "run_plan", compiled.plan_id, epoch, given, owner)
+            report.add_done_callback(functools.partial(self._report, run, device))
+            reports[device] = report
+        return reports
+
+    def _gang_by_gang(
+        self,
+        compiled: CompiledPlan,
+        epoch: int,
+        inputs: Mapping[int, Sequence[Any]],
+        owner: str,
+        weight: float,
+    ) -> dict[int, Promise[RunReport]]:
+        """A compiled run submitted gang by gang, in the plan's order, with a
+        report per leader device made here: kept outputs, errors, and the
+        other outputs as ``held`` (the controller frees them once the whole
+        run is over). A gang that fails fails its readers' inboxes at once."""
+        self.gang_by_gang += 1
+        values: dict[int, Any] = {}
+        planned: dict[int, PlannedGang] = {}
+        for device, program in compiled.programs.items():
+            values.update(zip(program.inputs, inputs.get(device, ()), strict=True))
+            planned.update((gang.node, gang) for gang in program.gangs)
+        reports: dict[int, RunReport] = {}
+        ran: dict[int, list[Promise[Any]]] = {}
+        for node, devices in compiled.gangs:
+            gang, leader = planned[node], devices[0]
+            task = gang.task(epoch, gang.host, leader)
+            result = self.submit_gang(task, gang.given(values), owner, weight)
+            report = reports.setdefault(leader, RunReport())
+            result.add_done_callback(functools.partial(self._gang_ran, gang, task, report))
+            ran.setdefault(leader, []).append(result)
+        return {
+            leader: then(all_settled(ran[leader]), functools.partial(_given, report))
+            for leader, report in reports.items()
+        }
+
+    def _gang_ran(
+        self, gang: PlannedGang, task: GangTask, report: RunReport, result: Promise[Any]
+    ) -> None:
+        error = result.exception()
+        if error is None:
+            for index, (handle, keep) in enumerate(zip(result.result(), gang.keep, strict=True)):
+                if keep:
+                    report.outputs[gang.node, index] = handle
+                else:
+                    report.held.append(handle.id)
+            return
+        boxed = portable(error, task.gang_id)
+        report.errors[gang.node] = boxed
+        for target in task.push:  # its readers wait on inboxes nothing will fill now
+            host = self.hosts.get(target.host_id)
+            if host is not None:
+                host.fail_inbox(list(target.keys), boxed).add_done_callback(_log_failed_install)
+
+    def _install(self, device: int, ref: ActorRef[Device], program: DeviceProgram) -> None:
+        """Send a device its part of a plan, unless it has it (a device that
+        was replaced, as after a host rejoined, starts with none)."""
+        known, plans = self._installed.get(device, (None, set()))
+        if known is not ref:
+            plans = set()
+            self._installed[device] = (ref, plans)
+        if program.plan_id not in plans:
+            plans.add(program.plan_id)
+            timeline.control("install plan", self._lane, plan=program.plan_id, device=device)
+            sent = Wire.through(self.wire, ref, "install_plan", program)
+            sent.add_done_callback(_log_failed_install)
+
+    @endpoint
+    def drop_plans(self, plan_ids: list[int]) -> None:
+        """Forget compiled plans on every device that has them."""
+        doomed = set(plan_ids)
+        for ref, plans in self._installed.values():
+            mine = sorted(plans & doomed)
+            if mine:
+                plans.difference_update(mine)
+                Wire.through(self.wire, ref, "drop_plans", mine).add_done_callback(
+                    _log_failed_install
+                )
 
     @endpoint
     def push_after(
@@ -118,18 +271,69 @@ class IslandScheduler(Actor):
         if len(self._completions) == 1:
             self.ctx.ref.completed()
 
+    @property
+    def _lane(self) -> str:
+        return f"island{self.island}"
+
+    def _traced(self, sent: Dispatch, task: GangTask | None, owner: str) -> None:
+        """Record a gang's dispatch, with its island order position (timelines)."""
+        if timeline.RECORDER.on:
+            leader = sent.device if task is None else task.leader
+            timeline.control(
+                "dispatch",
+                self._lane,
+                gang=sent.gang_id,
+                device=leader,
+                position=sent.seq,
+                island=self.island,
+                client=owner,
+            )
+
     @endpoint
     def scheduler_name(self) -> str:
         """The name of this island's scheduling policy."""
         return self.policy_name
 
     @endpoint
+    def load(self) -> dict[str, Any]:
+        """For ``atoll status``: gangs the policy holds back (queued, none of
+        their shards sent yet), gangs sent to devices and not finished, and
+        compiled runs the policy made go gang by gang."""
+        queued = sum(1 for entry in self._pending.values() if entry[4] == 0)
+        return {
+            "island": self.island,
+            "scheduler": self.policy_name,
+            "queued": queued,
+            "running": len(self._running),
+            "compiled_gang_by_gang": self.gang_by_gang,
+        }
+
+    @endpoint
+    def tenants(self) -> dict[str, dict[str, float]]:
+        """Per client, what the policy tracks (weight, queued and running
+        gangs...); empty for a policy that keeps no clients (FIFO)."""
+        clients = getattr(self.policy, "clients", None)
+        return clients() if callable(clients) else {}
+
+    @endpoint
     def completed(self) -> int:
         """Feed every queued completion to the policy; returns how many."""
         done, self._completions = self._completions, []
         for gang_id, device in done:
+            left = self._running.pop(gang_id, 1) - 1
+            if left > 0:
+                self._running[gang_id] = left
             self._carry_out(self.policy.handle(Completed(next(self._events), gang_id, device)))
         return len(done)
+
+
+def _log_failed_install(sent: Promise[Any]) -> None:
+    if sent.exception() is not None:
+        _log.warning("a notice to a device or host failed: %s", sent.exception())
+
+
+def _given(report: RunReport, _: Promise[None]) -> RunReport:
+    return report
 
 
 def _unpushed(task: GangTask, inputs: Sequence[Any]) -> Sequence[Any]:

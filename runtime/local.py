@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 
 from ..devices import CostModel, Device, Host, SimDevice
 from ..kernel import ActorSystem, Clock
+from ..schedulers import DEFAULT_POLICY
 from .client import Cluster
 from .controller import spawn_control
 from .latency import DelayLine, Wire
@@ -32,7 +33,7 @@ async def local_cluster(
     *,
     clock: Clock | None = None,
     cost: CostModel | None = None,
-    scheduler: str | Mapping[int, str] = "fifo",
+    scheduler: str | Mapping[int, str] = DEFAULT_POLICY,
     device_cls: type[Device] = SimDevice,
     store_bytes: int | None = None,
     owner: str = "client0",
@@ -43,7 +44,7 @@ async def local_cluster(
     """Start a controller, one scheduler per island, hosts and devices.
 
     ``scheduler`` names the island policy, for all islands or per island
-    (``{0: "fifo", 1: "my-policy"}``). ``device_cls`` is ``SimDevice`` or
+    (``{0: "fifo", 1: "my-policy"}``; default ``"share"``). ``device_cls`` is ``SimDevice`` or
     ``JaxDevice`` (device ``d`` then owns ``jax.devices()[d]``).
     ``store_bytes`` bounds each host's object store. Yields a
     :class:`Cluster`, the client whose buffers carry the label ``owner``.

@@ -18,22 +18,24 @@ host, which is what a host needs to run its part of a plan on its own.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..devices import GangTask, PushTarget
+from ..devices import DeviceProgram, GangTask, PlannedGang, PushTarget
 from ..kernel import AtollError
 from .graph import Graph, Node, ValueRef
 from .resources import Allocation
 from .topology import Topology
 
 __all__ = [
+    "CompiledPlan",
     "GangPlan",
     "HostPlan",
     "Plan",
     "PlanCache",
     "PushPlan",
+    "compile_plan",
     "instantiate",
     "place",
     "plan",
@@ -230,17 +232,118 @@ def push_target(
     return PushTarget(output, host, None if address else host_refs[host], address, tuple(keys))
 
 
+@dataclass(frozen=True)
+class CompiledPlan:
+    """A plan as devices run it: each device's part, installed once.
+
+    ``programs``: by device, what ``Device.install_plan`` keeps, the gangs
+    in the island's order (the graph's). ``island``: the one island all the
+    gangs run on; ``gangs``: every gang as ``(node, devices)``, in that
+    order. ``outputs``: per program output, ``(node, index, device)``, the
+    device being the producer's leader; a program input passed through as
+    an output has node -1 and device -1.
+    """
+
+    plan_id: int
+    island: int
+    programs: Mapping[int, DeviceProgram]
+    outputs: tuple[tuple[int, int, int], ...]
+    gangs: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+
+def compile_plan(
+    plan_: Plan,
+    graph: Graph,
+    plan_id: int,
+    addresses: Sequence[str],
+    host_refs: Sequence[Any],
+) -> CompiledPlan | None:
+    """Each device's part of ``plan_``, or None when the plan cannot run that way.
+
+    A plan compiles when producers push (``plan_.push``), all gangs run on
+    one island, and no gang needs more than its inputs and inboxes: none
+    meets at a barrier (a collective over several devices), and in a gang
+    over several devices every input made by another gang is resident (made
+    over the same devices), so the other shards wait for nothing. Each
+    device then runs its gangs in order, and a run is one message per device.
+    """
+    islands = {gang.island for gang in plan_.gangs}
+    if not plan_.push or len(islands) != 1:
+        return None
+    if not all(_compiles(gang, graph.nodes[gang.node]) for gang in plan_.gangs):
+        return None
+    kept = set(graph.outputs)
+    gangs: dict[int, list[PlannedGang]] = {}
+    reads: dict[int, dict[int, None]] = {}
+    for gang in plan_.gangs:
+        planned = _planned_gang(gang, graph.nodes[gang.node], kept, addresses, host_refs)
+        for device in gang.devices:
+            gangs.setdefault(device, []).append(planned)
+            reads.setdefault(device, {}).update(dict.fromkeys(i for i in planned.inputs if i >= 0))
+    programs = {
+        device: DeviceProgram(plan_id, device, tuple(mine), tuple(reads[device]))
+        for device, mine in gangs.items()
+    }
+    leaders = {gang.node: gang.devices[0] for gang in plan_.gangs}
+    outputs = tuple((r.node, r.index, leaders.get(r.node, -1)) for r in graph.outputs)
+    order = tuple((gang.node, gang.devices) for gang in plan_.gangs)
+    return CompiledPlan(plan_id, islands.pop(), programs, outputs, order)
+
+
+def _compiles(gang: GangPlan, node: Node) -> bool:
+    """Whether a gang can run from an installed plan (see :func:`compile_plan`)."""
+    if len(gang.devices) == 1:
+        return True
+    if getattr(node.kernel, "collective", False):
+        return False
+    made = [ref.node >= 0 for ref in node.inputs]
+    return all(local or not m for local, m in zip(gang.resident, made, strict=True))
+
+
+def _planned_gang(
+    gang: GangPlan,
+    node: Node,
+    kept: set[ValueRef],
+    addresses: Sequence[str],
+    host_refs: Sequence[Any],
+) -> PlannedGang:
+    """One gang as its devices keep it: per input, the program input it is,
+    or -1 when a producer pushes it to the leader."""
+    sources = tuple(ref.index if ref.node < 0 else -1 for ref in node.inputs)
+    targets = tuple(
+        push_target(p.output, p.host, [f"{n}/{i}" for n, i in p.readers], addresses, host_refs)
+        for p in gang.push
+    )
+    keep = tuple(ValueRef(node.id, o) in kept for o in range(len(node.outputs)))
+    return PlannedGang(
+        node.id,
+        node.kernel,
+        gang.devices,
+        node.slice.shape,
+        node.slice.axis_names,
+        node.outputs,
+        sources,
+        gang.resident,
+        targets,
+        keep,
+        gang.leader_host,
+    )
+
+
 class PlanCache:
     """Plans by graph and dispatch options, most recently used kept (no I/O).
 
     Keyed by the graph object itself (a traced program hands out the same
     graph for the same signature) and the options that change a plan. A
     cached plan is dropped when one of its slices is released
-    (:meth:`invalidate_slice`) or the topology changes (:meth:`clear`).
+    (:meth:`invalidate_slice`) or the topology changes (:meth:`clear`), and
+    ``on_drop`` hears of every plan dropped (the controller then drops what
+    it installed for it on the devices).
     """
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 256, on_drop: Callable[[Plan], None] | None = None) -> None:
         self.capacity = capacity
+        self.on_drop = on_drop
         self.hits = 0
         self.misses = 0
         self._plans: OrderedDict[tuple[int, Hashable], tuple[Graph, Plan]] = OrderedDict()
@@ -257,20 +360,28 @@ class PlanCache:
 
     def put(self, graph: Graph, options: Hashable, plan_: Plan) -> None:
         """Remember a plan (the graph is held, so its id stays unique)."""
+        old = self._plans.get((id(graph), options))
         self._plans[(id(graph), options)] = (graph, plan_)
         self._plans.move_to_end((id(graph), options))
+        if old is not None and old[1] is not plan_:
+            self._dropped(old[1])
         while len(self._plans) > self.capacity:
-            self._plans.popitem(last=False)
+            self._dropped(self._plans.popitem(last=False)[1][1])
 
     def invalidate_slice(self, slice_id: int) -> int:
         """Drop every plan that uses slice ``slice_id``; returns how many."""
         doomed = [k for k, (_, p) in self._plans.items() if slice_id in p.slices]
         for k in doomed:
-            del self._plans[k]
+            self._dropped(self._plans.pop(k)[1])
         return len(doomed)
 
     def clear(self) -> None:
-        self._plans.clear()
+        while self._plans:
+            self._dropped(self._plans.popitem(last=False)[1][1])
+
+    def _dropped(self, plan_: Plan) -> None:
+        if self.on_drop is not None:
+            self.on_drop(plan_)
 
     def __len__(self) -> int:
         return len(self._plans)

@@ -12,16 +12,21 @@ transport differs.
 
 A host whose process dies (its connection drops) fails the calls pending on
 it with ``HostLost``. :meth:`ClusterBuilder.status` asks every host, with a
-timeout, and reports the ones that died or stopped answering as lost. (Hosts
-that freeze without their connection dropping are only seen by ``status``;
-a heartbeat on the controller's side of host links is still to come.)
+timeout, and reports the ones that died or stopped answering as lost. A host
+that freezes without its connection dropping (SIGSTOP, a link that goes
+silent) is noticed by the controller's heartbeat on each host link
+(:func:`host_heartbeat`): the link is given up and its pending calls fail
+with ``HostLost`` too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
+import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -34,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ..devices import Device, Host
-from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint
+from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint, logs
 from ..transports import shm
 from ..transports.capnp import (
     CapnpListener,
@@ -47,8 +52,11 @@ from ..transports.capnp import (
     stop_on_signals,
 )
 from .controller import Controller, spawn_control
+from .dashboard import Dashboard
+from .island import IslandScheduler
 from .sessions import SessionWatcher
 from .spec import ClusterSpec
+from .status import cluster_status
 from .topology import Topology
 
 if TYPE_CHECKING:
@@ -91,8 +99,20 @@ class ClusterBuilder(Actor):
     :class:`SessionWatcher` (``"sessions"``) as children of this actor.
     """
 
-    def __init__(self, spec: ClusterSpec) -> None:
+    def __init__(
+        self,
+        spec: ClusterSpec,
+        on_shutdown: Callable[[], None] | None = None,
+        token: bytes = b"",
+    ) -> None:
         self.spec = spec
+        self.token = token  # what the dashboard asks of its visitors
+        self.web: Dashboard | None = None
+        self.last_trace: dict[str, Any] = {"traceEvents": []}
+        self.on_shutdown = on_shutdown  # what `atoll down` (shutdown) sets off
+        self.jax_ids = itertools.count(spec.local_hosts)  # JAX process ids of joiners
+        self.islands: list[ActorRef[IslandScheduler]] = []
+        self.sessions: ActorRef[SessionWatcher] | None = None
         self.topology = spec.topology
         self.hosts: list[ActorRef[Host]] = []
         self.labels: list[str] = []
@@ -122,6 +142,7 @@ class ClusterBuilder(Actor):
         link = peer_of(node)
         if link is not None:  # a dead host's shared memory goes with it
             link.on_close(_sweep)
+            link.watch(node, *host_heartbeat())  # a frozen host is lost too
         self.labels.append(label)
         if len(self.hosts) == spec.hosts:
             self._build()
@@ -137,6 +158,10 @@ class ClusterBuilder(Actor):
             push=self.spec.push,
         )
         sessions = self.ctx.spawn(SessionWatcher, controller, name="sessions")
+        self.sessions = sessions
+        self.islands = [
+            ref for ref in self.ctx.children if re.fullmatch(r"island\d+", ref.name.split("/")[-1])
+        ]
         info = ClusterInfo(controller, self.topology, self.devices, self.hosts, sessions)
         self.ready.set_result(info)
 
@@ -147,26 +172,109 @@ class ClusterBuilder(Actor):
 
     @endpoint
     async def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
-        """Every joined host: its label and whether it answered within ``timeout``."""
-        report = []
-        for host_id, host in enumerate(self.hosts):
-            if host_id not in self.lost:
-                try:
-                    with anyio.fail_after(timeout):
-                        await host.store_usage()
-                except TimeoutError:
-                    self.lost[host_id] = f"no answer within {timeout} s"
-                except AtollError as exc:
-                    self.lost[host_id] = str(exc)
-            report.append(
-                {
-                    "host": host_id,
-                    "label": self.labels[host_id],
-                    "alive": host_id not in self.lost,
-                    "error": self.lost.get(host_id),
-                }
-            )
-        return report
+        """Rows for ``atoll status`` (see ``runtime/status.py``): every joined
+        host (lost if it did not answer within ``timeout``), every island's
+        queued and running gangs, every open session."""
+        return await cluster_status(
+            self.hosts, self.labels, self.topology, self.lost, self.islands, self.sessions, timeout
+        )
+
+    @endpoint
+    def jax_runtime(self) -> dict[str, str]:
+        """What a host joining from elsewhere needs to join the hosts' JAX
+        runtime (``atoll up --device jax``): the coordinator, the number of
+        processes and an id of its own. Empty when there is no such runtime."""
+        from ..devices._jax_multi import COORDINATOR, LOCAL, PROCESS_ID, PROCESSES
+
+        if COORDINATOR not in os.environ or PROCESSES not in os.environ:
+            return {}
+        return {
+            COORDINATOR: os.environ[COORDINATOR],
+            PROCESSES: os.environ[PROCESSES],
+            PROCESS_ID: str(next(self.jax_ids)),
+            LOCAL: "1",
+        }
+
+    @endpoint
+    async def dashboard(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Serve the dashboard from this process (once); its URL
+        (``runtime/dashboard.py``). It asks for the cluster token."""
+        if not self.token:
+            raise AtollError("this cluster has no token to protect a dashboard with")
+        if self.web is None:
+            self.web = Dashboard(self.token, self._status_now, self.devices)
+            self.web.trace = self.last_trace
+        return await self.web.start(host, port)
+
+    async def _status_now(self) -> list[dict[str, Any]]:
+        return await cluster_status(
+            self.hosts, self.labels, self.topology, self.lost, self.islands, self.sessions, 2.0
+        )
+
+    @endpoint
+    def keep_trace(self, trace: dict[str, Any]) -> None:
+        """Keep the last recorded timeline (``atoll trace``), for the dashboard."""
+        self.last_trace = trace
+        if self.web is not None:
+            self.web.trace = trace
+
+    async def on_stop(self) -> None:
+        if self.web is not None:
+            await self.web.aclose()
+
+    @endpoint
+    def log(self, host_id: int, level: int, line: str) -> None:
+        """A record a host on another machine logged: print it here, after
+        ``host N | ``, as the hosts started here print theirs."""
+        print(f"host {host_id} | {line}", file=sys.stderr, flush=True)
+
+    @endpoint
+    def shutdown(self) -> bool:
+        """Stop the cluster, as SIGTERM to ``atoll up`` does (``atoll down``).
+
+        The launcher stops its hosts and exits; the connection this call came
+        over then closes. False if this builder has no launcher to stop.
+        """
+        if self.on_shutdown is None:
+            return False
+        self.on_shutdown()
+        return True
+
+
+async def _take_jax_runtime(builder: Any) -> None:
+    """A joining host takes the JAX runtime's parameters from the controller,
+    unless it was given them (``--jax-coordinator``, or started by ``atoll up``)."""
+    from ..devices._jax_multi import COORDINATOR
+
+    if COORDINATOR not in os.environ:
+        os.environ.update(await builder.jax_runtime())
+
+
+def _forward_log(
+    loop: asyncio.AbstractEventLoop, builder: Any, host_id: int, _: str, level: int, line: str
+) -> None:
+    """A host's log record, sent to the controller from the loop (whatever
+    thread logged it); a send that fails is dropped, not logged again."""
+    loop.call_soon_threadsafe(lambda: builder.log(host_id, level, line).add_done_callback(_drop))
+
+
+def _drop(sent: Promise[Any]) -> None:
+    sent.exception()  # observed: a lost log line is not worth a warning of its own
+
+
+def host_heartbeat() -> tuple[float, float]:
+    """How often the controller pings each host, and how long it waits for
+    the answer before the host counts as lost (``HostLost``): seconds, from
+    ``ATOLL_HOST_HEARTBEAT="EVERY,TIMEOUT"``, by default every 2 s with 8 s
+    to answer. A frozen host is noticed within their sum. The timeout must
+    exceed the longest time a host's event loop can be busy (a long compile
+    that holds it), or a busy host is taken for a frozen one."""
+    text = os.environ.get("ATOLL_HOST_HEARTBEAT", "")
+    every, _, timeout = text.partition(",")
+    try:
+        return float(every), float(timeout)
+    except ValueError:
+        return 2.0, 8.0
 
 
 def _sweep(_: str) -> None:
@@ -251,11 +359,18 @@ async def _controller(
     token: bytes,
     start_timeout: float,
     on_listening: Callable[[CapnpListener], None] | None = None,
+    on_shutdown: Callable[[], None] | None = None,
 ) -> AsyncIterator[tuple[ActorSystem, CapnpListener, ClusterInfo]]:
-    """Serve a controller here, start the host processes, wait until all joined."""
+    """Serve a controller here, start the host processes, wait until all joined.
+
+    ``on_shutdown`` is what the builder's ``shutdown`` endpoint (``atoll
+    down``) calls.
+    """
     async with capnp_runtime(), ActorSystem("controller") as system:
         listener = await CapnpTransport(token).serve(system, address)
-        builder = await listener.node.spawn(f"{__name__}:ClusterBuilder", spec, name="cluster")
+        builder = await listener.node.spawn(
+            f"{__name__}:ClusterBuilder", spec, on_shutdown, token, name="cluster"
+        )
         if on_listening is not None:
             on_listening(listener)
         processes = _start_hosts(spec.local_hosts, listener.address, token, spec.devices_per_host)
@@ -288,16 +403,22 @@ async def process_cluster(
 
 
 async def run_up(spec: ClusterSpec, address: str, cluster_file: str, timeout: float = 600) -> None:
-    """``atoll up``: serve the controller, start the hosts, wait for a signal.
+    """``atoll up``: serve the controller, start the hosts, wait for a signal
+    (SIGTERM, SIGINT) or for ``atoll down``.
 
     The cluster file is written as soon as the controller listens, so hosts on
-    other machines can take the token from it and join.
+    other machines can take the token from it and join; it names this
+    process, and is removed when the cluster stops (unless another ``atoll
+    up`` has overwritten it meanwhile).
     """
     token = default_token()
     stop = stop_on_signals()
+    written = ClusterFile("", token, os.getpid())
 
     def listening(listener: CapnpListener) -> None:
-        ClusterFile(listener.address, token).write(cluster_file)
+        nonlocal written
+        written = ClusterFile(listener.address, token, os.getpid())
+        written.write(cluster_file)
         waiting = f"; waiting for {spec.remote_hosts} more" if spec.remote_hosts else ""
         print(
             f"atoll controller listening at {listener.address}; cluster file "
@@ -306,44 +427,72 @@ async def run_up(spec: ClusterSpec, address: str, cluster_file: str, timeout: fl
         )
 
     spec.check_for("capnp")
-    async with _controller(spec, address, token, timeout, listening) as (_, listener, info):
-        total = spec.hosts
-        print(
-            f"atoll cluster up at {listener.address}: {total} hosts, "
-            f"{len(info.topology.devices)} devices",
-            flush=True,
-        )
-        await stop.wait()
-        print("atoll: stopping hosts", flush=True)
+    try:
+        async with _controller(spec, address, token, timeout, listening, stop.set) as (
+            _,
+            listener,
+            info,
+        ):
+            total = spec.hosts
+            print(
+                f"atoll cluster up at {listener.address}: {total} hosts, "
+                f"{len(info.topology.devices)} devices",
+                flush=True,
+            )
+            await stop.wait()
+            print("atoll: stopping hosts", flush=True)
+    finally:
+        _remove_if_ours(cluster_file, written)
 
 
-async def run_host(join: str, token: bytes, listen: str = "capnp://127.0.0.1:0") -> None:
+def _remove_if_ours(path: str, written: ClusterFile) -> None:
+    """Remove the cluster file this launcher wrote, not a later launcher's."""
+    with suppress(AtollError, OSError):
+        if ClusterFile.read(path) == written:
+            os.unlink(path)
+
+
+async def run_host(
+    join: str, token: bytes, listen: str = "capnp://127.0.0.1:0", forward_logs: bool = False
+) -> None:
     """``atoll host --join ADDR``: serve a node, join the cluster, wait.
 
     The node is served at ``listen`` so that other hosts can pull buffers
     from this one directly, not through the controller. Starting, it sweeps
     the shared memory that killed processes left; stopping, it unlinks its own.
+    Its log lines start with ``host N | `` once it has joined; with
+    ``forward_logs`` (a host on another machine) they are also sent to the
+    controller, whose terminal shows them.
     """
     _die_with_parent()
     shm.sweep()  # segments of earlier processes that were killed
     stop = stop_on_signals()
     try:
-        await _serve_host(join, token, listen, stop)
+        await _serve_host(join, token, listen, stop, forward_logs)
     finally:
         shm.release_all()  # this host's buffers in shared memory
 
 
-async def _serve_host(join: str, token: bytes, listen: str, stop: asyncio.Event) -> None:
+async def _serve_host(
+    join: str, token: bytes, listen: str, stop: asyncio.Event, forward_logs: bool = False
+) -> None:
     async with capnp_runtime(), ActorSystem("host") as system:
         transport = CapnpTransport(token)
         listener = await transport.serve(system, listen)
         directory.announce(listener.address, token)
         connection = await transport.connect(join, system)
         try:
+            await _take_jax_runtime(connection.node.lookup("cluster"))
             host_id = await connection.node.lookup("cluster").join(
                 listener.node, f"pid {os.getpid()}"
             )
             print(f"atoll host {host_id} joined {join}, serving {listener.address}", flush=True)
+            logs.set_prefix(f"host {host_id} | ")
+            if forward_logs:
+                builder = connection.node.lookup("cluster")
+                send = functools.partial(_forward_log, asyncio.get_running_loop(), builder, host_id)
+                remove = logs.add_sink(send)
+                connection.peer.on_close(lambda _: remove())
             # a host never outlives its controller: the link's heartbeat closes
             # it when the controller dies or stops answering
             connection.peer.on_close(lambda _: stop.set())

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..devices import CostModel, Device, SimDevice
 from ..kernel import AtollError, Clock
-from ..schedulers import get_scheduler
+from ..schedulers import DEFAULT_POLICY, get_scheduler
 from .topology import Topology
 
 __all__ = ["BadClusterSpec", "ClusterSpec"]
@@ -31,7 +31,8 @@ class ClusterSpec:
     """The shape and options of a cluster (see the module docstring).
 
     ``scheduler`` names the island policy for every island, or per island
-    (``{0: "fifo", 1: "my-policy"}``; islands not named get ``"fifo"``).
+    (``{0: "fifo", 1: "my-policy"}``; islands not named get ``"share"``,
+    proportional shares between sessions, gang FIFO while one client is alone).
     ``remote_hosts`` of the hosts are not started by the launcher but join
     from elsewhere (``atoll host --join``); process clusters only.
     ``clock`` (a ``VirtualClock`` for simulated time) and ``rpc_latency_s``
@@ -41,7 +42,7 @@ class ClusterSpec:
     islands: int = 1
     hosts_per_island: int = 2
     devices_per_host: int = 4
-    scheduler: str | Mapping[int, str] = "fifo"
+    scheduler: str | Mapping[int, str] = DEFAULT_POLICY
     device_cls: type[Device] = SimDevice
     cost: CostModel = field(default_factory=CostModel)
     store_bytes: int | None = None
@@ -97,7 +98,7 @@ class ClusterSpec:
         unknown = sorted(set(self.scheduler) - set(range(self.islands)))
         if unknown:
             raise BadClusterSpec(f"scheduler names islands {unknown}, which do not exist")
-        return {i: self.scheduler.get(i, "fifo") for i in range(self.islands)}
+        return {i: self.scheduler.get(i, DEFAULT_POLICY) for i in range(self.islands)}
 
     def check_for(self, transport: str) -> None:
         """Refuse options the launcher for ``transport`` cannot honour."""

@@ -2,9 +2,11 @@
 
 An :class:`IslandPolicy` decides the order in which one island's devices run
 their gangs; the island's scheduler actor (:class:`atoll.runtime.IslandScheduler`)
-runs it. Pick one per island by name (``scheduler="fifo"``, the default, is
-:class:`FifoPolicy`); add your own with :func:`register_scheduler`, or publish
-one from a package through the ``atoll.schedulers`` entry-point group.
+runs it. Pick one per island by name: ``scheduler="share"``, the default, is
+:class:`SharePolicy` (proportional shares between clients; plain gang FIFO
+while one client alone uses the island), ``"fifo"`` is :class:`FifoPolicy`.
+Add your own with :func:`register_scheduler`, or publish one from a package
+through the ``atoll.schedulers`` entry-point group.
 """
 
 from ._fifo import FifoPolicy as FifoPolicy
@@ -21,8 +23,14 @@ from ._protocol import UnknownScheduler as UnknownScheduler
 from ._protocol import get_scheduler as get_scheduler
 from ._protocol import register_scheduler as register_scheduler
 from ._protocol import scheduler_names as scheduler_names
+from ._share import ClientShare as ClientShare
+from ._share import SharePolicy as SharePolicy
+
+DEFAULT_POLICY = "share"  # every island's policy unless one is named for it
 
 __all__ = [
+    "DEFAULT_POLICY",
+    "ClientShare",
     "Completed",
     "Dispatch",
     "Event",
@@ -32,6 +40,7 @@ __all__ = [
     "IslandPolicy",
     "PolicyError",
     "Scheduler",  # deprecated alias of IslandPolicy, kept for existing code
+    "SharePolicy",
     "Submit",
     "UnknownScheduler",
     "get_scheduler",

@@ -25,6 +25,8 @@ __all__ = ["FifoPolicy", "FifoScheduler"]
 class FifoPolicy:
     """Gang FIFO, an :class:`~atoll.schedulers.IslandPolicy`; see the module docstring."""
 
+    dispatches_on_submit = True  # every Submit is answered with all its shards
+
     def __init__(self) -> None:
         self._next_seq = 0
         self._left: dict[str, set[int]] = {}  # gang -> its devices not yet done

@@ -38,12 +38,21 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Submit:
-    """A gang arrived: run ``gang_id`` on all of ``devices`` together."""
+    """A gang arrived: run ``gang_id`` on all of ``devices`` together.
+
+    ``client`` is the owner label of the session that sent it, ``weight`` that
+    session's proportional-share weight (the latest submit's wins) and
+    ``cost`` the gang's expected device time per device, in any unit shared
+    by the island (1.0: all gangs alike). Policies that keep no shares ignore
+    all three.
+    """
 
     event_id: int
     gang_id: str
     devices: tuple[int, ...]
     client: str = ""
+    weight: float = 1.0
+    cost: float = 1.0
 
 
 @dataclass(frozen=True)

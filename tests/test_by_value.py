@@ -218,3 +218,25 @@ def test_capnp_text_with_a_traceback_is_kept_whole() -> None:
     assert error.exc_type == "builtins.ZeroDivisionError"
     assert error.message == "division by zero"
     assert 'File "server.py", line 6, in read' in error.remote_traceback
+
+
+def test_a_function_is_pickled_by_value_once_while_it_lives() -> None:
+    """cloudpickle runs once per function: later sends reuse its bytes, with
+    the globals it read then (as a Ray remote function does)."""
+    from atoll.transports.capnp import _byvalue
+
+    scale = 2.0
+
+    def times(x: float) -> float:
+        return x * scale
+
+    first = _byvalue.reduce(times, lambda obj: False)
+    scale = 3.0  # a closure cell changed after the first send: not seen
+    second = _byvalue.reduce(times, lambda obj: False)
+    assert second[1][0] is first[1][0]
+    assert _byvalue.load(*second[1])(1.0) == 2.0
+
+    def again(x: float) -> float:  # a new function: pickled anew
+        return x * scale
+
+    assert _byvalue.load(*_byvalue.reduce(again, lambda obj: False)[1])(1.0) == 3.0

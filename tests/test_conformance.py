@@ -16,7 +16,7 @@ import pytest
 from atoll.kernel import ActorSystem, wait_idle
 from atoll.kernel.lowlevel import detach_wait_counter
 from atoll.transports import get_transport
-from atoll.transports.conformance import CHECKS, Harness, check_stop_fails_pending_calls
+from atoll.transports.conformance import CHECKS, Harness
 from atoll.transports.testing import NodeProcess
 
 pytestmark = pytest.mark.anyio
@@ -116,21 +116,7 @@ async def harness(request: pytest.FixtureRequest, anyio_backend: str) -> AsyncIt
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
 async def test_transport_conforms(
-    request: pytest.FixtureRequest,
     harness: Harness,
     check: Callable[[Harness], Awaitable[None]],
 ) -> None:
-    if request.node.callspec.params["harness"] == "capnp-process" and check in _KNOWN_RACES:
-        request.applymarker(pytest.mark.xfail(reason=_KNOWN_RACES[check], strict=False))
     await check(harness)
-
-
-# Checks that fail now and then over a real process, for a reason not yet found.
-# Not strict: they must keep running (and passing most of the time), and one
-# that never fails again should leave this list.
-_KNOWN_RACES: dict[Callable[[Harness], Awaitable[None]], str] = {
-    check_stop_fails_pending_calls: (
-        "about 1 run in 10 to 40, the running call's answer is lost when its actor "
-        "stops with no grace (docs/transport.md, 'Known issue')"
-    ),
-}

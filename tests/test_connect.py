@@ -1,4 +1,5 @@
-"""``atoll.connect`` against a node process started from the command line."""
+"""``atoll.connect`` against a node process started from the command line,
+on asyncio and on trio (there through the bridge, unchanged)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,6 @@ from atoll.transports.testing import READY_PREFIX
 
 pytestmark = pytest.mark.anyio
 CONF = "atoll.transports.conformance"
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 async def test_a_second_process_reaches_a_node_through_its_cluster_file(tmp_path: Path) -> None:

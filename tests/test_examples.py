@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atoll.examples import partitioned_pipeline, pipeline, spmd, two_islands
+from atoll.examples import multi_tenant, partitioned_pipeline, pipeline, spmd, two_islands
 
 pytestmark = pytest.mark.anyio
 
@@ -43,6 +43,13 @@ async def test_the_partitioner_splits_a_pipeline_that_matches_the_model() -> Non
     assert split.throughput > split.even_throughput  # better than cutting evenly
 
 
+async def test_four_clients_get_device_time_by_their_weights() -> None:
+    shares = await multi_tenant.run(seconds=0.5)
+    for weight in multi_tenant.WEIGHTS:
+        assert shares.share(weight) == pytest.approx(shares.due(weight), rel=0.05)
+    assert shares.utilization > 0.99  # virtual time: the device never waits
+
+
 def test_examples_run_by_name(capsys: pytest.CaptureFixture[str]) -> None:
     """The CLI's path; the custom scheduler example also checks itself here."""
     from atoll.examples import EXAMPLES, run_example
@@ -53,6 +60,7 @@ def test_examples_run_by_name(capsys: pytest.CaptureFixture[str]) -> None:
         "two_islands",
         "custom_scheduler",
         "partitioned_pipeline",
+        "multi_tenant",
     }
     assert run_example("custom_scheduler") == 0
     assert "matches numpy: True" in capsys.readouterr().out

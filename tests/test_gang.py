@@ -82,7 +82,7 @@ async def trial(seed: int, policy: str | None) -> bool:
                     tasks = [_with(t, rendezvous) for t in tasks]
                     tg.start_soon(_send_direct, clock, start, senders[client], tasks, results)
                 else:
-                    tg.start_soon(_submit, clock, start, scheduler, tasks, results)
+                    tg.start_soon(_submit, clock, start, scheduler, tasks, results, client)
         await clock.sleep(10.0)  # far beyond any finishing time
         return all(p.done() and p.exception() is None for p in results)
 
@@ -119,10 +119,12 @@ async def _submit(
     scheduler: ActorRef[IslandScheduler],
     tasks: list[GangTask],
     results: list[Promise[list[BufferHandle]]],
+    client: str,
 ) -> None:
     await clock.sleep(start)
+    weight = {"a": 1.0, "b": 3.0}.get(client, 1.0)  # several clients, different weights
     for task in tasks:
-        results.append(scheduler.submit_gang(task, []))
+        results.append(scheduler.submit_gang(task, [], client, weight))
         await clock.sleep(1e-4)
 
 
@@ -132,9 +134,12 @@ async def test_naive_per_device_fifo_deadlocks_collectives() -> None:
     assert any(finished)  # and it is the interleaving, not the programs, that decides
 
 
-@pytest.mark.parametrize("policy", ["fifo", "bounded-fifo"])
+@pytest.mark.parametrize("policy", ["fifo", "bounded-fifo", "share", "share-depth1"])
 async def test_gang_scheduling_never_deadlocks(policy: str) -> None:
     import atoll.examples.custom_scheduler  # noqa: F401  (registers "bounded-fifo")
+    from atoll.schedulers import SharePolicy, register_scheduler
+
+    register_scheduler("share-depth1", lambda: SharePolicy(depth=1))  # holds gangs back most
 
     finished = [await trial(seed, policy) for seed in range(GANG_TRIALS)]
     assert all(finished)

@@ -79,8 +79,8 @@ async def test_outputs_are_freed_by_reference_and_by_owner() -> None:
         assert (await cluster.store_usage())[0]["buffers"] == 2
         assert await cluster.free(a.refs) is True
         assert (await cluster.store_usage())[0]["buffers"] == 1
-        other = cluster.client("other")
-        c = other.run(f, np.ones(3, np.float32))
+        other = cluster.client("other")  # a session of its own: its own slice
+        c = other.run((await other.devices(1)).jit(scale), np.ones(3, np.float32))
         await c
         assert (await cluster.store_usage())[0]["buffers"] == 2
         assert await other.close() == 1  # only the other client's buffer goes

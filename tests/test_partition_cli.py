@@ -112,8 +112,10 @@ def test_unknown_graph_is_an_error() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_small_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--small", "--json"]) == 0
+def test_small_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    curves = tmp_path / "transfer.png"
+    assert bench.main(["--small", "--json", "--curves", str(curves)]) == 0
+    assert curves.read_bytes()[:4] == b"\x89PNG"
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     cases = {r["case"] for r in rows}
     for count in (4, 8):
@@ -141,6 +143,18 @@ def test_small_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
         assert ours[f"bert_c{count}_valid_uniform"] == 0
         assert 0 <= ours[f"bert_c{count}_valid_contiguous"] <= 200
     assert ours["finetune_speedup"] >= 0
+    small = bench.Config.small()
+    for name in small.heldout:  # held-out rows at every budget, and the gap to the solver
+        for count in small.heldout_chiplets:
+            case = f"heldout_{name}_c{count}"
+            for b in small.heldout_budgets:
+                got = {m: ours[f"{case}_b{b}_{m}"] for m in ("rl", "random", "sa")}
+                assert min(got.values()) > 0
+                pct = ours[f"{case}_b{b}_rl_vs_best_baseline_pct"]
+                assert pct == pytest.approx(100.0 * (got["rl"] / max(got["random"], got["sa"]) - 1))
+            assert 0 < ours[f"{case}_rl_of_solver"] <= 1.001 or not ours[f"{case}_solver_optimal"]
+            assert ours[f"{case}_eqwall_rl"] == ours[f"{case}_b{max(small.heldout_budgets)}_rl"]
+    assert ours["transfer_scratch_s"] > 0 and ours["transfer_scratch_rises_after_1s"] in (0.0, 1.0)
     # the table shows the measured value and the paper's beside it
     text = bench.format_table([Row(**r) for r in rows])
     line = next(x for x in text.splitlines() if x.startswith("finetune_"))

@@ -89,3 +89,29 @@ def test_pretrain_scores_repairs_that_time_out_as_zero(monkeypatch: pytest.Monke
     monkeypatch.setattr(_rl, "Repairer", Slow)
     log = P.pretrain(P.Policy(seed=0), P.synthetic_cases(1, seed=0), evaluations=4, batch=4)
     assert log.best == [0.0] and np.isfinite(log.mean_reward).all()
+
+
+def test_finetuning_heats_up_while_every_sample_scores_the_same() -> None:
+    from atoll.schedulers.partition._rl import MAX_TEMPERATURE, _next_temperature
+
+    same, spread = np.full(8, 2.0), np.linspace(1.0, 2.0, 8)
+    temps = [1.0]
+    for _ in range(6):
+        temps.append(_next_temperature(temps[-1], same))
+    assert temps[:4] == [1.0, 2.0, 4.0, 8.0] and temps[-1] == MAX_TEMPERATURE
+    assert _next_temperature(8.0, spread) == 4.0 and _next_temperature(1.0, spread) == 1.0
+
+
+def test_rl_escapes_a_collapsed_policy_on_a_heldout_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped policy is near-deterministic on the U-Net at 8 chiplets; the
+    temperature lets fine-tuning leave the few partitions its samples repair to."""
+    from atoll.schedulers.partition import _rl
+    from atoll.schedulers.partition._heldout import heldout_graph
+
+    g = heldout_graph("unet")
+    chips = P.Chiplets.default_for(g, 8)
+    heated = P.search(g, chips, "rl", budget=100, seed=0, rl_hint=False)
+    monkeypatch.setattr(_rl, "MAX_TEMPERATURE", 1.0)
+    cold = P.search(g, chips, "rl", budget=100, seed=0, rl_hint=False)
+    assert heated.valid and cold.valid
+    assert heated.throughput > cold.throughput

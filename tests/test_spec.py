@@ -43,7 +43,7 @@ def test_an_unknown_policy_is_named_at_once() -> None:
 
 def test_the_topology_and_policies_come_from_the_spec() -> None:
     spec = ClusterSpec(2, 2, 3, scheduler={1: "fifo"})
-    assert spec.hosts == 4 and spec.policies == {0: "fifo", 1: "fifo"}
+    assert spec.hosts == 4 and spec.policies == {0: "share", 1: "fifo"}  # share: the default
     assert [spec.topology.island_of_host(h) for h in range(4)] == [0, 0, 1, 1]
     assert spec.topology.on_host(3) == [9, 10, 11]
 
@@ -106,4 +106,4 @@ async def test_store_bytes_and_per_island_policies_reach_host_processes() -> Non
     ) as cluster:
         usage = await cluster.store_usage()
         assert [u["capacity"] for u in usage] == [1 << 20, 1 << 20]
-        assert await cluster.controller.policies() == {0: "fifo", 1: "fifo-too"}
+        assert await cluster.controller.policies() == {0: "share", 1: "fifo-too"}

@@ -81,3 +81,21 @@ def test_a_key_given_up_on_stays_closed_through_every_notice() -> None:
     buffer_id = store.put(np.ones(4, np.float32), owner="o")
     store.deliver("k", "pushed", buffer_id)
     assert len(store) == 0 and store.pending_arrivals() == 0
+
+
+@pytest.mark.parametrize("settle", ["fail", "redirect", "deliver"])
+def test_a_second_copy_on_a_settled_untaken_inbox_is_freed(settle: str) -> None:
+    """A lane's push sent again by call, or one landing after its inbox was
+    failed or redirected but before its reader took it: dropped at once."""
+    store = ObjectStore("h0")
+    if settle == "fail":
+        store.fail("k", AtollError("producer failed"))
+    elif settle == "redirect":
+        store.redirect("k", "the producer's handle")
+    else:
+        store.deliver("k", "first copy", store.put(np.ones(4, np.float32), owner="o"))
+    late = store.put(np.ones(4, np.float32), owner="o")
+    store.deliver("k", "second copy", late)
+    assert late not in store._entries
+    store.take("k")
+    assert len(store) == (1 if settle == "deliver" else 0)  # the first copy, its reader's

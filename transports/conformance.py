@@ -146,6 +146,41 @@ class Failer(Actor):
         raise ValueError(message)
 
 
+@dataclass
+class Task:
+    """A user object that holds capabilities: travels pickled, with its
+    actor reference and promise set aside as capabilities."""
+
+    name: str
+    target: ActorRef[Any]
+    value: Any  # a promise, while it is sent
+
+
+class Runner(Actor):
+    """Keeps the tasks it is given, and runs them on request."""
+
+    def __init__(self) -> None:
+        self.tasks: list[Task] = []
+
+    @endpoint
+    def keep(self, task: Task) -> str:
+        self.tasks.append(task)
+        return task.name
+
+    @endpoint
+    async def run_all(self) -> list[Any]:
+        results = []
+        for task in self.tasks:
+            value = await task.value if isinstance(task.value, Promise) else task.value
+            results.append(await task.target.add(value))
+        return results
+
+    @endpoint
+    def drop_all(self) -> int:
+        dropped, self.tasks = len(self.tasks), []
+        return dropped
+
+
 class Chain(Actor):
     """Each ``next`` spawns a child one level deeper and returns its ref."""
 
@@ -368,6 +403,34 @@ async def check_arrays_arrive_intact(h: Harness) -> None:
         assert total == float(array.sum(dtype=np.float64))
 
 
+async def check_capabilities_inside_pickled_objects(h: Harness) -> None:
+    """Objects that hold actor references and promises travel (pickled, the
+    capabilities beside them), are used later, are dropped, and the link
+    keeps working afterwards: nothing hangs in the same process."""
+    runner, counter, latch = (
+        await h.spawn("Runner"),
+        await h.spawn("Counter"),
+        await h.spawn("Latch"),
+    )
+    names = [runner.keep(Task(f"t{i}", counter, latch.wait())) for i in range(5)]
+    with anyio.fail_after(10):
+        assert [await name for name in names] == [f"t{i}" for i in range(5)]
+    results = runner.run_all()
+    await h.settle()
+    assert not results.done()  # the promises inside the tasks are still pending
+    latch.release(3)
+    with anyio.fail_after(10):
+        assert await results == [3, 6, 9, 12, 15]
+        assert await runner.drop_all() == 5
+    await h.settle()
+    with anyio.fail_after(10):  # later work on the same link and actors still runs
+        assert await counter.add(1) == 16
+        assert await runner.keep(Task("again", counter, 4)) == "again"
+        assert await runner.run_all() == [20]
+        echo = await h.spawn("Echo")
+        assert await echo.echo(Task("back", counter, None)) == Task("back", counter, None)
+
+
 async def check_unknown_actor_class_is_an_error(h: Harness) -> None:
     error = await expect(RemoteActorError, h.node.spawn(f"{HERE}:expect"))
     assert "not an Actor subclass" in str(error)
@@ -389,5 +452,6 @@ CHECKS: list[Callable[[Harness], Awaitable[None]]] = [
     check_stop_fails_pending_calls,
     check_graceful_stop_finishes_running_call,
     check_arrays_arrive_intact,
+    check_capabilities_inside_pickled_objects,
     check_unknown_actor_class_is_an_error,
 ]

@@ -1,14 +1,19 @@
 """The multi-chip partitioner: an RL policy proposes, a constraint solver repairs.
 
-Place the operations of a computation graph onto a chain of chiplets (or the
-devices of a pipeline) for the highest throughput. Every method returns only
-valid partitions, because every candidate goes through the same CP-SAT repair.
-See ``docs/partition.md`` for the constraints, the cost model and the methods.
+Place the operations of a computation graph onto a chain or a ring of chiplets
+(or the devices of a pipeline) for the highest throughput. Every method
+returns only valid partitions, because every candidate goes through the same
+CP-SAT repair. A bare chiplet count means ``Chiplets.default_for`` the graph,
+and ``method="rl"`` fine-tunes the pre-trained policy shipped with atoll
+(``Policy.pretrained()``). The policy trains on ``synthetic_cases`` only; the
+held-out architectures in ``_heldout.py`` test it. See ``docs/partition.md``
+for the constraints, the cost model and the methods.
 
 >>> from atoll.schedulers.partition import bert_graph, search
 >>> part = search(bert_graph(), 4, method="dp")  # doctest: +SKIP
 """
 
+from . import _calibrate  # noqa: F401  (registers Chiplets.default_for's sizer)
 from ._baselines import Tracker as Tracker
 from ._cost import Partition as Partition
 from ._cost import Stage as Stage

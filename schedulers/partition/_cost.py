@@ -77,24 +77,36 @@ def node_times(graph: OpGraph, chiplets: Chiplets) -> NDArray[np.float64]:
 
 
 def link_traffic(graph: OpGraph, chiplets: Chiplets, a: IntArray) -> NDArray[np.float64]:
-    """Bytes crossing each of the ``count - 1`` links per pipeline step.
+    """Bytes crossing each of the ``chiplets.links`` links per pipeline step.
 
-    A node's output travels once along the chain from its own chiplet to its
-    farthest consumer's, crossing every link in between (multicast: consumers
-    on the way read it as it passes).
+    A node's output travels once from its own chiplet to its farthest
+    consumer's, crossing every link in between (multicast: consumers on the way
+    read it as it passes). On a ring it may instead go backwards, through the
+    wrap link, to its nearest consumer on a later chiplet (which passes every
+    later consumer too); it takes the way with fewer links (forward on a tie).
     """
     c = chiplets.count
-    lo = a.copy()
+    src, dst, out = graph.array("src"), graph.array("dst"), graph.array("out")
     hi = a.copy()
-    src, dst = graph.array("src"), graph.array("dst")
     np.maximum.at(hi, src, a[dst])
-    np.minimum.at(lo, src, a[dst])
     diff = np.zeros(c + 1)
-    out = graph.array("out")
-    np.add.at(diff, lo, out)
-    np.add.at(diff, hi, -out)
-    traffic: NDArray[np.float64] = np.cumsum(diff)[: c - 1]
-    return traffic
+    if chiplets.topology != "ring":
+        np.add.at(diff, a, out)
+        np.add.at(diff, hi, -out)
+        chain: NDArray[np.float64] = np.cumsum(diff)[: c - 1]
+        return chain
+    later = a[dst] > a[src]
+    near = np.full_like(a, c)  # nearest later consumer's chiplet (c: none)
+    np.minimum.at(near, src[later], a[dst][later])
+    back = (near < c) & (a + c - near < hi - a)
+    fwd = ~back
+    np.add.at(diff, a[fwd], out[fwd])
+    np.add.at(diff, hi[fwd], -out[fwd])
+    diff[0] += out[back].sum()  # backwards: links 0 .. a - 1, then near .. c - 1 (wrap)
+    np.add.at(diff, a[back], -out[back])
+    np.add.at(diff, near[back], out[back])
+    ring: NDArray[np.float64] = np.cumsum(diff)[:c]
+    return ring
 
 
 def _stage_parts(
@@ -107,8 +119,10 @@ def _stage_parts(
     )
     traffic = link_traffic(graph, chiplets, arr)
     comm = np.zeros(c)
-    comm[:-1] += traffic
-    comm[1:] += traffic
+    comm[: chiplets.links] += traffic  # link k touches chiplets k and k + 1 (mod count)
+    comm[1:] += traffic[: c - 1]
+    if chiplets.links == c:
+        comm[0] += traffic[c - 1]
     return compute, comm / chiplets.link_bytes_per_s
 
 
@@ -125,7 +139,7 @@ def _violations(graph: OpGraph, chiplets: Chiplets, arr: IntArray, limit: int) -
     for i in np.flatnonzero(span < 0)[:limit]:
         e = graph.edges[int(i)]
         yield f"edge {e.src}->{e.dst} flows backward ({arr[e.src]} -> {arr[e.dst]})"
-    for i in np.flatnonzero(span > chiplets.hop_limit)[:limit]:
+    for i in np.flatnonzero(chiplets.hops(np.maximum(span, 0)) > chiplets.hop_limit)[:limit]:
         e = graph.edges[int(i)]
         yield f"edge {e.src}->{e.dst} skips chips ({arr[e.src]} -> {arr[e.dst]})"
     mem = np.bincount(arr, weights=graph.array("weights"), minlength=chiplets.count)

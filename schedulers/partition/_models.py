@@ -23,14 +23,19 @@ __all__ = [
     "builtin_graph",
     "builtin_names",
     "cnn_graph",
+    "inception_graph",
+    "layer_norm",
     "mlp_graph",
+    "moe_graph",
+    "residual_mlp_graph",
+    "spec",
     "transformer_graph",
 ]
 
 Params = dict[str, Any]
 
 
-def _spec(*shape: int) -> Any:
+def spec(*shape: int) -> Any:
     import jax
     import jax.numpy as jnp
 
@@ -38,7 +43,7 @@ def _spec(*shape: int) -> Any:
     return struct(shape, jnp.bfloat16)
 
 
-def _layer_norm(x: Any, g: Any, b: Any) -> Any:
+def layer_norm(x: Any, g: Any, b: Any) -> Any:
     import jax
     import jax.numpy as jnp
 
@@ -59,14 +64,14 @@ def _encoder_layer(p: Params, x: Any, heads: int) -> Any:
     scores = jnp.einsum("hqd,hkd->hqk", q, k) / np.sqrt(hidden // heads)
     ctx = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), v)
     attn = ctx.transpose(1, 0, 2).reshape(seq, hidden) @ p["wo"] + p["bo"]
-    x = _layer_norm(x + attn, p["g1"], p["b1"])
+    x = layer_norm(x + attn, p["g1"], p["b1"])
     ff = jax.nn.gelu(x @ p["w1"] + p["c1"]) @ p["w2"] + p["c2"]
-    return _layer_norm(x + ff, p["g2"], p["b2"])
+    return layer_norm(x + ff, p["g2"], p["b2"])
 
 
 def _encoder_params(layers: int, hidden: int, ffn: int, vocab: int, seq: int) -> Params:
     def layer() -> Params:
-        sq, vec = _spec(hidden, hidden), _spec(hidden)
+        sq, vec = spec(hidden, hidden), spec(hidden)
         return {
             "wq": sq,
             "wk": sq,
@@ -80,17 +85,17 @@ def _encoder_params(layers: int, hidden: int, ffn: int, vocab: int, seq: int) ->
             "b1": vec,
             "g2": vec,
             "b2": vec,
-            "w1": _spec(hidden, ffn),
-            "c1": _spec(ffn),
-            "w2": _spec(ffn, hidden),
+            "w1": spec(hidden, ffn),
+            "c1": spec(ffn),
+            "w2": spec(ffn, hidden),
             "c2": vec,
         }
 
     return {
-        "tok": _spec(vocab, hidden),
-        "pos": _spec(seq, hidden),
-        "g0": _spec(hidden),
-        "b0": _spec(hidden),
+        "tok": spec(vocab, hidden),
+        "pos": spec(seq, hidden),
+        "g0": spec(hidden),
+        "b0": spec(hidden),
         "layers": [layer() for _ in range(layers)],
     }
 
@@ -98,7 +103,7 @@ def _encoder_params(layers: int, hidden: int, ffn: int, vocab: int, seq: int) ->
 def _encoder(heads: int) -> Callable[[Params, Any], Any]:
     def encoder(params: Params, ids: Any) -> Any:
         x = params["tok"][ids] + params["pos"][: ids.shape[0]]
-        x = _layer_norm(x, params["g0"], params["b0"])
+        x = layer_norm(x, params["g0"], params["b0"])
         for p in params["layers"]:
             x = _encoder_layer(p, x, heads)
         return x
@@ -138,7 +143,7 @@ def mlp_graph(widths: list[int], batch: int = 256) -> OpGraph:
     """An MLP: one matmul (with its bias and ReLU fused) per pair of widths."""
     import jax
 
-    params = [(_spec(a, b), _spec(b)) for a, b in itertools.pairwise(widths)]
+    params = [(spec(a, b), spec(b)) for a, b in itertools.pairwise(widths)]
 
     def mlp(ps: list[tuple[Any, Any]], x: Any) -> Any:
         for w, b in ps:
@@ -146,14 +151,14 @@ def mlp_graph(widths: list[int], batch: int = 256) -> OpGraph:
         return x
 
     name = f"mlp_{len(params)}x{max(widths)}"
-    return from_jax(mlp, params, _spec(batch, widths[0]), weight_argnums=(0,), name=name)
+    return from_jax(mlp, params, spec(batch, widths[0]), weight_argnums=(0,), name=name)
 
 
 def cnn_graph(channels: list[int], size: int = 32, residual_every: int = 2) -> OpGraph:
     """A CNN-like chain of 3x3 convolutions with a residual add every few layers."""
     import jax
 
-    params = [_spec(3, 3, a, b) for a, b in itertools.pairwise(channels)]
+    params = [spec(3, 3, a, b) for a, b in itertools.pairwise(channels)]
 
     def cnn(ps: list[Any], x: Any) -> Any:
         skip = x
@@ -169,7 +174,88 @@ def cnn_graph(channels: list[int], size: int = 32, residual_every: int = 2) -> O
         return x
 
     name = f"cnn_{len(params)}x{max(channels)}"
-    return from_jax(cnn, params, _spec(8, size, size, channels[0]), weight_argnums=(0,), name=name)
+    return from_jax(cnn, params, spec(8, size, size, channels[0]), weight_argnums=(0,), name=name)
+
+
+def residual_mlp_graph(blocks: int, width: int, batch: int = 256) -> OpGraph:
+    """Pre-norm residual MLP blocks (norm, up 4x, GELU, down, add)."""
+    import jax
+
+    params = [(spec(width), spec(width, 4 * width), spec(4 * width, width)) for _ in range(blocks)]
+
+    def resmlp(ps: list[tuple[Any, Any, Any]], x: Any) -> Any:
+        for g, up, down in ps:
+            x = x + jax.nn.gelu(layer_norm(x, g, 0.0) @ up) @ down
+        return x
+
+    name = f"resmlp_{blocks}x{width}"
+    return from_jax(resmlp, params, spec(batch, width), weight_argnums=(0,), name=name)
+
+
+def inception_graph(blocks: int, channels: int, size: int = 32) -> OpGraph:
+    """A branchy CNN: per block, parallel 1x1, 3x3 and 5x5 (after a 1x1) branches,
+    concatenated, then a 1x1 projection back to ``channels``."""
+    import jax
+    import jax.numpy as jnp
+
+    q = max(channels // 4, 8)
+
+    def block() -> dict[str, Any]:
+        return {
+            "b1": spec(1, 1, channels, q),
+            "r3": spec(1, 1, channels, q),
+            "b3": spec(3, 3, q, 2 * q),
+            "r5": spec(1, 1, channels, q // 2),
+            "b5": spec(5, 5, q // 2, q),
+            "proj": spec(1, 1, 4 * q, channels),
+        }
+
+    def conv(x: Any, w: Any) -> Any:
+        dn = ("NHWC", "HWIO", "NHWC")
+        return jax.nn.relu(jax.lax.conv_general_dilated(x, w, (1, 1), "SAME", dimension_numbers=dn))
+
+    def net(ps: list[dict[str, Any]], x: Any) -> Any:
+        for p in ps:
+            branches = [conv(x, p["b1"]), conv(conv(x, p["r3"]), p["b3"])]
+            branches.append(conv(conv(x, p["r5"]), p["b5"]))
+            x = conv(jnp.concatenate(branches, axis=-1), p["proj"])
+        return x
+
+    params = [block() for _ in range(blocks)]
+    name = f"inception_{blocks}x{channels}"
+    return from_jax(net, params, spec(8, size, size, channels), weight_argnums=(0,), name=name)
+
+
+def moe_graph(layers: int, hidden: int, experts: int, seq: int = 128) -> OpGraph:
+    """A mixture-of-experts encoder: attention, then a router and ``experts`` expert
+    MLPs (dense: every expert reads every token), combined by the router's weights."""
+    import jax
+    import jax.numpy as jnp
+
+    def layer() -> dict[str, Any]:
+        return {
+            "qkv": spec(hidden, 3 * hidden),
+            "o": spec(hidden, hidden),
+            "g1": spec(hidden),
+            "g2": spec(hidden),
+            "router": spec(hidden, experts),
+            "up": [spec(hidden, 2 * hidden) for _ in range(experts)],
+            "down": [spec(2 * hidden, hidden) for _ in range(experts)],
+        }
+
+    def net(ps: list[dict[str, Any]], x: Any) -> Any:
+        for p in ps:
+            q, k, v = jnp.split(layer_norm(x, p["g1"], 0.0) @ p["qkv"], 3, axis=-1)
+            x = x + (jax.nn.softmax(q @ k.T, axis=-1) @ v) @ p["o"]
+            y = layer_norm(x, p["g2"], 0.0)
+            gate = jax.nn.softmax(y @ p["router"], axis=-1)
+            outs = [jax.nn.gelu(y @ u) @ d for u, d in zip(p["up"], p["down"], strict=True)]
+            x = x + sum(gate[:, e : e + 1] * o for e, o in enumerate(outs))
+        return x
+
+    params = [layer() for _ in range(layers)]
+    name = f"moe_l{layers}_h{hidden}_e{experts}"
+    return from_jax(net, params, spec(seq, hidden), weight_argnums=(0,), name=name)
 
 
 BUILTINS: dict[str, Callable[[], OpGraph]] = {

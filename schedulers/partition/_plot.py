@@ -11,7 +11,7 @@ from pathlib import Path
 from ._cost import Partition
 from ._graph import OpGraph
 
-__all__ = ["plot_curves", "plot_partition"]
+__all__ = ["plot_curves", "plot_partition", "plot_wall_curves"]
 
 
 def plot_partition(graph: OpGraph, part: Partition, path: str | Path) -> None:
@@ -65,6 +65,29 @@ def plot_curves(
     for label, ys in curves.items():
         ax.plot(list(x) if x is not None else range(1, len(ys) + 1), list(ys), label=label)
     ax.set_xlabel("evaluated partitions")
+    ax.set_ylabel(ylabel)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_wall_curves(
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    path: str | Path,
+    ylabel: str = "best throughput (1/s)",
+) -> None:
+    """Write a PNG of curves against wall time: each label maps to ``(seconds, values)``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (xs, ys) in curves.items():
+        ax.step(list(xs), list(ys), where="post", label=label)
+    ax.set_xscale("log")
+    ax.set_xlabel("wall time (s, log scale)")
     ax.set_ylabel(ylabel)
     ax.legend()
     fig.tight_layout()

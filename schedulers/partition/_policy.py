@@ -35,6 +35,7 @@ KINDS = (("matmul", "conv"), ("attention",), ("norm", "softmax", "reduce"), ("ad
 NODE_FEATURES = 8 + len(KINDS)
 PAIR_FEATURES = 5
 PAD = 32
+PRETRAINED = "pretrained.npz"  # package data: see Policy.pretrained and docs/partition.md
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,23 @@ class Policy:
         if missing:
             raise ValueError(f"{path}: not a partition policy checkpoint (missing {missing})")
         return policy
+
+    @classmethod
+    def pretrained(cls) -> Policy:
+        """A fresh copy of the policy shipped with atoll, pre-trained on the synthetic set.
+
+        ``atoll partition-train`` rebuilds it; ``docs/partition.md`` gives the
+        command. Raises ``FileNotFoundError`` when the package data is missing.
+        """
+        from importlib import resources
+
+        ref = resources.files(__package__ or "atoll.schedulers.partition") / PRETRAINED
+        if not ref.is_file():
+            raise FileNotFoundError(
+                f"the pre-trained partition policy {PRETRAINED} is not installed"
+            )
+        with resources.as_file(ref) as path:
+            return cls.load(path)
 
     def logits(self, enc: Encoded) -> NDArray[np.float64]:
         """Logits ``(n, count)`` for the real nodes of an encoded graph."""

@@ -56,7 +56,8 @@ class SolverModel:
 
 
 def build_model(graph: OpGraph, chiplets: Chiplets) -> SolverModel:
-    """Encode the four constraints of ``docs/partition.md`` as a CP-SAT model."""
+    """Encode the four constraints of ``docs/partition.md`` as a CP-SAT model
+    (on a ring, the hop limit counts links the shorter way round)."""
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
@@ -70,11 +71,16 @@ def build_model(graph: OpGraph, chiplets: Chiplets) -> SolverModel:
             model.add_implication(ge[i][k + 1], ge[i][k])
         for k in range(c):
             model.add(x[i][k] == ge[i][k] - ge[i][k + 1])
+    ring = chiplets.topology == "ring"
     for e in graph.edges:
+        # on a ring an edge may instead span c - h chips or more: it wraps round
+        wrap = _wrap_literal(model, ge, e.src, e.dst, c, h) if ring and c - h > h else None
         for k in range(1, c):  # forward: chip(dst) >= chip(src)
             model.add_implication(ge[e.src][k], ge[e.dst][k])
-            if k + h < c:  # hop limit: chip(dst) <= chip(src) + h
-                model.add_implication(ge[e.dst][k + h], ge[e.src][k])
+            if k + h < c and not (ring and c - h <= h):
+                # hop limit: chip(dst) <= chip(src) + h (or the edge wraps)
+                clause = [ge[e.dst][k + h].Not(), ge[e.src][k]]  # type: ignore[union-attr]
+                model.add_bool_or(clause if wrap is None else [*clause, wrap])
     weights = [int(np.ceil(w)) for w in graph.array("weights")]
     for k in range(c):
         heavy = [(w, x[i][k]) for i, w in enumerate(weights) if w > 0]
@@ -82,6 +88,16 @@ def build_model(graph: OpGraph, chiplets: Chiplets) -> SolverModel:
             model.add(sum(w * v for w, v in heavy) <= int(chiplets.sram_bytes))
         model.add_at_least_one([x[i][k] for i in range(n)])  # every chiplet used
     return SolverModel(model, x, ge)
+
+
+def _wrap_literal(
+    model: cp_model.CpModel, ge: list[list[cp_model.IntVar | int]], u: int, v: int, c: int, h: int
+) -> cp_model.IntVar:
+    """A boolean that, when true, forces ``chip(v) - chip(u) >= c - h``: the edge
+    ``u -> v`` goes the short way round the ring, through the wrap link."""
+    wrap = model.new_bool_var(f"wrap{u}_{v}")
+    model.add(sum(ge[v][1:c]) - sum(ge[u][1:c]) >= c - h).only_enforce_if(wrap)
+    return wrap
 
 
 def describe_infeasible(graph: OpGraph, chiplets: Chiplets) -> str:

@@ -31,6 +31,7 @@ from ._repair import Repairer
 __all__ = ["Adam", "TrainLog", "finetune", "pretrain"]
 
 ENTROPY = 1e-3  # weight of the entropy bonus (1e-2 was tried: no better on BERT)
+MAX_TEMPERATURE = 16.0  # sampling temperature cap while fine-tuning is stuck
 
 
 @dataclass
@@ -102,9 +103,12 @@ def _grad() -> Callable[..., Any]:
     return _GRAD["g"]
 
 
-def sample(policy: Policy, enc: Encoded, k: int, rng: np.random.Generator) -> IntArray:
-    """``k`` candidate assignments drawn from the policy (Gumbel-max per node)."""
-    lg = policy.logits(enc)
+def sample(
+    policy: Policy, enc: Encoded, k: int, rng: np.random.Generator, temperature: float = 1.0
+) -> IntArray:
+    """``k`` candidate assignments drawn from the policy (Gumbel-max per node), its
+    logits divided by ``temperature``."""
+    lg = policy.logits(enc) / temperature
     drawn: IntArray = np.argmax(lg[None] + rng.gumbel(size=(k, *lg.shape)), axis=-1)
     return drawn.astype(np.int64)
 
@@ -130,38 +134,72 @@ def _train_step(
     batch: int,
     rng: np.random.Generator,
     score_fn: Callable[[IntArray], float],
+    best: tuple[IntArray, float] | None = None,
+    temperature: float = 1.0,
 ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
     """Sample ``batch`` candidates, score each, take one REINFORCE step.
 
-    Returns the throughputs and the rewards (their logs, floored for a 0).
+    ``best`` (an assignment and its throughput, not re-evaluated) joins the
+    update as one more action: self-imitation of the incumbent. Returns the
+    throughputs and the rewards (their logs, floored for a 0) of the samples.
     """
-    cands = sample(policy, enc, batch, rng)
+    cands = sample(policy, enc, batch, rng, temperature)
     tps = np.array([score_fn(c) for c in cands], dtype=np.float64)
     rewards: NDArray[np.float64] = np.log(np.maximum(tps, 1e-30))
-    update(policy, adam, enc, cands, rewards)
+    if best is None:
+        update(policy, adam, enc, cands, rewards)
+    else:
+        extra = np.log(max(best[1], 1e-30))
+        update(policy, adam, enc, np.vstack([cands, best[0]]), np.append(rewards, extra))
     policy.trained_evaluations += len(cands)
     return tps, rewards
 
 
 def finetune(
-    policy: Policy, tracker: Tracker, rng: np.random.Generator, batch: int = 8, lr: float = 3e-3
+    policy: Policy,
+    tracker: Tracker,
+    rng: np.random.Generator,
+    batch: int = 8,
+    lr: float = 3e-3,
+    hint: IntArray | None = None,
+    imitate: bool = False,
 ) -> TrainLog:
     """Train ``policy`` on one graph until the tracker's budget is spent.
 
     The first evaluation is the policy's greedy (argmax) assignment, so a
-    pre-trained policy is scored on what it already knows.
+    pre-trained policy is scored on what it already knows; a ``hint`` (e.g. the
+    DP's split) is the second, counted in the budget like any other. With
+    ``imitate`` each update also credits the best valid assignment found so far
+    with its reward (self-imitation; tried, no better, off by default).
+    Sampling heats up while a batch's rewards are all equal (see
+    :func:`_next_temperature`).
     """
     enc, adam, log = encode(tracker.graph, tracker.chiplets), Adam(lr), TrainLog()
     start = time.perf_counter()
     tracker.evaluate(np.argmax(policy.logits(enc), axis=-1).astype(np.int64))
+    if hint is not None and tracker.left > 0:
+        tracker.evaluate(hint)
 
     def score_fn(candidate: IntArray) -> float:
         return tracker.evaluate(candidate)[1]
 
+    temp = 1.0
     while tracker.left > 0:
-        _, rewards = _train_step(policy, adam, enc, min(batch, tracker.left), rng, score_fn)
+        best = (tracker.best, tracker.best_tp) if imitate and tracker.best is not None else None
+        k = min(batch, tracker.left)
+        _, rewards = _train_step(policy, adam, enc, k, rng, score_fn, best, temp)
+        temp = _next_temperature(temp, rewards)
         log.add(len(tracker.history), tracker.best_tp, rewards, start)
     return log
+
+
+def _next_temperature(temp: float, rewards: NDArray[np.float64]) -> float:
+    """Heat up while every sample of a batch scores the same (the policy has
+    collapsed: all its candidates repair to one partition, REINFORCE has no
+    signal); cool back towards 1 once the batch's rewards spread again."""
+    if len(rewards) > 1 and float(rewards.std()) < 1e-9:
+        return min(temp * 2.0, MAX_TEMPERATURE)
+    return max(temp / 2.0, 1.0)
 
 
 def pretrain(

@@ -33,17 +33,23 @@ def search(
     progress: Progress | None = None,
     time_limit_s: float = 30.0,
     repair_time_limit_s: float = 5.0,
+    rl_hint: bool = True,
+    rl_imitate: bool = False,
 ) -> Partition:
     """Partition ``graph`` onto ``chiplets`` with ``method``; the result is always valid.
 
     ``budget`` is the number of evaluated (repaired) partitions for ``rl``,
     ``sa`` and ``random``. ``solver`` runs CP-SAT on the bottleneck for
     ``time_limit_s`` instead, and ``dp`` is a single exact split of the
-    topological order. ``rl`` fine-tunes ``policy`` (a fresh one when None) on
-    this graph; the policy object is trained in place. Raises
+    topological order. ``rl`` fine-tunes ``policy`` (a copy of the shipped
+    pre-trained one, :meth:`Policy.pretrained`, when None) on this graph; the
+    policy object is trained in place. With ``rl_hint`` its second evaluation
+    is the DP's split (the solver's hint); with ``rl_imitate`` every update
+    also credits the best partition found so far (self-imitation). A bare
+    chiplet count means :meth:`Chiplets.default_for` the graph. Raises
     :class:`InfeasibleError` when no valid partition exists.
     """
-    chips = Chiplets(chiplets) if isinstance(chiplets, int) else chiplets
+    chips = Chiplets.default_for(graph, chiplets) if isinstance(chiplets, int) else chiplets
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
     if budget < 1:
@@ -51,14 +57,15 @@ def search(
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     tracker = Tracker(graph, chips, Repairer(graph, chips, repair_time_limit_s), budget, progress)
+    hint = dp_split(graph, chips) if method == "rl" and rl_hint else None
     extra: dict[str, Any] = {}
     if method == "random":
         random_search(tracker, rng)
     elif method == "sa":
         simulated_annealing(tracker, rng)
     elif method == "rl":
-        pol = policy if policy is not None else Policy(seed=seed)
-        finetune(pol, tracker, rng)
+        pol = policy if policy is not None else Policy.pretrained()
+        finetune(pol, tracker, rng, hint=hint, imitate=rl_imitate)
     elif method == "solver":
         assignment, extra = solve_bottleneck(graph, chips, time_limit_s, seed=seed)
         tracker.evaluate(assignment)

@@ -1,8 +1,12 @@
 """Synthetic training graphs for pre-training the policy.
 
-Each case is a graph (an MLP, a CNN-like chain, or a transformer of another
-depth and width than BERT-base) and a chiplet module scaled to it, so that
-memory binds and links matter on every case, whatever its absolute size.
+Each case is a graph from one of six families and a chiplet module scaled to
+it, so that memory binds and links matter on every case, whatever its absolute
+size. The families: MLPs, pre-norm residual MLPs, CNN-like chains of 3x3
+convolutions with residual adds, branchy inception-style CNNs (parallel 1x1,
+3x3 and 5x5 branches, concatenated), transformer encoders of other depths and
+widths than BERT-base, and mixture-of-experts encoders (a router and parallel
+expert MLPs). The held-out graphs of :mod:`._heldout` are never drawn here.
 """
 
 from __future__ import annotations
@@ -13,24 +17,42 @@ from ._cost import node_times
 from ._dp import cut_traffic, dp_split
 from ._graph import OpGraph
 from ._hardware import Chiplets
-from ._models import cnn_graph, mlp_graph, transformer_graph
+from ._models import (
+    cnn_graph,
+    inception_graph,
+    mlp_graph,
+    moe_graph,
+    residual_mlp_graph,
+    transformer_graph,
+)
+from ._repair import InfeasibleError
 
 __all__ = ["scaled_chiplets", "synthetic_cases", "synthetic_graph"]
 
 
+FAMILIES = ("mlp", "cnn", "transformer", "resmlp", "inception", "moe")
+
+
 def synthetic_graph(rng: np.random.Generator) -> OpGraph:
-    """One random graph: MLP, CNN-like chain or small transformer."""
-    family = int(rng.integers(3))
-    if family == 0:
+    """One random graph from one of :data:`FAMILIES`, of random depth and width."""
+    family = FAMILIES[int(rng.integers(len(FAMILIES)))]
+    if family == "mlp":
         widths = [int(rng.choice([256, 512, 1024, 2048])) for _ in range(int(rng.integers(12, 49)))]
         return mlp_graph(widths, batch=int(rng.choice([64, 256])))
-    if family == 1:
+    if family == "cnn":
         chans = [int(rng.choice([32, 64, 128])) for _ in range(int(rng.integers(12, 49)))]
         return cnn_graph(chans, size=int(rng.choice([16, 32])))
+    if family == "resmlp":
+        return residual_mlp_graph(int(rng.integers(6, 25)), int(rng.choice([256, 512, 1024])))
+    if family == "inception":
+        return inception_graph(int(rng.integers(3, 9)), int(rng.choice([64, 128, 256])))
     heads = int(rng.choice([2, 4, 8]))
+    hidden = heads * int(rng.choice([32, 64]))
+    if family == "moe":
+        return moe_graph(int(rng.integers(2, 5)), hidden, int(rng.choice([2, 4, 8])))
     return transformer_graph(
         layers=int(rng.integers(2, 9)),
-        hidden=heads * int(rng.choice([32, 64])),
+        hidden=hidden,
         heads=heads,
         seq=int(rng.choice([32, 64, 128])),
         vocab=int(rng.choice([1000, 8000])),
@@ -52,8 +74,17 @@ def scaled_chiplets(
     return Chiplets(count, sram_bytes=sram, link_bytes_per_s=link, hop_limit=hop_limit)
 
 
+def _default_or_none(graph: OpGraph, count: int) -> Chiplets | None:
+    try:
+        return Chiplets.default_for(graph, count)
+    except InfeasibleError:
+        return None
+
+
 def synthetic_cases(count: int, seed: int = 0) -> list[tuple[OpGraph, Chiplets]]:
-    """``count`` random (graph, chiplets) cases with 2 to 8 chiplets."""
+    """``count`` random (graph, chiplets) cases with 2 to 8 chiplets: half on
+    :meth:`Chiplets.default_for`, half on :func:`scaled_chiplets` of random slack
+    and link share."""
     rng = np.random.default_rng(seed)
     cases: list[tuple[OpGraph, Chiplets]] = []
     while len(cases) < count:
@@ -61,7 +92,12 @@ def synthetic_cases(count: int, seed: int = 0) -> list[tuple[OpGraph, Chiplets]]
         chips = int(rng.choice([2, 3, 4, 6, 8]))
         slack = float(rng.uniform(1.15, 1.8))
         share = float(rng.uniform(0.1, 0.6))
-        chiplets = scaled_chiplets(g, chips, slack, share)
-        if len(g) >= 3 * chips and dp_split(g, chiplets) is not None:  # keep feasible cases
+        if len(g) < 3 * chips:
+            continue
+        if rng.random() < 0.5:  # half sized as users get them by default
+            chiplets = _default_or_none(g, chips)
+        else:
+            chiplets = scaled_chiplets(g, chips, slack, share)
+        if chiplets is not None and dp_split(g, chiplets) is not None:  # keep feasible cases
             cases.append((g, chiplets))
     return cases

@@ -38,10 +38,18 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--method", choices=METHODS, default="rl")
     p.add_argument("--budget", type=int, default=64, help="evaluated partitions")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sram-mib", type=float, default=None, help="SRAM per chiplet")
-    p.add_argument("--hop-limit", type=int, default=1)
+    p.add_argument(
+        "--sram-mib",
+        type=float,
+        default=None,
+        help="SRAM per chiplet (default: sized to the graph)",
+    )
+    p.add_argument("--hop-limit", type=int, default=None, help="default: 1, or the least that fits")
+    p.add_argument("--topology", choices=("chain", "ring"), default="chain")
     p.add_argument("--time-limit", type=float, default=30.0, help="solver seconds")
-    p.add_argument("--policy", type=Path, help="load this .npz policy (rl fine-tunes it)")
+    p.add_argument(
+        "--policy", type=Path, help="load this .npz policy (default: the shipped pre-trained one)"
+    )
     p.add_argument("--save-policy", type=Path, help="save the fine-tuned policy (.npz)")
     p.add_argument("--picture", type=Path, help="write a PNG of the partition")
     p.add_argument("--curve", type=Path, help="write a PNG of the search curve")
@@ -94,17 +102,25 @@ def format_partition(graph: OpGraph, part: Partition) -> str:
     return "\n".join(lines)
 
 
+def _chiplets(graph: OpGraph, args: argparse.Namespace) -> Chiplets:
+    """``Chiplets.default_for`` the graph, or the SRAM given by ``--sram-mib``."""
+    if args.sram_mib:
+        hop = args.hop_limit or 1
+        mib = args.sram_mib * MiB
+        return Chiplets(args.chiplets, sram_bytes=mib, hop_limit=hop, topology=args.topology)
+    return Chiplets.default_for(graph, args.chiplets, args.hop_limit, args.topology)
+
+
 def _partition(args: argparse.Namespace) -> int:
     graph = load_graph_arg(args.graph)
     if args.save_graph:
         from ._graph import save_graph
 
         save_graph(graph, args.save_graph)
-    sram = args.sram_mib * MiB if args.sram_mib else Chiplets().sram_bytes
-    chips = Chiplets(args.chiplets, sram_bytes=sram, hop_limit=args.hop_limit)
+    chips = _chiplets(graph, args)
     policy = Policy.load(args.policy) if args.policy else None
     if args.method == "rl" and policy is None:
-        policy = Policy(seed=args.seed)
+        policy = Policy.pretrained()
     bar = ProgressBar(f"{args.method:>6}")
     try:
         part = search(

@@ -16,9 +16,13 @@ so the codec imports it only when a value needs it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
+import os
 import pickle
+import socket
+import weakref
 from collections import ChainMap
 from collections.abc import Callable
 from types import CodeType
@@ -26,10 +30,13 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
+from ._imports import CannotImport, find_class
+
 __all__ = ["load", "reduce"]
 
 
 _CLOUD_CODE_REDUCE = cloudpickle.Pickler.dispatch_table[CodeType]
+_DUMPED: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()  # see reduce
 
 
 def _code_reduce(code: CodeType) -> tuple[Callable[..., CodeType], tuple[Any, ...]]:
@@ -70,6 +77,9 @@ class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid: Any) -> Any:
         return self._caps[int(pid)]
 
+    def find_class(self, module: str, name: str) -> Any:
+        return find_class(super().find_class, module, name)  # says what is missing, where
+
 
 def reduce(
     obj: Any, set_aside: Callable[[Any], bool]
@@ -79,10 +89,23 @@ def reduce(
     The caps (actors, promises, big arrays) are left in the reduction, so the
     enclosing pickler sends them as capabilities and the receiver decodes them
     before :func:`load` runs.
+
+    A function or class without caps is pickled once, when first sent, and
+    its bytes are reused while it lives (cloudpickle costs about a
+    millisecond a function, which a call per ``cluster.run`` would pay each
+    time). Like a Ray remote function, it carries the values of the globals
+    and closure cells it read then: rebinding a global later is not seen on
+    the hosts; defining the function again makes a new one.
     """
+    known = _DUMPED.get(obj)
+    if known is not None:
+        return load, (known, ())
     data = io.BytesIO()
     pickler = _Pickler(data, set_aside)
     pickler.dump(obj)
+    if not pickler.caps:
+        with contextlib.suppress(TypeError):  # an object without weak references
+            _DUMPED[obj] = data.getvalue()
     return load, (data.getvalue(), tuple(pickler.caps))
 
 
@@ -93,9 +116,18 @@ def load(data: bytes, caps: tuple[Any, ...]) -> Any:
     most recent first), so caches keyed by a function, such as a JAX
     device's compiled code, keep hitting when the function is sent again.
     """
-    if caps:
-        return _Unpickler(io.BytesIO(data), caps).load()
-    return _load_plain(data)
+    try:
+        if caps:
+            return _Unpickler(io.BytesIO(data), caps).load()
+        return _load_plain(data)
+    except CannotImport:
+        raise
+    except ImportError as exc:  # a module the function's globals use (cloudpickle's subimport)
+        missing = exc.name or "a module"
+        raise CannotImport(
+            f"a function sent by value uses {missing!r}, which cannot be imported in process "
+            f"{os.getpid()} on {socket.gethostname()}: {exc}. Install it where the hosts run"
+        ) from exc
 
 
 @functools.lru_cache(maxsize=256)

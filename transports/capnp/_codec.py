@@ -40,6 +40,7 @@ from ...kernel import (
 )
 from ...kernel.lowlevel import channel_of
 from .. import shm
+from ._imports import find_class
 
 if TYPE_CHECKING:
     from ._peer import Peer
@@ -234,6 +235,9 @@ class _Unpickler(pickle.Unpickler):
 
     def persistent_load(self, pid: Any) -> Any:
         return self._caps[int(pid)]
+
+    def find_class(self, module: str, name: str) -> Any:
+        return find_class(super().find_class, module, name)  # says what is missing, where
 
 
 def _decode_pickled(peer: Peer, reader: Any) -> Any:

@@ -20,6 +20,7 @@ import asyncio
 import contextvars
 import functools
 import logging
+import math
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import suppress
@@ -60,7 +61,7 @@ from ._codec import (
 )
 from ._schema import schema
 
-__all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel", "peer_of"]
+__all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel", "heartbeat", "peer_of"]
 
 _log = logging.getLogger("atoll.transports.capnp")
 CHUNK = 1 << 20
@@ -87,6 +88,8 @@ class Peer:
         self._holders: weakref.WeakSet[RemoteChannel] = weakref.WeakSet()
         self._on_close: dict[int, Callable[[str], None]] = {}
         self._callback_ids = 0
+        # set by whoever owns the socket: drops it (after :meth:`close`, see :meth:`lose`)
+        self.abort: Callable[[], None] | None = None
 
     # -- local things out ------------------------------------------------
     def actor_cap(self, ref: ActorRef[Any]) -> Any:
@@ -142,8 +145,7 @@ class Peer:
         """A ``BufferRef``'s array: at once, mapped read-only, if its shared-memory
         segment is on this machine; else a promise, settled by a task that
         streams the bytes (or, if no stream can be had, pulls them in chunks)."""
-        shape = tuple(int(n) for n in reader.shape)
-        nbytes = int(reader.nbytes)
+        shape, nbytes = _buffer_layout(reader)
         mapped = _mapped(reader, shape, nbytes)
         if mapped is not None:
             return mapped
@@ -214,6 +216,22 @@ class Peer:
         for callback in callbacks:
             _run_close_callback(callback, reason)
 
+    def lose(self, reason: str) -> None:
+        """Give the link up although its socket did not say so (a heartbeat
+        went unanswered): :meth:`close`, then drop the socket, so that the
+        far side, if it ever wakes, finds the link gone too."""
+        self.close(reason)
+        abort, self.abort = self.abort, None
+        if abort is not None:
+            asyncio.get_running_loop().call_soon(abort)  # not inside a capnp callback
+
+    def watch(self, node: ActorRef[Any], every: float, timeout: float) -> None:
+        """Ping ``node`` (a ``NodeActor`` reached over this link) every
+        ``every`` seconds; no answer within ``timeout`` loses the link
+        (:meth:`lose`): pending calls fail with ``HostLost`` within
+        ``every + timeout`` seconds of the far side freezing."""
+        self.spawn(heartbeat(self, node, every, timeout, self.lose))
+
     def on_close(self, callback: Callable[[str], None]) -> Callable[[], None]:
         """Call ``callback(reason)`` once, when this connection closes.
 
@@ -232,6 +250,24 @@ class Peer:
             self._on_close.pop(key, None)
 
         return unregister
+
+
+async def heartbeat(
+    peer: Peer, node: ActorRef[Any], every: float, timeout: float, lose: Callable[[str], None]
+) -> None:
+    """Ping ``node`` every ``every`` s until ``peer`` closes; ``lose(reason)``
+    when an answer takes more than ``timeout`` s. A process that is frozen
+    (SIGSTOP) or cut off without a TCP reset answers nothing, while its
+    kernel still acknowledges TCP keepalives: only this notices it."""
+    while peer.closed is None:
+        await asyncio.sleep(every)
+        try:
+            await asyncio.wait_for(node.ping(), timeout)
+        except TimeoutError:
+            lose(f"no heartbeat answer within {timeout} s")
+            return
+        except Exception:
+            continue  # a broken link closes the peer (the loop then ends)
 
 
 def _run_close_callback(callback: Callable[[str], None], reason: str) -> None:
@@ -254,6 +290,25 @@ def peer_of(ref: ActorRef[Any]) -> Peer | None:
     """
     channel = channel_of(ref)
     return channel.peer if isinstance(channel, RemoteChannel) else None
+
+
+def _buffer_layout(reader: Any) -> tuple[tuple[int, ...], int]:
+    """A ``BufferRef``'s shape and size, once they agree with its dtype.
+
+    Checked before any byte is pulled: a reference whose size does not match
+    its shape, or whose dtype is not a plain one, fails the call that carries
+    it at once (a mismatch found after the pull used to leave its promise
+    pending for ever).
+    """
+    shape = tuple(int(n) for n in reader.shape)
+    nbytes = int(reader.nbytes)
+    try:
+        dtype = np.dtype(str(reader.dtype))
+    except TypeError as exc:
+        raise TransportError(f"bad buffer dtype {str(reader.dtype)[:40]!r}: {exc}") from None
+    if dtype.hasobject or math.prod(shape) * dtype.itemsize != nbytes:
+        raise TransportError(f"bad buffer: {nbytes} bytes for shape {shape} of {dtype}")
+    return shape, nbytes
 
 
 def _mapped(reader: Any, shape: tuple[int, ...], nbytes: int) -> np.ndarray | None:
@@ -284,7 +339,11 @@ async def _fetch(
     except Exception as exc:  # a short or malformed chunk: fail, never hang
         promise.set_exception(TransportError(f"buffer transfer failed: {exc!r}"))
         return
-    array = data.view(np.dtype(dtype)).reshape(shape)
+    try:
+        array = data.view(np.dtype(dtype)).reshape(shape)
+    except (TypeError, ValueError) as exc:  # bytes that do not make the array: fail
+        promise.set_exception(TransportError(f"buffer transfer failed: {exc}"))
+        return
     array.flags.writeable = False
     promise.set_result(array)
 

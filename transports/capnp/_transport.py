@@ -24,8 +24,8 @@ from typing import Any
 import capnp
 
 from ...kernel import ActorRef, ActorSystem, NodeActor, TransportError
-from .. import bulk
-from ._peer import GateServer, Peer
+from .. import bulk, lane
+from ._peer import GateServer, Peer, heartbeat
 from ._schema import schema
 from ._stream import connect_stream, serve_streams
 
@@ -48,7 +48,8 @@ async def capnp_runtime() -> AsyncIterator[None]:
 
     Close every connection and listener before the block ends: capnp objects
     must not outlive the loop that made them. The loop's bulk-stream listener
-    (``atoll.transports.bulk``), if one was started, closes with the block.
+    (``atoll.transports.bulk``) and its push lanes (``atoll.transports.lane``),
+    if any were started, close with the block.
     """
     if _in_runtime.get():
         yield
@@ -60,6 +61,7 @@ async def capnp_runtime() -> AsyncIterator[None]:
         finally:
             _in_runtime.reset(token)
             await bulk.aclose()
+            await lane.aclose()
 
 
 def _require_runtime() -> None:
@@ -109,7 +111,14 @@ class CapnpListener:
     async def _on_connection(self, stream: Any, login_timeout: float) -> None:
         peer = Peer(f"client of {self.address}")
         loop = asyncio.get_running_loop()
-        gate = GateServer(self.token, self.node, peer, lambda _: loop.call_soon(stream.close))
+
+        def refuse(_: str) -> None:
+            # the refusal ("wrong cluster token") must reach the client before
+            # the connection goes, or all it sees is "Connection reset by peer"
+            loop.call_later(_REFUSED_LINGER_S, stream.close)
+
+        gate = GateServer(self.token, self.node, peer, refuse)
+        peer.abort = stream.close  # a heartbeat that gives the link up (Peer.watch)
         server = capnp.TwoPartyServer(stream, bootstrap=gate)
         self._streams[peer] = stream
         try:
@@ -155,15 +164,7 @@ class CapnpConnection:
         self._lose("disconnected")
 
     async def _heartbeat(self, every: float, timeout: float) -> None:
-        while self.peer.closed is None:
-            await asyncio.sleep(every)
-            try:
-                await asyncio.wait_for(self.node.ping(), timeout)
-            except TimeoutError:
-                self._lose(f"no heartbeat answer within {timeout} s")
-                return
-            except Exception:
-                continue  # a broken link closes the peer (the loop then ends)
+        await heartbeat(self.peer, self.node, every, timeout, self._lose)
 
     def _lose(self, reason: str) -> None:
         self.peer.close(reason)
@@ -232,6 +233,20 @@ class CapnpTransport:
         except capnp.KjException as exc:
             peer.close("login refused")
             client.close()
-            raise TransportError(f"login to {address} refused: {exc.description}") from None
+            raise TransportError(f"login to {address} refused: {_why(exc)}") from None
         del gate, response
         return CapnpConnection(node, peer, client, *self.heartbeat)
+
+
+_REFUSED_LINGER_S = 1.0  # how long a refused connection stays open for its answer
+
+
+def _why(exc: Any) -> str:
+    """Why a login failed, in words a user can act on."""
+    text = str(exc.description)
+    if "wrong cluster token" in text:
+        return (
+            "wrong cluster token (take it from the cluster file `atoll up` wrote, "
+            "or set ATOLL_TOKEN to the cluster's)"
+        )
+    return text

@@ -17,19 +17,27 @@ from pathlib import Path
 
 from ...kernel import AtollError
 
-__all__ = ["ClusterFile", "default_cluster_file"]
+__all__ = ["ClusterFile", "default_cluster_file", "find_cluster_file"]
 
 
 @dataclass(frozen=True)
 class ClusterFile:
-    """Where a cluster listens and the token that opens it."""
+    """Where a cluster listens and the token that opens it.
+
+    ``pid`` is the process that wrote it (``atoll up``'s controller), when
+    known: ``atoll down`` waits for it to exit, and signals it if it must.
+    """
 
     address: str
     token: bytes
+    pid: int | None = None
 
     def write(self, path: str | os.PathLike[str]) -> None:
         """Write it readable by the owner only (it holds the secret)."""
-        data = json.dumps({"address": self.address, "token": self.token.hex()}, indent=1)
+        fields: dict[str, object] = {"address": self.address, "token": self.token.hex()}
+        if self.pid is not None:
+            fields["pid"] = self.pid
+        data = json.dumps(fields, indent=1)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(data + "\n")
@@ -38,7 +46,8 @@ class ClusterFile:
     def read(cls, path: str | os.PathLike[str]) -> ClusterFile:
         try:
             data = json.loads(Path(path).read_text())
-            return cls(str(data["address"]), bytes.fromhex(data["token"]))
+            pid = None if data.get("pid") is None else int(data["pid"])
+            return cls(str(data["address"]), bytes.fromhex(data["token"]), pid)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise AtollError(f"cannot read cluster file {os.fspath(path)!r}: {exc}") from None
 
@@ -54,6 +63,22 @@ def default_cluster_file() -> Path:
     directory = Path(runtime) / "atoll" if runtime else Path.home() / ".atoll"
     _make_private(directory)
     return directory / "cluster.json"
+
+
+def find_cluster_file() -> Path:
+    """The cluster file of the cluster ``atoll up`` started last on this machine.
+
+    That is :func:`default_cluster_file` (each ``atoll up`` overwrites it, and
+    removes it when it stops), if it exists; else an :class:`AtollError` that
+    says how to start one or name another.
+    """
+    path = default_cluster_file()
+    if not path.exists():
+        raise AtollError(
+            f"no running cluster found: {path} does not exist. Start one with "
+            "`atoll up`, or pass the cluster file that `atoll up --cluster-file` wrote"
+        )
+    return path
 
 
 def _make_private(directory: Path) -> None:

@@ -22,7 +22,7 @@ from ...kernel import ActorRef, ActorSystem
 from .. import bulk
 from ._transport import CapnpConnection, CapnpTransport, parse_address
 
-__all__ = ["announce", "close_all", "direct_actor", "local_address"]
+__all__ = ["announce", "close_all", "direct_actor", "local_address", "local_token"]
 
 
 @dataclass
@@ -44,6 +44,11 @@ def announce(address: str, token: bytes) -> None:
     """
     _here.address, _here.token = address, token
     bulk.serve_on(parse_address(address)[0])
+
+
+def local_token() -> bytes:
+    """The token this process announced with (empty when nothing was announced)."""
+    return _here.token
 
 
 def local_address() -> str:

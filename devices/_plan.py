@@ -1,0 +1,127 @@
+"""Compiled plans as a device keeps them: its gangs of a program, installed once.
+
+Parallel dispatch of a program plans everything before anything runs (see
+``atoll.runtime.planner``). When hosts are processes of their own, the
+control plane *installs* each device's part of a plan on that device once: a
+:class:`DeviceProgram`, the device's gangs in the island's order, each with
+where its inputs come from and where its outputs go. From then on a run of
+the program costs one ``run_plan(plan, epoch, inputs)`` message per device,
+not one message per gang, and the device answers once, with a
+:class:`RunReport`.
+
+Everything that differs between runs derives from the run's ``epoch``: gang
+ids and inbox keys are ``"c<epoch>/<node>"`` and ``"c<epoch>/<node>/<input>"``,
+so no ids travel with a run. This module is plain data; the device actor
+carries it out (``Device.run_plan``).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..kernel import AtollError, RemoteActorError
+from ._aval import Aval
+from ._gang import GangTask, PushTarget
+
+__all__ = ["DeviceProgram", "PlannedGang", "RunReport", "portable", "run_key"]
+
+
+def run_key(epoch: int) -> str:
+    """The prefix of every gang id and inbox key of run ``epoch``."""
+    return f"c{epoch}"
+
+
+@dataclass(frozen=True)
+class PlannedGang:
+    """One gang as each of its devices runs it in every run of a plan.
+
+    ``devices``: the gang's devices, the leader first; every device of the
+    gang keeps the same entry and plays its part (only the leader reads
+    data, computes the outputs and pushes them). ``inputs[i]``: which program
+    input input ``i`` is, by index, or -1 when its producer
+    pushes it to the leader (under the inbox key of ``(node, i)``); such an
+    input is ``resident`` on the other shards (made by a gang over the same
+    devices), so they need not wait for it. ``push``: where the outputs go,
+    with inbox keys written as ``"<node>/<input>"`` (the run's prefix is
+    added per run). ``keep[o]``: output ``o`` is an output of the program,
+    reported and kept; the others are freed once their pushes were answered.
+    ``host``: the leader's host, where the inbox keys are.
+    """
+
+    node: int
+    kernel: Any
+    devices: tuple[int, ...]
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    outputs: tuple[Aval, ...]
+    inputs: tuple[int, ...]
+    resident: tuple[bool, ...]
+    push: tuple[PushTarget, ...]
+    keep: tuple[bool, ...]
+    host: int = -1  # the leader's host
+
+    def task(self, epoch: int, host: int, device: int) -> GangTask:
+        """The gang's task in run ``epoch`` on ``device`` of host ``host``
+        (inbox keys and push targets matter on the leader only)."""
+        run = run_key(epoch)
+        gang_id = f"{run}/{self.node}"
+        shape = (self.kernel, self.devices, self.mesh_shape, self.axis_names, self.outputs)
+        if device != self.devices[0]:
+            return GangTask(gang_id, *shape, resident=self.resident)
+        inbox = tuple(f"{gang_id}/{i}" if src < 0 else None for i, src in enumerate(self.inputs))
+        targets = tuple(replace(t, keys=tuple(f"{run}/{key}" for key in t.keys)) for t in self.push)
+        return GangTask(
+            gang_id,
+            *shape,
+            inbox=inbox,
+            inbox_host=host if any(src < 0 for src in self.inputs) else -1,
+            resident=self.resident,
+            push=targets,
+        )
+
+    def given(self, inputs: Mapping[int, Any]) -> list[Any]:
+        """This gang's inputs, out of the program inputs the run sent its
+        device, by index (None where a push brings one)."""
+        return [None if src < 0 else inputs[src] for src in self.inputs]
+
+
+@dataclass(frozen=True)
+class DeviceProgram:
+    """A device's part of a compiled plan: its gangs, in the island's order."""
+
+    plan_id: int
+    device: int
+    gangs: tuple[PlannedGang, ...]
+    inputs: tuple[int, ...] = ()  # the program inputs a run sends this device, in order
+
+
+@dataclass
+class RunReport:
+    """What a device answers once per run: the program outputs it made (by
+    ``(node, output)``), the error of each gang that failed (by node), and
+    buffers it could not free yet because a reader elsewhere reads them in
+    place (a push there was declined); the controller frees those once the
+    whole run is over."""
+
+    outputs: dict[tuple[int, int], Any] = field(default_factory=dict)
+    errors: dict[int, BaseException] = field(default_factory=dict)
+    held: list[str] = field(default_factory=list)
+
+    def output(self, node: int, index: int) -> Any:
+        """Output ``index`` of ``node``, or the error its gang failed with."""
+        if node in self.errors:
+            raise self.errors[node]
+        return self.outputs[node, index]
+
+
+def portable(error: BaseException, gang_id: str) -> AtollError:
+    """``error`` as an atoll error, which travels to any host intact: atoll's
+    own as they are, any other boxed with its type, message and traceback."""
+    if isinstance(error, AtollError):
+        return error
+    kind = f"{type(error).__module__}.{type(error).__qualname__}"
+    text = "".join(traceback.format_exception(error))
+    return RemoteActorError(gang_id, "run_gang", kind, str(error), text)

@@ -1,0 +1,117 @@
+"""Logging: every record names the actor it was logged from; ``ATOLL_LOG`` sets the level.
+
+atoll logs through :mod:`logging`, under the ``atoll`` logger. :func:`configure`
+(the command line calls it for every command) installs one handler on it that
+writes to stderr, at the level ``ATOLL_LOG`` names (``debug``, ``info``,
+``warning``, ``error``; default ``warning``), and an :class:`ActorFilter` that
+stamps each record with ``actor``: the id of the actor whose endpoint was
+running when it was logged (``controller/island0``), or ``-`` outside actors.
+
+A process can carry a ``prefix`` before each line (a host process uses
+``host 3 | ``), and may send its records elsewhere as well: a host forwards
+them to the controller, whose terminal then shows every host's log
+(``runtime/process.py``). :func:`add_sink` registers such a destination.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from ._system import running_cell
+
+__all__ = ["FORMAT", "ActorFilter", "add_sink", "configure", "level_of", "set_prefix"]
+
+FORMAT = "%(prefix)s%(levelname)s [%(actor)s] %(name)s: %(message)s"
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+_LEVELS["error"] = logging.ERROR
+_state = {"prefix": ""}
+
+
+class ActorFilter(logging.Filter):
+    """Stamps ``record.actor`` (the running actor's id, or ``-``) and
+    ``record.prefix`` (this process's, e.g. ``host 3 | ``)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "actor"):
+            try:  # the actor whose own task logs (not one whose context leaked)
+                cell = running_cell()
+            except Exception:  # no async task here: a thread, or shutdown
+                cell = None
+            record.actor = cell.actor_id if cell is not None else "-"
+        if not hasattr(record, "prefix"):
+            record.prefix = _state["prefix"]
+        return True
+
+
+def level_of(text: str | None) -> int:
+    """The level ``ATOLL_LOG``'s text names (``warning`` when unset or unknown)."""
+    return _LEVELS.get((text or "warning").strip().lower(), logging.WARNING)
+
+
+def configure(prefix: str = "", stream: Any = None) -> logging.Logger:
+    """Log the ``atoll`` logger's records to stderr (or ``stream``), at
+    ``ATOLL_LOG``'s level, each line with its actor. Idempotent."""
+    _state["prefix"] = prefix
+    logger = logging.getLogger("atoll")
+    wanted = os.environ.get("ATOLL_LOG")
+    # unset: leave the level to the root logger (warning, unless the program says)
+    logger.setLevel(level_of(wanted) if wanted else logging.NOTSET)
+    for old in [h for h in logger.handlers if isinstance(h, _Stderr)]:
+        logger.removeHandler(old)
+    handler = _Stderr(stream)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    handler.addFilter(ActorFilter())
+    logger.addHandler(handler)
+    return logger
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``stream``, else to whatever ``sys.stderr`` is at the time."""
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__(stream or sys.stderr)
+        self._fixed = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = self._fixed or sys.stderr
+        super().emit(record)
+
+
+def set_prefix(prefix: str) -> None:
+    """What this process writes before each line from now on (``host 3 | ``)."""
+    _state["prefix"] = prefix
+
+
+class _Sink(logging.Handler):
+    """Hands each formatted record to ``send`` (never recursively)."""
+
+    def __init__(self, send: Callable[[str, int, str], None]) -> None:
+        super().__init__()
+        self._send = send
+        self._busy = False
+        self.addFilter(ActorFilter())
+        self.setFormatter(logging.Formatter("%(levelname)s [%(actor)s] %(name)s: %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self._busy:  # sending logged something itself
+            return
+        self._busy = True
+        try:
+            self._send(record.name, record.levelno, self.format(record))
+        except Exception:
+            self.handleError(record)
+        finally:
+            self._busy = False
+
+
+def add_sink(send: Callable[[str, int, str], None]) -> Callable[[], None]:
+    """Also hand every ``atoll`` record to ``send(logger, level, line)``; returns
+    what removes it again."""
+    logger = logging.getLogger("atoll")
+    sink = _Sink(send)
+    logger.addHandler(sink)
+    return lambda: logger.removeHandler(sink)

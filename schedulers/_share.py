@@ -1,0 +1,247 @@
+"""Proportional share over gangs: stride scheduling (registered as ``"share"``).
+
+Each client (a session's owner label, :attr:`Submit.client`) has a weight and
+a *pass*: the device time it was given so far, divided by its weight. When a
+device has room, the policy sends the head gang of the client with the
+lowest pass, and charges that client ``cost * len(devices) / weight``. Over a
+long run every busy client gets device time in proportion to its weight.
+
+The guarantees, and how they are kept:
+
+* **One island-wide order.** A gang gets its ``seq`` when it is dispatched,
+  and all of its shards are dispatched together, in one batch of
+  instructions, so every device receives its gangs in increasing ``seq``:
+  two devices never disagree on the order of two gangs they share, and
+  collectives cannot deadlock (the same argument as gang FIFO).
+* **FIFO within a client.** Each client's gangs wait in one queue, and only
+  its head may go.
+* **Work-conserving.** A client with nothing queued is skipped, so its share
+  goes to the others. A client whose head gang cannot go (one of its
+  devices is full) does not stop the clients behind it from using other
+  devices, but it *reserves* its devices: a client with a higher pass may
+  not take them, so a wide gang is never starved by narrow ones.
+* **No banked credit.** A client that comes back after being idle starts at
+  the lowest pass among the busy clients (or its own, if higher): idling
+  earns nothing. Nor banked debt: what ran while one client was alone (see
+  below) was nobody's share, so all passes are levelled when sharing starts.
+
+Devices are kept only ``depth`` gangs deep while several clients are
+present, so that the order the policy chooses is the order devices run.
+While one client alone has used the island (for the last ``horizon``
+dispatches), there is nothing to share and the policy dispatches every gang
+as it is submitted, exactly like gang FIFO; that is why it can be every
+island's default. The mode is decided again at each completion only, never
+in the middle of a run of submissions, so a caller that reads
+:attr:`SharePolicy.dispatches_on_submit` (the island's compiled-plan path)
+can rely on it for every submit until the next completion.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+from ._protocol import (
+    Completed,
+    Dispatch,
+    Event,
+    Instruction,
+    PolicyError,
+    Submit,
+    register_scheduler,
+)
+
+__all__ = ["ClientShare", "SharePolicy"]
+
+
+@dataclass
+class ClientShare:
+    """One client as the policy sees it (also what :meth:`SharePolicy.clients` reports).
+
+    ``charged`` is the weighted-free device time dispatched for it
+    (``cost * devices`` summed), ``pass_`` the same divided by its weight.
+    """
+
+    weight: float = 1.0
+    pass_: float = 0.0
+    charged: float = 0.0
+    dispatched: int = 0
+    running: int = 0  # gangs dispatched and not finished on every device
+    last_seen: int = 0  # the island seq when it last submitted or finished work
+    queue: deque[Submit] = field(default_factory=deque)
+
+
+class SharePolicy:
+    """Stride scheduling over gangs, an :class:`~atoll.schedulers.IslandPolicy`.
+
+    ``depth``: how many gangs a device is sent ahead while clients share it.
+    ``horizon``: how many dispatches a client stays *present* after its last
+    work (while one client alone is present, gangs go at once, as in FIFO).
+    """
+
+    def __init__(self, depth: int = 8, horizon: int = 256) -> None:
+        if depth < 1 or horizon < 0:
+            raise PolicyError(f"depth must be >= 1 and horizon >= 0, got {depth}, {horizon}")
+        self.depth = depth
+        self.horizon = horizon
+        self._seq = 0
+        self._clients: dict[str, ClientShare] = {}
+        self._left: dict[str, tuple[str, set[int]]] = {}  # gang -> client, devices not done
+        self._held: set[str] = set()  # gangs queued in the policy, not dispatched
+        self._busy: Counter[int] = Counter()  # device -> shards sent, not completed
+        self._floor = 0.0  # the pass of the last client served
+        self._sharing = False  # several clients present: devices kept `depth` deep
+
+    # -- events ---------------------------------------------------------------
+    def handle(self, event: Event) -> list[Instruction]:
+        if isinstance(event, Submit):
+            self._submit(event)
+        else:
+            self._complete(event)
+        return self._fill(event.event_id)
+
+    def _submit(self, event: Submit) -> None:
+        if not event.devices:
+            raise PolicyError(f"gang {event.gang_id!r} has no devices")
+        if event.gang_id in self._left or event.gang_id in self._held:
+            raise PolicyError(f"gang {event.gang_id!r} was already submitted")
+        if not event.weight > 0 or event.cost < 0:
+            raise PolicyError(
+                f"gang {event.gang_id!r}: weight must be > 0 and cost >= 0, "
+                f"got {event.weight} and {event.cost}"
+            )
+        client = self._clients.setdefault(event.client, ClientShare())
+        if not client.queue and not client.running:  # back from idle: no credit for it
+            client.pass_ = max(client.pass_, self._lowest_pass())
+        client.weight = event.weight
+        client.last_seen = self._seq
+        client.queue.append(event)
+        self._held.add(event.gang_id)
+
+    def _complete(self, event: Completed) -> None:
+        owner, left = self._left.get(event.gang_id, ("", set()))
+        if event.device not in left:
+            raise PolicyError(f"{event.gang_id!r} was not running on device {event.device}")
+        left.discard(event.device)
+        self._busy[event.device] -= 1
+        if not left:
+            del self._left[event.gang_id]
+            client = self._clients[owner]
+            client.running -= 1
+            client.last_seen = self._seq
+        sharing = self._shared()
+        if sharing and not self._sharing:
+            self._level()
+        self._sharing = sharing
+
+    def _level(self) -> None:
+        """The island starts being shared: what went before was nobody's
+        share, so no client owes the others for it (nor is owed)."""
+        level = max((c.pass_ for c in self._clients.values()), default=0.0)
+        for client in self._clients.values():
+            client.pass_ = level
+
+    # -- choosing -------------------------------------------------------------
+    def _fill(self, cause: int) -> list[Instruction]:
+        """Dispatch gangs, lowest pass first, while devices have room."""
+        out: list[Instruction] = []
+        limit = self.depth if self._sharing else None
+        while (chosen := self._next(limit)) is not None:
+            out += self._dispatch(cause, chosen)
+        return out
+
+    def _next(self, limit: int | None) -> str | None:
+        """The client whose head gang goes next, or None when none can."""
+        reserved: set[int] = set()
+        waiting = [name for name, c in self._clients.items() if c.queue]
+        for name in sorted(waiting, key=lambda n: self._clients[n].pass_):
+            devices = self._clients[name].queue[0].devices
+            room = limit is None or all(self._busy[d] < limit for d in devices)
+            if room and reserved.isdisjoint(devices):
+                return name
+            reserved.update(devices)  # held for this client: no one behind takes them
+        return None
+
+    def _dispatch(self, cause: int, name: str) -> list[Instruction]:
+        client = self._clients[name]
+        gang = client.queue.popleft()
+        self._held.discard(gang.gang_id)
+        devices = sorted(set(gang.devices))
+        self._floor = client.pass_
+        charge = gang.cost * len(devices)
+        client.charged += charge
+        client.pass_ += charge / client.weight
+        client.dispatched += 1
+        client.running += 1
+        client.last_seen = seq = self._seq
+        self._seq += 1
+        self._left[gang.gang_id] = (name, set(devices))
+        self._busy.update(devices)
+        if self.horizon and seq % self.horizon == 0:
+            self._prune()
+        return [Dispatch(cause, gang.gang_id, device, seq) for device in devices]
+
+    def _shared(self) -> bool:
+        """Whether more than one client is present (has work, or had lately)."""
+        since = self._seq - self.horizon
+        present = 0
+        for client in self._clients.values():
+            if client.queue or client.running or client.last_seen >= since:
+                present += 1
+                if present > 1:
+                    return True
+        return False
+
+    def _prune(self) -> None:
+        """Forget clients idle for a whole horizon (sessions come and go): one
+        that comes back starts at the lowest busy pass, as it would anyway."""
+        since = self._seq - self.horizon
+        idle = [
+            name
+            for name, c in self._clients.items()
+            if not c.queue and not c.running and c.last_seen < since
+        ]
+        for name in idle:
+            del self._clients[name]
+
+    def _lowest_pass(self) -> float:
+        busy = [c.pass_ for c in self._clients.values() if c.queue]
+        return min(busy, default=self._floor)
+
+    # -- reading --------------------------------------------------------------
+    @property
+    def dispatches_on_submit(self) -> bool:
+        """Whether every gang submitted from now until the next completion
+        is dispatched at once, in submission order (one client alone)."""
+        return not self._sharing
+
+    def clients(self) -> dict[str, dict[str, float]]:
+        """Per client: weight, queued and running gangs, dispatched, charged."""
+        return {
+            name: {
+                "weight": c.weight,
+                "queued": len(c.queue),
+                "running": c.running,
+                "dispatched": c.dispatched,
+                "charged": c.charged,
+            }
+            for name, c in self._clients.items()
+        }
+
+    def outstanding(self, client: str) -> int:
+        """Gangs of ``client`` queued here or running (for admission control)."""
+        share = self._clients.get(client)
+        return 0 if share is None else len(share.queue) + share.running
+
+    def validate(self) -> None:
+        pending = Counter(d for _, left in self._left.values() for d in left)
+        assert +pending == +self._busy, (pending, self._busy)
+        assert all(left for _, left in self._left.values()), "a finished gang is still tracked"
+        running = Counter(owner for owner, _ in self._left.values())
+        for name, client in self._clients.items():
+            assert client.running == running[name], (name, client.running, running[name])
+        held = {g.gang_id for c in self._clients.values() for g in c.queue}
+        assert held == self._held, "the held set drifted from the queues"
+
+
+register_scheduler("share", SharePolicy)

@@ -1,0 +1,96 @@
+"""``Chiplets.default_for``: a chiplet module sized to one graph so the constraints bind.
+
+The paper calibrates its hardware so that random assignments are almost never
+valid while a valid partition still exists. For a graph of any absolute size:
+
+1. **Hop limit.** The given one, or (``hop_limit=None``) the smallest ``h`` for
+   which some contiguous split is valid with unbounded SRAM: a U-Net's skip
+   connections, for one, span the whole network and need ``h = count - 1``.
+2. **Link speed.** One cut costs ``link_share`` (0.3) of a balanced stage's
+   compute: the median bytes crossing a cut of the node order, sent and
+   received, over 0.3 x (total compute time / count).
+3. **SRAM.** ``s_min`` is the least SRAM under which the DP still finds a valid
+   contiguous split (bisection); ``w_free`` is the heaviest stage of the best
+   split when memory is unbounded. SRAM is ``max(1.1 s_min, (s_min + w_free) / 2)``:
+   halfway between "barely feasible" and "memory does not matter", so the
+   best memory-free split is invalid whenever memory can bind at all, and a
+   valid partition exists by construction (the DP found one).
+
+``docs/partition.md`` tabulates what this gives on the held-out graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+
+from ._cost import node_times
+from ._dp import cut_traffic, dp_split
+from ._graph import OpGraph
+from ._hardware import Chiplets, register_sizer
+
+__all__ = ["LINK_SHARE", "default_chiplets"]
+
+LINK_SHARE = 0.3  # a typical cut costs this share of a balanced stage's compute
+UNBOUNDED = float("inf")
+
+
+def default_chiplets(
+    graph: OpGraph, count: int, hop_limit: int | None = None, topology: str = "chain"
+) -> Chiplets:
+    """See the module docstring; cached per (graph, count, hop limit, topology)."""
+    return _calibrated(graph, count, hop_limit, topology)
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrated(graph: OpGraph, count: int, hop_limit: int | None, topology: str) -> Chiplets:
+    base = Chiplets(count, sram_bytes=UNBOUNDED, topology=topology)
+    base = dataclasses.replace(base, link_bytes_per_s=_link_speed(graph, base))
+    hop = hop_limit if hop_limit is not None else _least_hop(graph, base)
+    free = dataclasses.replace(base, hop_limit=hop)
+    split = dp_split(graph, free)
+    if split is None:
+        from ._repair import InfeasibleError
+
+        raise InfeasibleError(
+            f"graph {graph.name!r} ({len(graph)} nodes) has no contiguous split onto "
+            f"{count} chiplets with hop limit {hop}"
+        )
+    weights = graph.array("weights")
+    w_free = float(np.bincount(split, weights=weights, minlength=count).max())
+    s_min = _least_sram(graph, free, lo=max(float(weights.max()), weights.sum() / count), hi=w_free)
+    sram = max(1.1 * s_min, (s_min + w_free) / 2, 1.0)
+    return dataclasses.replace(free, sram_bytes=sram)
+
+
+def _link_speed(graph: OpGraph, chips: Chiplets) -> float:
+    stage_s = float(node_times(graph, chips).sum()) / chips.count
+    cuts = cut_traffic(graph)[1:-1]
+    cut = float(np.median(cuts)) if cuts.size else 1.0
+    return max(2 * cut, 1.0) / max(LINK_SHARE * stage_s, 1e-12)
+
+
+def _least_hop(graph: OpGraph, chips: Chiplets) -> int:
+    for hop in range(1, max(chips.count, 2)):
+        if dp_split(graph, dataclasses.replace(chips, hop_limit=hop)) is not None:
+            return hop
+    return max(chips.count - 1, 1)
+
+
+def _least_sram(graph: OpGraph, chips: Chiplets, lo: float, hi: float, steps: int = 14) -> float:
+    """The least SRAM (to ~0.01%) under which the DP finds a valid split; ``hi`` is feasible."""
+    lo = min(lo, hi)
+    if dp_split(graph, dataclasses.replace(chips, sram_bytes=lo)) is not None:
+        return lo
+    for _ in range(steps):
+        mid = (lo + hi) / 2
+        if dp_split(graph, dataclasses.replace(chips, sram_bytes=mid)) is not None:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+register_sizer(default_chiplets)

@@ -1,0 +1,277 @@
+"""Compiled plans: a program's run costs one message per device, not per gang.
+
+In one process compiling is off by default (as pushing is), so these tests
+turn both on; host-process clusters compile by default, which the last test
+checks over real processes. Every in-process case is checked against what
+per-gang dispatch gives: the same results, the same modelled time, the same
+pushes, and stores left empty.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+
+import atoll
+from atoll.benchmarks import dispatch as bench
+from atoll.devices import Aval, Computation, CostModel
+from atoll.kernel import VirtualClock
+from atoll.runtime import GraphBuilder
+from atoll.schedulers import FifoPolicy, register_scheduler
+
+pytestmark = pytest.mark.anyio
+
+COST = CostModel(flops_per_s=1e12, link_bytes_per_s=1e9, link_latency_s=50e-6)
+HOP = 50e-6 + 4 / 1e9  # one float32 between hosts
+
+
+class _HoldingFifo(FifoPolicy):
+    """Gang FIFO that does not promise to dispatch on submit (for the fallback)."""
+
+    dispatches_on_submit = False
+
+
+register_scheduler("test-holding-fifo", _HoldingFifo)
+
+
+class _HoldsOnce(FifoPolicy):
+    """Gang FIFO that says it holds gangs back the first time it is asked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked = 0
+
+    @property
+    def dispatches_on_submit(self) -> bool:  # type: ignore[override]
+        self.asked += 1
+        return self.asked > 1
+
+
+register_scheduler("test-holds-once", _HoldsOnce)
+
+
+def _total(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v.sum(keepdims=True), np.float32)
+
+
+@asynccontextmanager
+async def compiled_cluster(*shape: int, **options: Any) -> AsyncIterator[atoll.Cluster]:
+    async with atoll.local_cluster(*shape, cost=COST, push=True, **options) as cluster:
+        assert await cluster.controller.set_compile(True)
+        yield cluster
+
+
+async def island_load(cluster: atoll.Cluster) -> dict[str, Any]:
+    """Island 0's own counters (``IslandScheduler.load``)."""
+    rows: list[dict[str, Any]] = await cluster.controller.islands_load()
+    return rows[0]
+
+
+async def empty_stores(cluster: atoll.Cluster) -> None:
+    usage = await cluster.store_usage()
+    assert sum(u["buffers"] for u in usage) == 0
+    assert sum(u["arrivals"] for u in usage) == 0
+
+
+async def test_a_chain_runs_compiled_with_per_gang_results_and_time() -> None:
+    clock = VirtualClock()
+    async with compiled_cluster(1, 4, 1, clock=clock) as cluster:
+        slices = [await cluster.devices(1) for _ in range(4)]
+        graph = bench.chain_graph(slices, bench.step(0.002))
+        x = await cluster.put(np.zeros(1, np.float32), 0)
+        for run in range(1, 3):
+            start = clock.now()
+            [out] = cluster.run_graph(graph, [x])
+            assert (await cluster.fetch(out))[0] == 4
+            assert clock.now() - start == pytest.approx(4 * 0.002 + 3 * HOP)
+            await cluster.free(out)
+            stats = await cluster.controller.plan_stats()
+            assert (stats["compiled"], stats["compiled_runs"]) == (1, run)
+        usage = await cluster.store_usage()
+        assert [u["pushes_in"] for u in usage] == [0, 2, 2, 2]
+        await cluster.free(x)
+        await empty_stores(cluster)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "per-gang"])
+async def test_gangs_over_every_device_compile_and_take_the_same_time(compiled: bool) -> None:
+    """The dispatch microbenchmark's shape: a chain of gangs over all devices
+    of two hosts (their inputs resident), compiled or not."""
+    clock = VirtualClock()
+    async with compiled_cluster(1, 2, 4, clock=clock) as cluster:
+        await cluster.controller.set_compile(compiled)
+        everything = await cluster.devices(8)
+        graph = bench.chain_graph([everything] * 6, bench.step(0.001))
+        x = await cluster.put(np.zeros(1, np.float32), 0)
+        start = clock.now()
+        [out] = cluster.run_graph(graph, [x])
+        assert (await cluster.fetch(out))[0] == 6
+        assert clock.now() - start == pytest.approx(6 * 0.001)
+        stats = await cluster.controller.plan_stats()
+        assert stats["compiled"] == int(compiled)
+        for handle in (out, x):
+            await cluster.free(handle)
+        await empty_stores(cluster)
+
+
+async def test_a_value_read_twice_on_a_host_travels_once() -> None:
+    async with compiled_cluster(1, 2, 2) as cluster:
+        a, b, c, d = [await cluster.devices(1) for _ in range(4)]  # hosts 0, 0, 1, 1
+        step = bench.step(0.001)
+        builder = GraphBuilder()
+        x = builder.input(bench.SCALAR)
+        [y] = builder.add(step, a, [x], [bench.SCALAR])
+        [y] = builder.add(step, b, [y], [bench.SCALAR])
+        [u] = builder.add(step, c, [y], [bench.SCALAR])
+        [v] = builder.add(Computation("add", np.add, 1e9), d, [y, u], [bench.SCALAR])
+        graph = builder.build([v, y])
+        x0 = await cluster.put(np.zeros(1, np.float32), 0)
+        out, mid = cluster.run_graph(graph, [x0])
+        assert (await cluster.fetch(out))[0] == 2 + 3
+        assert (await cluster.fetch(mid))[0] == 2  # an output that is also read on
+        assert (await cluster.store_usage())[1]["pushes_in"] == 1
+        assert (await cluster.controller.plan_stats())["compiled_runs"] == 1
+        for handle in (out, mid, x0):
+            await cluster.free(handle)
+        await empty_stores(cluster)
+
+
+async def test_a_declined_push_is_read_in_place_and_freed_after_the_run() -> None:
+    big = Aval((1024,), "float32")
+    async with compiled_cluster(1, 2, 1, store_bytes=9 * 1024) as cluster:
+        first, second = await cluster.devices(1), await cluster.devices(1)
+        filler = [await cluster.put(np.zeros(1024, np.float32), 1) for _ in range(2)]
+        builder = GraphBuilder()
+        x = builder.input(big)
+        [y] = builder.add(Computation("inc", lambda v: v + 1, 1e6), first, [x], [big])
+        [z] = builder.add(Computation("sum", _total, 1e6), second, [y], [bench.SCALAR])
+        graph = builder.build([z])
+        x0 = await cluster.put(np.zeros(1024, np.float32), 0)
+        [out] = cluster.run_graph(graph, [x0])
+        assert (await cluster.fetch(out))[0] == 1024
+        assert (await cluster.store_usage())[1]["pushes_declined"] == 1
+        assert (await cluster.controller.plan_stats())["compiled_runs"] == 1
+        await cluster.free(out)
+        for handle in (x0, *filler):
+            await cluster.free(handle)
+        await empty_stores(cluster)
+
+
+async def test_a_failing_gang_fails_its_readers_everywhere_without_hanging() -> None:
+    def boom(v: np.ndarray) -> np.ndarray:
+        raise ValueError("boom in the middle")
+
+    async with compiled_cluster(1, 4, 1) as cluster:
+        slices = [await cluster.devices(1) for _ in range(4)]
+        step = bench.step(0.001)
+        builder = GraphBuilder()
+        x = builder.input(bench.SCALAR)
+        [y] = builder.add(step, slices[0], [x], [bench.SCALAR])
+        [y] = builder.add(Computation("boom", boom, 1e6), slices[1], [y], [bench.SCALAR])
+        [z] = builder.add(step, slices[2], [y], [bench.SCALAR])
+        [w] = builder.add(step, slices[3], [z], [bench.SCALAR])
+        [side] = builder.add(step, slices[3], [x], [bench.SCALAR])
+        graph = builder.build([w, side])
+        x0 = await cluster.put(np.zeros(1, np.float32), 0)
+        w_out, side_out = cluster.run_graph(graph, [x0])
+        with pytest.raises(atoll.AtollError, match="boom in the middle"):
+            await cluster.fetch(w_out)
+        assert (await cluster.fetch(side_out))[0] == 1  # did not depend on it
+        assert (await cluster.controller.plan_stats())["compiled_runs"] == 1
+        await cluster.free(side_out)
+        await cluster.free(x0)
+        await empty_stores(cluster)
+
+
+async def test_a_policy_that_holds_gangs_back_gets_them_one_by_one() -> None:
+    async with compiled_cluster(1, 2, 1, scheduler="test-holding-fifo") as cluster:
+        slices = [await cluster.devices(1) for _ in range(2)]
+        graph = bench.chain_graph(slices, bench.step(0.001))
+        x = await cluster.put(np.zeros(1, np.float32), 0)
+        [out] = cluster.run_graph(graph, [x])
+        assert (await cluster.fetch(out))[0] == 2
+        assert (await cluster.controller.plan_stats())["compiled_runs"] == 1
+        assert (await island_load(cluster))["compiled_gang_by_gang"] == 1
+        await cluster.free(out)
+        await cluster.free(x)
+        await empty_stores(cluster)
+
+
+async def test_a_run_after_one_that_went_gang_by_gang_does_not_overtake_it() -> None:
+    """The first run goes gang by gang, the second, reading its output, as
+    one: the island sends both in order, so the second's devices never wait
+    for gangs queued behind it."""
+    async with compiled_cluster(1, 2, 1, scheduler="test-holds-once") as cluster:
+        slices = [await cluster.devices(1) for _ in range(2)]
+        graph = bench.chain_graph(slices, bench.step(0.001))
+        x = await cluster.put(np.zeros(1, np.float32), 0)
+        [y] = cluster.run_graph(graph, [x])
+        [z] = cluster.run_graph(graph, [y])
+        assert (await cluster.fetch(z))[0] == 4
+        assert (await island_load(cluster))["compiled_gang_by_gang"] == 1
+        for handle in (z, y, x):
+            await cluster.free(handle)
+        await empty_stores(cluster)
+
+
+async def test_releasing_a_slice_drops_the_compiled_plan() -> None:
+    async with compiled_cluster(1, 2, 1) as cluster:
+        slices = [await cluster.devices(1) for _ in range(2)]
+        graph = bench.chain_graph(slices, bench.step(0.001))
+        x = await cluster.put(np.zeros(1, np.float32), 0)
+        [out] = cluster.run_graph(graph, [x])
+        await cluster.fetch(out)
+        assert (await cluster.controller.plan_stats())["compiled"] == 1
+        await cluster.release(slices[1])
+        assert (await cluster.controller.plan_stats())["compiled"] == 0
+        [late] = cluster.run_graph(graph, [x])
+        with pytest.raises(atoll.AtollError, match="released"):
+            await cluster.fetch(late)
+        await cluster.free(out)
+        await cluster.free(x)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_program_over_host_processes_runs_compiled() -> None:
+    async with atoll.local_cluster(1, 4, 1, transport="capnp") as cluster:
+        slices = [await cluster.devices(1) for _ in range(4)]
+        graph = bench.chain_graph(slices * 4, bench.step(0.0))
+        for _ in range(3):
+            [out] = cluster.run_graph(graph, [np.zeros(1, np.float32)])
+            assert (await cluster.fetch(out))[0] == 16
+            await cluster.free(out)
+        stats = await cluster.controller.plan_stats()
+        assert (stats["compiled"], stats["compiled_runs"]) == (1, 3)
+        assert (await island_load(cluster))["compiled_gang_by_gang"] == 0
+        usage = await cluster.store_usage()
+        assert [u["lane_in"] for u in usage] == [9, 12, 12, 12]  # every hop, by lane
+        await empty_stores(cluster)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_over_host_processes_a_declined_push_is_read_in_place() -> None:
+    """A 2 MiB push that host 1 has no room for: its reader reads the value
+    where it was made, which the producer keeps until the whole run is over."""
+    big = Aval((512 * 1024,), "float32")
+    async with atoll.local_cluster(
+        1, 2, 1, transport="capnp", cost=COST, store_bytes=5 << 20
+    ) as cluster:
+        first, second = await cluster.devices(1), await cluster.devices(1)
+        builder = GraphBuilder()
+        x = builder.input(big)
+        [y] = builder.add(Computation("inc", lambda v: v + 1, 1e6), first, [x], [big])
+        [z] = builder.add(Computation("sum", _total, 1e6), second, [y], [bench.SCALAR])
+        graph = builder.build([z])
+        filler = await cluster.put(np.zeros(1 << 20, np.float32), 1)  # host 1: 4 MiB of 5
+        for _ in range(3):
+            [out] = cluster.run_graph(graph, [np.zeros(512 * 1024, np.float32)])
+            assert (await cluster.fetch(out))[0] == 512 * 1024
+            await cluster.free(out)
+        assert (await cluster.controller.plan_stats())["compiled_runs"] == 3
+        assert (await cluster.store_usage())[1]["pushes_declined"] == 3
+        await cluster.free(filler)
+        await empty_stores(cluster)

@@ -1,0 +1,155 @@
+"""Timelines: ``cluster.tracing``, ``run(..., trace=True)`` and ``atoll demo --trace``
+write Chrome trace event files with the right events on the right devices."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import atoll
+from atoll.cli import main
+from atoll.devices import Computation
+from atoll.examples.demo import affine
+
+pytestmark = pytest.mark.anyio
+STEP = Computation("affine", affine, flops=1e6)
+REQUIRED = {  # what the trace event format needs of each phase
+    "X": {"name", "ph", "pid", "tid", "ts", "dur"},
+    "i": {"name", "ph", "pid", "tid", "ts", "s"},
+    "s": {"name", "ph", "pid", "tid", "ts", "id", "cat"},
+    "f": {"name", "ph", "pid", "tid", "ts", "id", "cat", "bp"},
+    "M": {"name", "ph", "pid", "tid", "args"},
+}
+
+
+def check_format(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every event has its phase's fields, every arrow has both ends; the events."""
+    events: list[dict[str, Any]] = trace["traceEvents"]
+    for event in events:
+        assert REQUIRED[event["ph"]] <= set(event), event
+        assert isinstance(event["pid"], int) and isinstance(event["tid"], int)
+        if "dur" in event:
+            assert event["dur"] > 0 and event["ts"] >= 0
+    ends = Counter((e["id"], e["ph"]) for e in events if e["ph"] in "sf")
+    assert all(ends[flow, "s"] == 1 and ends[flow, "f"] == 1 for flow, _ in ends), ends
+    return events
+
+
+def names(events: list[dict[str, Any]], what: str) -> dict[tuple[int, int], str]:
+    return {
+        (e["pid"], e["tid"] if what == "thread_name" else 0): e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == what
+    }
+
+
+def gangs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted((e for e in events if e.get("cat") == "gang"), key=lambda e: e["ts"])
+
+
+async def test_a_chain_across_hosts_is_on_the_right_devices_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "chain.json"
+    async with atoll.local_cluster(1, 2, 2) as cluster, cluster.tracing(path) as log:
+        handle = cluster.put(np.arange(1 << 16, dtype=np.float32), 0)  # 256 KiB
+        for device in [0, 2, 1, 3]:  # hosts 0, 1, 0, 1
+            handle = cluster.run(STEP, device, [handle])
+        await cluster.fetch(handle)
+    events = check_format(json.loads(path.read_text()))
+    assert events == log.events
+    ran = gangs(events)
+    assert [(e["pid"], e["tid"]) for e in ran] == [(2, 1), (3, 3), (2, 2), (3, 4)]
+    assert [e["args"]["device"] for e in ran] == [0, 2, 1, 3]
+    assert [e["args"]["position"] for e in ran] == [0, 1, 2, 3]  # the island's order
+    assert {e["args"]["client"] for e in ran} == {cluster.owner}
+    assert all(e["name"] == "affine" for e in ran)
+    moved = [e for e in events if e.get("cat") == "transfer" and e["ph"] == "X"]
+    assert len(moved) == 3 and all(e["args"]["bytes"] == 1 << 18 for e in moved)
+    assert [(e["args"]["src_host"], e["args"]["dst_host"]) for e in moved] == [
+        (0, 1),
+        (1, 0),
+        (0, 1),
+    ]
+    dispatches = [e for e in events if e["ph"] == "i" and e["name"] == "dispatch"]
+    assert len(dispatches) == 4 and all(e["pid"] == 1 for e in dispatches)
+    processes = names(events, "process_name")
+    assert processes[2, 0] == "host 0" and processes[3, 0] == "host 1"
+    assert processes[1, 0] == "controller"
+    assert names(events, "thread_name")[3, 4] == "device 3"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(180)
+async def test_a_pipeline_program_traced_with_run_trace_true(tmp_path: Path) -> None:
+    """GPipe: 4 stages on 4 hosts, 4 micro-batches, 16 nodes. Each stage's
+    device runs micro-batches 0..3 in order, and micro-batch m passes the
+    stages in order; every gang names the program and its node."""
+    from atoll.devices.jax_device import JaxDevice
+    from atoll.examples import pipeline
+
+    stages_n = pipeline.STAGES
+    async with atoll.local_cluster(1, stages_n, 1, device_cls=JaxDevice) as cluster:
+        stages = [
+            (await cluster.devices(1)).jit(pipeline.block, name=f"stage{s}")
+            for s in range(stages_n)
+        ]
+        micro = np.split(pipeline.inputs(8), 4)
+        run = cluster.run(pipeline.gpipe(stages), pipeline.init(), micro, trace=True)
+        trace = await run.timeline(tmp_path / "gpipe.json")
+        outs = await run
+    np.testing.assert_allclose(np.concatenate(outs), pipeline.reference(8), atol=1e-4)
+    events = check_format(json.loads((tmp_path / "gpipe.json").read_text()))
+    assert events == trace["traceEvents"]
+    ran = gangs(events)
+    assert len(ran) == 16 and {e["args"]["program"] for e in ran} == {"gpipe"}
+    for s in range(stages_n):
+        mine = [e for e in ran if e["name"] == f"stage{s}"]
+        assert len({(e["pid"], e["tid"]) for e in mine}) == 1  # one device per stage
+        assert len(mine) == 4
+        positions = [e["args"]["position"] for e in mine]
+        assert positions == sorted(positions)  # micro-batches in dispatch order
+    moved = [e for e in events if e.get("cat") == "transfer" and e["ph"] == "X"]
+    hops = sorted((e["args"]["src_host"], e["args"]["dst_host"]) for e in moved)
+    assert hops == sorted([(s, s + 1) for s in range(stages_n - 1)] * 4)  # stage to stage
+    for m in range(4):  # micro-batch m: stage 0, 1, 2, 3, in time order
+        chain = [
+            next(e for e in ran if e["name"] == f"stage{s}" and _nth(ran, e) == m)
+            for s in range(stages_n)
+        ]
+        starts = [e["ts"] for e in chain]
+        assert starts == sorted(starts)
+
+
+def _nth(ran: list[dict[str, Any]], event: dict[str, Any]) -> int:
+    """Which of its stage's runs ``event`` is (0 for the first micro-batch)."""
+    return [e for e in ran if e["name"] == event["name"]].index(event)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the capnp transport
+@pytest.mark.timeout(120)
+async def test_hosts_in_processes_send_their_timelines(tmp_path: Path) -> None:
+    async with (
+        atoll.local_cluster(1, 2, 1, transport="capnp") as cluster,
+        cluster.tracing() as log,
+    ):
+        handle = cluster.put(np.arange(1 << 16, dtype=np.float32), 0)
+        for device in [0, 1, 0]:
+            handle = cluster.run(STEP, device, [handle])
+        await cluster.fetch(handle)
+    events = check_format(log.trace)
+    ran = gangs(events)
+    assert [(e["pid"], e["tid"]) for e in ran] == [(2, 1), (3, 2), (2, 1)]
+    moved = [e for e in events if e.get("cat") == "transfer" and e["ph"] == "X"]
+    assert moved and all(e["args"]["bytes"] == 1 << 18 for e in moved if "bytes" in e["args"])
+
+
+def test_demo_writes_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "demo.json"
+    assert main(["demo", "--virtual-clock", "--steps", "8", "--trace", str(path)]) == 0
+    assert f"trace written to {path}" in capsys.readouterr().out
+    events = check_format(json.loads(path.read_text()))
+    assert len(gangs(events)) == 8
