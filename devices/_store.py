@@ -40,6 +40,8 @@ from ._ledger import OwnerLedger, check_owner
 
 __all__ = ["BufferMissing", "ObjectStore", "StoreFull"]
 
+_SETTLED_KEPT = 4096  # settled inbox keys remembered, to drop late notices for them
+
 
 HOLD_TTL_S = 30.0  # a hold for a push not taken within this lapses
 
@@ -92,7 +94,7 @@ class ObjectStore:
         # keys recently done with: a late push or notice for one is dropped.
         # Bounded: a notice older than the last 4,096 keys would open a stale
         # key again (it takes a host lost after its push was read, that late)
-        self._settled: deque[str] = deque(maxlen=4096)
+        self._settled: dict[str, None] = {}  # oldest first, at most _SETTLED_KEPT
         self.ledger = OwnerLedger()  # per-owner bytes, device time and quotas
         self._holds: dict[int, tuple[int, float]] = {}  # id -> (bytes, lapses at)
 
@@ -284,7 +286,7 @@ class ObjectStore:
         """Remove a settled ``key``: its reader now owns what landed (if anything)."""
         self._landed.pop(key, None)
         self._arrivals.pop(key, None)
-        self._settled.append(key)
+        self._settle(key)
 
     def abandon(self, key: str) -> None:
         """The reader gave up: free what landed, or free it when it lands."""
@@ -293,16 +295,22 @@ class ObjectStore:
         if buffer_id is not None:
             self.decref(buffer_id)
         if buffer_id is not None or (arrival is not None and arrival.done()):
-            self._settled.append(key)  # redirected or failed: nothing more comes
+            self._settle(key)  # redirected or failed: nothing more comes
         else:
             self._abandoned.add(key)
+
+    def _settle(self, key: str) -> None:
+        """Remember ``key`` as settled (a set, bounded: the oldest go first)."""
+        self._settled[key] = None
+        if len(self._settled) > _SETTLED_KEPT:
+            del self._settled[next(iter(self._settled))]
 
     def _closed(self, key: str) -> bool:
         """Whether ``key``'s reader is done with it (took it, or gave up); a
         key given up on is closed for good by the first notice that follows."""
         if key in self._abandoned:
             self._abandoned.discard(key)
-            self._settled.append(key)
+            self._settle(key)
             return True
         return key in self._settled
 

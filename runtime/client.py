@@ -263,7 +263,7 @@ class Cluster:
         ]
 
     def _inputs(self, graph: Graph, leaves: Sequence[Any]) -> tuple[list[Any], list[int]]:
-        readers = graph.consumers()
+        readers: dict[ValueRef, list[int]] | None = None  # only for an input to put
         inputs: list[Any] = []
         temporary: list[int] = []
         for i, leaf in enumerate(leaves):
@@ -274,6 +274,7 @@ class Cluster:
             elif (small := _by_value(leaf)) is not None and ValueRef(-1, i) not in graph.outputs:
                 inputs.append(small)  # an output must be stored: it needs a handle
             else:
+                readers = graph.consumers() if readers is None else readers
                 first = readers.get(ValueRef(-1, i))
                 slice_id = graph.nodes[first[0]].slice.slice_id if first else None
                 inputs.append(self._call("put", np.asarray(leaf), slice_id, self.owner))
