@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import gc
 import itertools
 import os
 import re
@@ -439,6 +440,10 @@ async def run_up(spec: ClusterSpec, address: str, cluster_file: str, timeout: fl
                 f"{len(info.topology.devices)} devices",
                 flush=True,
             )
+            # this process is ours: its long-lived objects (actors, proxies,
+            # topology) leave the collector's scans, whose pauses otherwise
+            # grow with the cluster (docs/dispatch.md, "Scale")
+            gc.freeze()
             await stop.wait()
             print("atoll: stopping hosts", flush=True)
     finally:
