@@ -72,12 +72,20 @@ class Graph:
 
     def freeable(self, temporary: Sequence[int]) -> dict[ValueRef, list[int]]:
         """The values to free once their readers ran, with those readers: every
-        value read and not an output, except program inputs not listed in
-        ``temporary`` (the caller's own)."""
+        value that is not an output, except program inputs not listed in
+        ``temporary`` (the caller's own). A node's output that nothing reads
+        has no readers: it is freed as soon as it exists."""
         kept, mine = set(self.outputs), set(temporary)
+        readers = self.consumers()
+        unread: dict[ValueRef, list[int]] = {
+            ValueRef(node.id, i): []
+            for node in self.nodes
+            for i in range(len(node.outputs))
+            if ValueRef(node.id, i) not in readers
+        }
         return {
-            ref: readers
-            for ref, readers in self.consumers().items()
+            ref: nodes
+            for ref, nodes in {**readers, **unread}.items()
             if ref not in kept and (ref.node >= 0 or ref.index in mine)
         }
 

@@ -275,3 +275,23 @@ async def test_over_host_processes_a_declined_push_is_read_in_place() -> None:
         assert (await cluster.store_usage())[1]["pushes_declined"] == 3
         await cluster.free(filler)
         await empty_stores(cluster)
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "per-gang"])
+async def test_an_output_nothing_reads_is_freed(compiled: bool) -> None:
+    """A node whose output no node reads and no result names: freed once made."""
+    async with compiled_cluster(1, 2, 1) as cluster:
+        await cluster.controller.set_compile(compiled)
+        a, b = await cluster.devices(1), await cluster.devices(1)
+        step = bench.step(0.001)
+        builder = GraphBuilder()
+        x = builder.input(bench.SCALAR)
+        [y] = builder.add(step, a, [x], [bench.SCALAR])
+        builder.add(step, b, [y], [bench.SCALAR])  # its output goes nowhere
+        [z] = builder.add(step, a, [y], [bench.SCALAR])
+        x0 = await cluster.put(np.zeros(1, np.float32), 0)
+        [out] = cluster.run_graph(builder.build([z]), [x0])
+        assert (await cluster.fetch(out))[0] == 2
+        for handle in (out, x0):
+            await cluster.free(handle)
+        await empty_stores(cluster)
