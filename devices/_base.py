@@ -390,21 +390,11 @@ class Device(Actor):
     ) -> None:
         """A planned gang settled: report its kept outputs, free the others
         (unless a reader elsewhere reads them in place), or report its error."""
-        error = out.exception()
-        if error is not None:
-            report.errors[gang.node] = portable(error, task.gang_id)
-            return
-        if self.device_id != task.leader:  # only the leader holds outputs
-            return
-        for index, (handle, keep) in enumerate(zip(out.result(), gang.keep, strict=True)):
-            if keep:
-                report.outputs[gang.node, index] = handle
-            elif handle.id in held:
-                if handle.id not in report.held:  # declined by two hosts: freed once
-                    report.held.append(handle.id)
-            else:
-                with suppress(BufferMissing):
-                    self.store.decref(handle.id)
+        if out.exception() is None and self.device_id != task.leader:
+            return  # only the leader holds outputs
+        for buffer_id in report.record(gang, task.gang_id, out, held):
+            with suppress(BufferMissing):
+                self.store.decref(buffer_id)
 
     async def _fail_targets(self, targets: Sequence[PushTarget], error: BaseException) -> None:
         """Fail the inboxes a failed gang's outputs were due in (no reply awaited)."""
@@ -504,7 +494,7 @@ class Device(Actor):
                 continue
             array = np.asarray(self.store.get(handle.id))
             began = timeline.now_us()
-            if array.nbytes <= INLINE_VALUE_BYTES and await self._by_lane(target, array, owner):
+            if await self._by_lane(target, array, owner):
                 timeline.push(
                     self.host_id, self.device_id, target.host_id, target.keys, array.nbytes, began
                 )

@@ -18,7 +18,7 @@ carries it out (``Device.run_plan``).
 from __future__ import annotations
 
 import traceback
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -109,6 +109,27 @@ class RunReport:
     outputs: dict[tuple[int, int], Any] = field(default_factory=dict)
     errors: dict[int, BaseException] = field(default_factory=dict)
     held: list[str] = field(default_factory=list)
+
+    def record(
+        self, gang: PlannedGang, gang_id: str, out: Any, held: Container[str] = ()
+    ) -> list[str]:
+        """Take in a leader's settled gang (``out``, a promise of its output
+        handles): its error, or its kept outputs; the other outputs go to
+        ``held`` when a reader elsewhere reads them in place (ids in ``held``),
+        and are returned otherwise, for the caller to free or hold."""
+        error = out.exception()
+        if error is not None:
+            self.errors[gang.node] = portable(error, gang_id)
+            return []
+        unkept = []
+        for index, (handle, keep) in enumerate(zip(out.result(), gang.keep, strict=True)):
+            if keep:
+                self.outputs[gang.node, index] = handle
+            elif handle.id not in held:
+                unkept.append(handle.id)
+            elif handle.id not in self.held:  # declined by two hosts: freed once
+                self.held.append(handle.id)
+        return unkept
 
     def output(self, node: int, index: int) -> Any:
         """Output ``index`` of ``node``, or the error its gang failed with."""

@@ -28,6 +28,7 @@ from ..devices import (
     Host,
     PushTarget,
     RunReport,
+    portable,
     run_key,
     timeline,
 )
@@ -38,7 +39,6 @@ from ..kernel import (
     AtollError,
     HostLost,
     Promise,
-    RemoteActorError,
     all_settled,
     as_promise,
     endpoint,
@@ -355,7 +355,7 @@ class Controller(Actor):
             as_promise(inputs[index]) if node < 0 else Promise(f"output {node}/{index}")
             for node, index, _ in compiled.outputs
         ]
-        run = _CompiledRun(compiled, plan_, graph, list(inputs), owner, epoch, outs)
+        run = _CompiledRun(compiled, plan_, list(inputs), epoch, outs)
         sent.add_done_callback(functools.partial(self._compiled_sent, run))
         return outs
 
@@ -398,8 +398,7 @@ class Controller(Actor):
         for gang in run.compiled.programs[device].gangs:
             if gang.devices[0] != device or (error is None and gang.node not in failed):
                 continue
-            cause = failed.get(gang.node) or error or AtollError("lost")
-            boxed = _boxed(cause, f"{prefix}/{gang.node}")
+            boxed = portable(failed[gang.node] if error is None else error, f"{prefix}/{gang.node}")
             for target in gang.push:
                 keys = [f"{prefix}/{k}" for k in target.keys]
                 notice = self.host_refs[target.host_id].fail_inbox(keys, boxed)
@@ -412,7 +411,7 @@ class Controller(Actor):
         error = ran.exception()
         if error is None:
             return
-        boxed = _boxed(error, gang_id)
+        boxed = portable(error, gang_id)
         for target in targets:
             notice = self.host_refs[target.host_id].fail_inbox(list(target.keys), boxed)
             notice.add_done_callback(_log_failed_notice)
@@ -539,9 +538,7 @@ class _CompiledRun:
 
     compiled: CompiledPlan
     plan: Plan
-    graph: Graph
     inputs: list[Any]
-    owner: str
     epoch: int
     outs: list[Promise[BufferHandle]]
 
@@ -550,14 +547,6 @@ def _output(node: int, index: int, report: RunReport) -> BufferHandle:
     """Output ``index`` of ``node`` out of its device's run report."""
     handle: BufferHandle = report.output(node, index)
     return handle
-
-
-def _boxed(error: BaseException, gang: str) -> RemoteActorError:
-    """``error`` in the one error type that travels to any host intact."""
-    if isinstance(error, RemoteActorError):
-        return error
-    kind = f"{type(error).__module__}.{type(error).__qualname__}"
-    return RemoteActorError(gang, "run_gang", kind, str(error), "")
 
 
 async def _unless_lost(answer: Promise[Any]) -> Any:

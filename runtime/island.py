@@ -25,7 +25,6 @@ from ..devices import (
     PushTarget,
     Rendezvous,
     RunReport,
-    portable,
     run_key,
     timeline,
 )
@@ -125,7 +124,7 @@ class IslandScheduler(Actor):
         inputs: Mapping[int, Sequence[Any]],
         owner: str = "",
         weight: float = 1.0,
-    ) -> dict[int, Promise[RunReport]] | None:
+    ) -> dict[int, Promise[RunReport]]:
         """Run a compiled plan as run ``epoch``: one message per device.
 
         The policy sees the whole run as one gang over all its devices (a
@@ -201,20 +200,15 @@ class IslandScheduler(Actor):
     def _gang_ran(
         self, gang: PlannedGang, task: GangTask, report: RunReport, result: Promise[Any]
     ) -> None:
-        error = result.exception()
-        if error is None:
-            for index, (handle, keep) in enumerate(zip(result.result(), gang.keep, strict=True)):
-                if keep:
-                    report.outputs[gang.node, index] = handle
-                else:
-                    report.held.append(handle.id)
-            return
-        boxed = portable(error, task.gang_id)
-        report.errors[gang.node] = boxed
-        for target in task.push:  # its readers wait on inboxes nothing will fill now
+        """A gang of a run gone gang by gang settled: its outputs no one keeps
+        are held until the whole run is over; if it failed, so do the inboxes
+        its readers wait on, now."""
+        report.held.extend(report.record(gang, task.gang_id, result))
+        error = report.errors.get(gang.node)
+        for target in task.push if error is not None else ():
             host = self.hosts.get(target.host_id)
             if host is not None:
-                host.fail_inbox(list(target.keys), boxed).add_done_callback(_log_failed_install)
+                host.fail_inbox(list(target.keys), error).add_done_callback(_log_failed)
 
     def _install(self, device: int, ref: ActorRef[Device], program: DeviceProgram) -> None:
         """Send a device its part of a plan, unless it has it (a device that
@@ -227,7 +221,7 @@ class IslandScheduler(Actor):
             plans.add(program.plan_id)
             timeline.control("install plan", self._lane, plan=program.plan_id, device=device)
             sent = Wire.through(self.wire, ref, "install_plan", program)
-            sent.add_done_callback(_log_failed_install)
+            sent.add_done_callback(_log_failed)
 
     @endpoint
     def drop_plans(self, plan_ids: list[int]) -> None:
@@ -237,9 +231,7 @@ class IslandScheduler(Actor):
             mine = sorted(plans & doomed)
             if mine:
                 plans.difference_update(mine)
-                Wire.through(self.wire, ref, "drop_plans", mine).add_done_callback(
-                    _log_failed_install
-                )
+                Wire.through(self.wire, ref, "drop_plans", mine).add_done_callback(_log_failed)
 
     @endpoint
     def push_after(
@@ -327,7 +319,7 @@ class IslandScheduler(Actor):
         return len(done)
 
 
-def _log_failed_install(sent: Promise[Any]) -> None:
+def _log_failed(sent: Promise[Any]) -> None:
     if sent.exception() is not None:
         _log.warning("a notice to a device or host failed: %s", sent.exception())
 
