@@ -118,28 +118,6 @@ async def test_gangs_over_every_device_compile_and_take_the_same_time(compiled: 
         await empty_stores(cluster)
 
 
-async def test_a_value_read_twice_on_a_host_travels_once() -> None:
-    async with compiled_cluster(1, 2, 2) as cluster:
-        a, b, c, d = [await cluster.devices(1) for _ in range(4)]  # hosts 0, 0, 1, 1
-        step = bench.step(0.001)
-        builder = GraphBuilder()
-        x = builder.input(bench.SCALAR)
-        [y] = builder.add(step, a, [x], [bench.SCALAR])
-        [y] = builder.add(step, b, [y], [bench.SCALAR])
-        [u] = builder.add(step, c, [y], [bench.SCALAR])
-        [v] = builder.add(Computation("add", np.add, 1e9), d, [y, u], [bench.SCALAR])
-        graph = builder.build([v, y])
-        x0 = await cluster.put(np.zeros(1, np.float32), 0)
-        out, mid = cluster.run_graph(graph, [x0])
-        assert (await cluster.fetch(out))[0] == 2 + 3
-        assert (await cluster.fetch(mid))[0] == 2  # an output that is also read on
-        assert (await cluster.store_usage())[1]["pushes_in"] == 1
-        assert (await cluster.controller.plan_stats())["compiled_runs"] == 1
-        for handle in (out, mid, x0):
-            await cluster.free(handle)
-        await empty_stores(cluster)
-
-
 async def test_a_declined_push_is_read_in_place_and_freed_after_the_run() -> None:
     big = Aval((1024,), "float32")
     async with compiled_cluster(1, 2, 1, store_bytes=9 * 1024) as cluster:

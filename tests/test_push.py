@@ -47,9 +47,12 @@ async def test_pushed_chain_matches_and_frees_every_copy() -> None:
         assert sum(u["arrivals"] for u in usage) == 0
 
 
-async def test_one_output_read_twice_on_a_host_travels_once() -> None:
-    """A value read by two gangs on another host is pushed there once."""
+@pytest.mark.parametrize("compiled", [False, True], ids=["per-gang", "compiled"])
+async def test_one_output_read_twice_on_a_host_travels_once(compiled: bool) -> None:
+    """A value read by two gangs on another host is pushed there once (gang by
+    gang, or as a compiled run); it is an output of the program too."""
     async with atoll.local_cluster(1, 2, 2, cost=COST, push=True) as cluster:
+        assert await cluster.controller.set_compile(compiled) is compiled
         a = await cluster.devices(1)  # device 0, host 0
         b = await cluster.devices(1)  # device 1, host 0
         c = await cluster.devices(1)  # device 2, host 1
@@ -61,14 +64,16 @@ async def test_one_output_read_twice_on_a_host_travels_once() -> None:
         [y] = builder.add(step, b, [y], [bench.SCALAR])
         [u] = builder.add(step, c, [y], [bench.SCALAR])
         [v] = builder.add(Computation("add", np.add, 1e9), d, [y, u], [bench.SCALAR])
-        graph = builder.build([v])
+        graph = builder.build([v, y])
         x0 = await cluster.put(np.zeros(1, np.float32), 0)
-        [out] = cluster.run_graph(graph, [x0])
+        out, mid = cluster.run_graph(graph, [x0])
         assert (await cluster.fetch(out))[0] == 2 + 3
+        assert (await cluster.fetch(mid))[0] == 2
         usage = await cluster.store_usage()
         assert usage[1]["pushes_in"] == 1  # y once (for two readers); u is local
-        await cluster.free(out)
-        await cluster.free(x0)
+        assert (await cluster.controller.plan_stats())["compiled_runs"] == int(compiled)
+        for handle in (out, mid, x0):
+            await cluster.free(handle)
         usage = await cluster.store_usage()
         assert sum(u["buffers"] for u in usage) == 0
         assert sum(u["arrivals"] for u in usage) == 0
