@@ -70,7 +70,7 @@ class Report:
     seconds: float
     seed: int
     faults: dict[str, int] = field(default_factory=dict)
-    survived: int = 0  # faults after which the cluster still ran programs correctly
+    survived: int = 0  # faults followed by a correct result before the next one
     promises: int = 0  # programs checked (each settles one promise chain)
     correct: int = 0
     failed_dependent: int = 0  # failed with an allowed error, on a lost host or a cut link
@@ -152,8 +152,11 @@ async def _one_program(client: Any, cluster: Any, rng: random.Random, bound: flo
     return "correct" if ok else "wrong"
 
 
-async def client_loop(cluster_file: str, seconds: float, seed: int, bound: float) -> Counter[str]:
-    """Run programs for ``seconds``, reconnecting when the link goes."""
+async def client_loop(
+    cluster_file: str, seconds: float, seed: int, bound: float, correct_at: list[float]
+) -> Counter[str]:
+    """Run programs for ``seconds``, reconnecting when the link goes; the
+    wall-clock time of each correct result goes to ``correct_at``."""
     rng, outcomes = random.Random(seed), Counter[str]()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -166,6 +169,8 @@ async def client_loop(cluster_file: str, seconds: float, seed: int, bound: float
                         return outcomes
                     if outcome != "relink":
                         outcomes[outcome] += 1
+                    if outcome == "correct":
+                        correct_at.append(time.time())
             outcomes["reconnects"] += 1
         except (*DEPENDENT, TimeoutError, OSError) as exc:
             outcomes["reconnects"] += 1
@@ -175,14 +180,19 @@ async def client_loop(cluster_file: str, seconds: float, seed: int, bound: float
 
 
 def _client_main(args: argparse.Namespace) -> int:
+    correct_at: list[float] = []
+
     async def body() -> Counter[str]:
         from ..transports.capnp import capnp_runtime
 
         async with capnp_runtime():
-            return await client_loop(args.cluster_file, args.seconds, args.seed, args.bound)
+            return await client_loop(
+                args.cluster_file, args.seconds, args.seed, args.bound, correct_at
+            )
 
     outcomes = asyncio.run(body())
     print("OUTCOMES " + json.dumps(dict(outcomes)), flush=True)
+    print("CORRECT_AT " + json.dumps(correct_at), flush=True)
     return 0
 
 
@@ -329,6 +339,8 @@ class _Run:
         self.pids: set[int] = {cluster.up.pid, *cluster.host_pids}
         self.lost: set[int] = set()
         self.outcomes: Counter[str] = Counter()
+        self.correct_at: list[float] = []  # wall-clock times of correct results
+        self.fault_at: list[float] = []  # ... and of the faults injected
         self.seeds = iter(range(report.seed * 1000, report.seed * 1000 + 1000))
 
     def start_client(self, proxied: bool, seconds: float) -> None:
@@ -347,6 +359,8 @@ class _Run:
         for line in out.splitlines():
             if line.startswith("OUTCOMES "):
                 self.outcomes.update(json.loads(line.removeprefix("OUTCOMES ")))
+            elif line.startswith("CORRECT_AT "):
+                self.correct_at += json.loads(line.removeprefix("CORRECT_AT "))
 
     def live_hosts(self) -> list[int]:
         return [i for i, _ in enumerate(self.cluster.host_pids) if i not in self.lost]
@@ -474,6 +488,7 @@ async def _drive(
             await anyio.sleep(max(0.0, began + at - time.monotonic()))
             if await run.inject(kind, rng, proxy, end):
                 run.report.faults[kind] = run.report.faults.get(kind, 0) + 1
+                run.fault_at.append(time.time())
         for client in list(run.clients):
             await anyio.to_thread.run_sync(run.collect, client)
     finally:
@@ -513,7 +528,15 @@ def _tally(run: _Run, report: Report) -> None:
     report.failed_independent = outcomes["independent"]
     report.promises = sum(outcomes[k] for k in ("correct", "dependent", "hang", "wrong"))
     report.promises += outcomes["independent"]
-    report.survived = sum(report.faults.values()) if report.correct and report.ok() else 0
+    report.survived = _survived(run.fault_at, run.correct_at)
+
+
+def _survived(fault_at: list[float], correct_at: list[float]) -> int:
+    """Faults followed by a correct result before the next fault (or the end)."""
+    ends = [*fault_at[1:], float("inf")] if fault_at else []
+    return sum(
+        any(start < t <= end for t in correct_at) for start, end in zip(fault_at, ends, strict=True)
+    )
 
 
 # -- the command line ---------------------------------------------------------------------------

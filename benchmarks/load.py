@@ -78,14 +78,21 @@ async def _flood(transport: CapnpTransport, address: str, system: ActorSystem) -
 
 
 async def _clients(transport: CapnpTransport, address: str, system: ActorSystem) -> dict[str, Any]:
-    """64 clients at once, 100 calls each."""
+    """64 clients at once, 100 calls each; counts the calls answered with
+    the value sent, and those refused (a full mailbox)."""
+    counts = {"answered": 0, "refused": 0}
 
     async def one(k: int) -> None:
         connection = await transport.connect(address, system)
         try:
             echo = await connection.node.spawn(f"{CONF}:Echo")
             for i in range(100):
-                assert await echo.echo((k, i)) == (k, i)
+                try:
+                    right = await echo.echo((k, i)) == (k, i)
+                except MailboxFull:
+                    counts["refused"] += 1
+                    continue
+                counts["answered"] += right
         finally:
             await connection.aclose()
 
@@ -93,7 +100,7 @@ async def _clients(transport: CapnpTransport, address: str, system: ActorSystem)
     async with anyio.create_task_group() as tg:
         for k in range(64):
             tg.start_soon(one, k)
-    return {"answered": 6400, "refused": 0, "s": time.perf_counter() - began}
+    return {**counts, "s": time.perf_counter() - began}
 
 
 async def run_load() -> list[dict[str, Any]]:

@@ -35,11 +35,9 @@ def anyio_backend() -> str:
 @pytest.mark.timeout(150)
 async def test_random_faults_lose_nothing_and_leave_nothing_behind() -> None:
     report = await run_faults(seconds=45, seed=3, hosts=4, clients=2, bound=30)
-    assert report.ok(), report
+    assert report.ok(), report  # no hang, wrong result, independent failure, leak or orphan
     assert set(report.faults) == set(FAULT_KINDS), report  # each kind at least once
-    assert report.correct > 0 and report.promises >= report.correct
-    assert (report.hangs, report.wrong, report.failed_independent) == (0, 0, 0)
-    assert (report.bytes_leaked, report.orphans) == (0, 0)
+    assert report.correct > 0 and report.survived > 0, report
 
 
 @pytest.mark.timeout(90)
@@ -65,3 +63,11 @@ async def test_a_frozen_host_is_given_up_within_the_heartbeat_bound(tmp_path: Pa
             np.testing.assert_array_equal(await handle.fetch(result), affine(ones))
         finally:
             os.kill(cluster.host_pids[1], signal.SIGCONT)
+
+
+def test_a_fault_survives_only_with_a_correct_result_before_the_next() -> None:
+    from atoll.benchmarks.faults import _survived
+
+    assert _survived([10.0, 20.0, 30.0], [15.0, 35.0]) == 2  # the second fault: none before 30
+    assert _survived([10.0], []) == 0
+    assert _survived([], [5.0]) == 0

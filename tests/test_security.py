@@ -115,7 +115,6 @@ class _Link:
     node: NodeProcess
     loop: asyncio.AbstractEventLoop
     refs: dict[str, ActorRef[Any]]
-    answered: int = 0
 
     def run(self, make: Callable[[], Coroutine[Any, Any, T]], timeout: float = 30) -> T:
         return asyncio.run_coroutine_threadsafe(make(), self.loop).result(timeout)
@@ -326,7 +325,7 @@ def test_fuzz_after_login_answers_every_hostile_call(
     link: _Link, hostile: _Hostile, endpoint: str
 ) -> None:
     target = link.refs["runner" if endpoint == "keep" else "echo"]
-    answer = link.run(lambda: _call_raw(target, endpoint, hostile))
-    assert answer.startswith(("value", "error"))
-    link.answered += 1
+    answer = link.run(lambda: _call_raw(target, endpoint, hostile))  # unanswered: times out
+    if endpoint in ("no_such", "", "_private"):  # not an endpoint: never a value
+        assert answer.startswith("error"), answer
     assert link.run(lambda: _echo(link.refs["echo"], 42)) == 42  # the link still works
