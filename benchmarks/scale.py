@@ -62,7 +62,7 @@ __all__ = ["control_cpu", "main", "measure", "run"]
 HOSTS = (4, 16, 64, 128, 512)
 QUICK_HOSTS = (4, 16, 64)
 CONTROL_PLANE: dict[type[Any], tuple[str, ...]] = {
-    Controller: ("run_graph", "_compiled_sent", "_reported", "_free_held"),
+    Controller: ("run_graph", "_send_run", "_compiled_sent", "_reported", "_free_held"),
     IslandScheduler: ("submit_gang", "run_plan", "completed", "_report", "_gang_ran"),
 }
 

@@ -290,7 +290,7 @@ class Device(Actor):
                 return failed(exc)
             if task.collective:
                 await self.arrive(task, "in")
-            busy, began = self.busy_s, timeline.now_us()
+            busy, began = self.busy_s, timeline.start()
             outputs = await self.run_shard(task, handles, owner)
             timeline.gang(self.host_id, self.device_id, task, owner, began, leader)
             self.store.ledger.charge(owner, self.busy_s - busy)  # device time per session
@@ -493,7 +493,7 @@ class Device(Actor):
                     self.store.deliver(key, Arrival(handle, 0.0), handle.id)
                 continue
             array = np.asarray(self.store.get(handle.id))
-            began = timeline.now_us()
+            began = timeline.start()
             if await self._by_lane(target, array, owner):
                 timeline.push(
                     self.host_id, self.device_id, target.host_id, target.keys, array.nbytes, began
@@ -678,7 +678,7 @@ class Device(Actor):
             )
             return handle.value
         holder = await self._host_ref(handle.host_id, handle.address, handle.host)
-        began = timeline.now_us()
+        began = timeline.start()
         array: np.ndarray = await holder.fetch(handle.id, owner)
         timeline.pulled(self.host_id, self.device_id, handle, began)
         await self._charge_transfer(
@@ -852,7 +852,7 @@ class Host(Actor):
         once; nothing here to free), instead of waiting for room that only
         their own progress would make."""
         keys, array = list(message.keys), message.array
-        timeline.received(self.host_id, keys, array.nbytes, timeline.now_us())
+        timeline.received(self.host_id, keys, array.nbytes, timeline.start())
         if self.store.fits(array.nbytes):
             try:
                 self._land(keys, array, message.owner, message.island)
@@ -926,7 +926,7 @@ class Host(Actor):
         self, keys: list[str], array: Any, owner: str, island: int, hold: int | None = None
     ) -> bool:
         array = np.asarray(array)
-        timeline.received(self.host_id, keys, array.nbytes, timeline.now_us())
+        timeline.received(self.host_id, keys, array.nbytes, timeline.start())
         if keys and hold is not None and self.store.take_hold(hold, array.nbytes):
             self._land(keys, array, owner, island, reserved=True)
             return True

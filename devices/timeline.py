@@ -43,6 +43,7 @@ __all__ = [
     "push",
     "pushing",
     "received",
+    "start",
 ]
 
 CONTROLLER = -1  # the host id of control-plane events (the controller's process)
@@ -53,6 +54,12 @@ def now_us() -> float:
     """Wall-clock time in microseconds (the trace format's unit), comparable
     across the processes of one machine."""
     return time.time_ns() / 1000.0
+
+
+def start() -> float:
+    """The start time of an event about to happen: now while recording, else
+    0.0 without reading the clock (the call sites are every gang and push)."""
+    return now_us() if RECORDER.on else 0.0
 
 
 @dataclass

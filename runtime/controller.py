@@ -294,7 +294,7 @@ class Controller(Actor):
         plan_ = self.plan_for(graph, temporary, owner)
         compiled = self._compiled_plan(plan_, graph) if self.compile else None
         if compiled is not None:
-            return self._run_compiled(compiled, plan_, graph, inputs, owner)
+            return self._run_compiled(compiled, plan_, inputs, owner)
         return self._dispatch(plan_, graph, inputs, owner)
 
     def _dispatch(
@@ -339,28 +339,39 @@ class Controller(Actor):
         self,
         compiled: CompiledPlan,
         plan_: Plan,
-        graph: Graph,
         inputs: Sequence[Any],
         owner: str,
     ) -> list[Promise[BufferHandle]]:
         """One run of a compiled plan: the island sends each device one
-        ``run_plan``; each output settles from its device's report."""
+        ``run_plan``; each output settles from its device's report. A
+        session's run goes through its gang quota as one entry (sent now,
+        after a stall, or refused), like a gang sent gang by gang."""
         epoch = next(self._runs)
         self._compiled_runs += 1
-        given = {d: [inputs[i] for i in p.inputs] for d, p in compiled.programs.items()}
-        island = self.schedulers[compiled.island]
-        weight = self.tenants.weight(owner)  # its share, for the policy's accounting
-        sent = Wire.through(self.wire, island, "run_plan", compiled, epoch, given, owner, weight)
         outs: list[Promise[BufferHandle]] = [
             as_promise(inputs[index]) if node < 0 else Promise(f"output {node}/{index}")
             for node, index, _ in compiled.outputs
         ]
-        run = _CompiledRun(compiled, plan_, list(inputs), epoch, outs)
-        sent.add_done_callback(functools.partial(self._compiled_sent, run))
+        run = _CompiledRun(compiled, plan_, list(inputs), owner, epoch, outs)
+        refused: Promise[Any] = Promise("admitted")  # failed only if the quota refuses it
+        refused.add_done_callback(functools.partial(self._compiled_sent, run, counted=False))
+        self.tenants.admit(owner, functools.partial(self._send_run, run), refused)
         return outs
 
-    def _compiled_sent(self, run: _CompiledRun, sent: Promise[Any]) -> None:
-        """The island sent a compiled run (as one, or gang by gang)."""
+    def _send_run(self, run: _CompiledRun) -> None:
+        """Send an admitted compiled run to its island."""
+        compiled, inputs = run.compiled, run.inputs
+        given = {d: [inputs[i] for i in p.inputs] for d, p in compiled.programs.items()}
+        island = self.schedulers[compiled.island]
+        weight = self.tenants.weight(run.owner)  # its share, for the policy's accounting
+        sent = Wire.through(
+            self.wire, island, "run_plan", compiled, run.epoch, given, run.owner, weight
+        )
+        sent.add_done_callback(functools.partial(self._compiled_sent, run))
+
+    def _compiled_sent(self, run: _CompiledRun, sent: Promise[Any], counted: bool = True) -> None:
+        """The island sent a compiled run (as one, or gang by gang), or it
+        failed to, or the session's quota refused it (not ``counted``)."""
         error = sent.exception()
         reports: dict[int, Promise[RunReport]] | None = None if error else sent.result()
         for (node, index, device), out in zip(run.compiled.outputs, run.outs, strict=True):
@@ -370,9 +381,11 @@ class Controller(Actor):
                 out.set_exception(error or AtollError("a compiled run was not sent"))
         for device, report in (reports or {}).items():
             report.add_done_callback(functools.partial(self._reported, run, device))
+        every = all_settled(list((reports or {}).values()))
         if reports:  # read in place by readers on any device: free once all ran
-            every = all_settled(list(reports.values()))
             every.add_done_callback(functools.partial(self._free_held, reports))
+        if counted:  # its place in the session's gang quota
+            every.add_done_callback(functools.partial(self.tenants.finished, run.owner))
         for ref, _ in run.plan.frees:
             if ref.node < 0:
                 _free_after(as_promise(run.inputs[ref.index]), list((reports or {}).values()))
@@ -539,6 +552,7 @@ class _CompiledRun:
     compiled: CompiledPlan
     plan: Plan
     inputs: list[Any]
+    owner: str
     epoch: int
     outs: list[Promise[BufferHandle]]
 

@@ -273,3 +273,24 @@ async def test_an_output_nothing_reads_is_freed(compiled: bool) -> None:
         for handle in (out, x0):
             await cluster.free(handle)
         await empty_stores(cluster)
+
+
+async def test_a_sessions_compiled_runs_go_through_its_gang_quota() -> None:
+    """A quota of one: the first run goes, the next 16 wait their turn (the
+    stall), and the one after is refused; every run that went is right."""
+    from atoll.devices import QuotaExceeded
+
+    async with compiled_cluster(1, 2, 1) as cluster:
+        await cluster.controller.set_tenant(cluster.owner, max_gangs=1)
+        slices = [await cluster.devices(1) for _ in range(2)]
+        graph = bench.chain_graph(slices, bench.step(0.001))
+        x = await cluster.put(np.zeros(1, np.float32), 0)
+        outs = [cluster.run_graph(graph, [x])[0] for _ in range(18)]
+        with pytest.raises(QuotaExceeded):
+            await cluster.fetch(outs[-1])
+        for out in outs[:-1]:
+            assert (await cluster.fetch(out))[0] == 2
+            await cluster.free(out)
+        assert (await cluster.controller.plan_stats())["compiled_runs"] == 18
+        await cluster.free(x)
+        await empty_stores(cluster)
