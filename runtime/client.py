@@ -9,6 +9,7 @@ returned :class:`Outputs` fetches the arrays.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import operator
 import os
@@ -38,10 +39,12 @@ from ..kernel import (
     all_settled,
     as_promise,
     flatten,
+    forward,
     then,
     value_of,
 )
 from ..transports.inproc import read_only
+from .batching import RunBatcher
 from .graph import Graph, ValueRef
 from .latency import Wire
 from .topology import DeviceInfo, Topology
@@ -124,6 +127,7 @@ class Cluster:
         hosts: list[ActorRef[Host]],
         owner: str = "client0",
         wire: Wire | None = None,
+        batch: bool = False,
     ) -> None:
         self.wire = wire
         self.system = system
@@ -135,6 +139,9 @@ class Cluster:
         self._tags = itertools.count()
         self._tag_prefix = secrets.token_hex(8)  # unique to this handle, across processes
         self._made: weakref.WeakKeyDictionary[Promise[Any], str] = weakref.WeakKeyDictionary()
+        # run calls made in one loop turn go as one graph (runtime/batching.py)
+        batch = batch and os.environ.get("ATOLL_BATCH_RUNS", "1") != "0"
+        self._batcher = RunBatcher(self._send_batch, self._send_one, self._reply) if batch else None
 
     @property
     def device_infos(self) -> tuple[DeviceInfo, ...]:
@@ -167,6 +174,7 @@ class Cluster:
             self._hosts,
             owner,
             self.wire,
+            self._batcher is not None,
         )
 
     # -- virtual devices ------------------------------------------------
@@ -185,6 +193,7 @@ class Cluster:
 
     async def release(self, slice_: VirtualSlice) -> None:
         """Give a slice's devices back."""
+        self.flush()
         await self.controller.release(slice_.slice_id, self.owner)
 
     async def close(self) -> int:
@@ -193,8 +202,15 @@ class Cluster:
         Its owner label is closed for good: the hosts store nothing more for
         it (its gangs still running fail with ``SessionEnded``), so a client
         that wants to go on needs a label of its own (:meth:`client`)."""
+        self.flush()
         freed: int = await self.controller.release_owner(self.owner)
         return freed
+
+    def flush(self) -> None:
+        """Send the ``run`` calls collected in this loop turn now (they go
+        by themselves once the caller yields; see ``runtime/batching.py``)."""
+        if self._batcher is not None:
+            self._batcher.flush()
 
     # -- running --------------------------------------------------------
     @overload
@@ -282,7 +298,9 @@ class Cluster:
         return inputs, temporary
 
     def _call(self, name: str, *args: Any) -> Promise[Any]:
-        """A call to the controller, over the modelled RPC link if there is one."""
+        """A call to the controller, over the modelled RPC link if there is
+        one, after the ``run`` calls collected before it."""
+        self.flush()
         return Wire.through(self.wire, self.controller, name, *args)
 
     def _reply(self, promise: Promise[Any]) -> Promise[Any]:
@@ -304,6 +322,20 @@ class Cluster:
         owner = owner or self.owner
         puts: list[Promise[BufferHandle]] = []
         args = [self._argument(value, device, owner, puts) for value in inputs]
+        if self._batcher is not None and _in_asyncio():
+            temporary = [any(arg is put for put in puts) for arg in args]
+            return self._batcher.add(computation, device, args, owner, temporary)
+        return self._send_run(computation, device, args, owner, puts)
+
+    def _send_run(
+        self,
+        computation: Computation,
+        device: int,
+        args: list[Any],
+        owner: str,
+        puts: list[Promise[BufferHandle]],
+    ) -> Promise[BufferHandle]:
+        """One ``run`` call to the controller, naming the calls its inputs come from."""
         sources = [self._made.get(arg) if isinstance(arg, Promise) else None for arg in args]
         tag = f"{self._tag_prefix}/{next(self._tags)}"
         promise: Promise[BufferHandle] = self.controller.run(
@@ -313,6 +345,30 @@ class Cluster:
         if puts:  # arrays put only for this call are freed once it ran
             all_settled([promise, *puts]).add_done_callback(lambda _: _free_all(puts))
         return promise
+
+    def _send_one(
+        self,
+        computation: Computation,
+        device: int,
+        args: list[Any],
+        owner: str,
+        temporary: list[bool],
+        target: Promise[Any] | None,
+    ) -> None:
+        """A batch of one call: sent as it is; ``target`` (the caller's promise) follows it."""
+        puts = [arg for arg, temp in zip(args, temporary, strict=True) if temp]
+        sent = self._send_run(computation, device, args, owner, puts)
+        if target is not None:
+            self._made[target] = self._made[sent]  # a later call may want it pushed
+            forward(sent, target)
+
+    def _send_batch(
+        self, graph: Graph, inputs: list[Any], temporary: list[int], owner: str
+    ) -> Promise[Any]:
+        """A batch of calls, as one graph (``runtime/batching.py``)."""
+        return Wire.through(
+            self.wire, self.controller, "run_graph", graph, inputs, temporary, owner
+        )
 
     def _argument(
         self, value: Any, device: int, owner: str, puts: list[Promise[BufferHandle]]
@@ -371,6 +427,15 @@ def _by_value(value: Any) -> np.ndarray | None:
     large for that and must be put on a device first."""
     array = np.asarray(value)
     return read_only(array.copy()) if array.nbytes <= INLINE_VALUE_BYTES else None
+
+
+def _in_asyncio() -> bool:
+    """Whether an asyncio loop runs here (a batch leaves in its ``call_soon``)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _free_all(puts: list[Promise[BufferHandle]]) -> None:

@@ -45,6 +45,7 @@ from ..kernel import (
     forward,
     then,
 )
+from .batching import device_of_slice
 from .graph import Graph, Node, ValueRef
 from .island import IslandScheduler
 from .latency import Wire
@@ -58,7 +59,7 @@ from .planner import (
     plan,
     push_target,
 )
-from .resources import ResourceManager
+from .resources import Allocation, ResourceManager
 from .tenancy import DEFAULT_MAX_GANGS, Tenants, check_slice, merge_usage
 from .topology import Topology
 from .tracing import VirtualSlice
@@ -438,12 +439,20 @@ class Controller(Actor):
         if cached is not None:
             return cached
         slices = {n.slice.slice_id for n in graph.nodes}
-        placement = {s: check_slice(self.resources.get(s), owner) for s in slices}
+        placement = {s: self._placed(s, owner) for s in slices}
         made = plan(
             graph, placement, self.topology_, self.host_addresses, bool(self.push), temporary
         )
         self.plans.put(graph, options, made)
         return made
+
+    def _placed(self, slice_id: int, owner: str) -> Allocation:
+        """A slice's allocation, if ``owner`` may use it; a negative id pins a
+        batch's call to one physical device, as ``run`` does (runtime/batching.py)."""
+        device = device_of_slice(slice_id)
+        if device is None:
+            return check_slice(self.resources.get(slice_id), owner)
+        return Allocation(slice_id, (device,), self.topology_.device(device).island, owner)
 
     @endpoint
     def timeline(self, record: bool) -> list[dict[str, Any]]:

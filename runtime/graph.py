@@ -65,6 +65,20 @@ class Graph:
     nodes: tuple[Node, ...]
     outputs: tuple[ValueRef, ...]
 
+    def __hash__(self) -> int:
+        """By structure, computed once per object: the plan cache finds the
+        plan of a graph that arrived again, unpickled, from a client."""
+        cached: int | None = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash((self.inputs, self.nodes, self.outputs))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without the cached hash (functions hash by identity, so
+        it holds only in the process that computed it)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
     def aval(self, ref: ValueRef) -> Aval:
         if ref.node < 0:
             return self.inputs[ref.index]

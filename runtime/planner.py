@@ -333,8 +333,10 @@ def _planned_gang(
 class PlanCache:
     """Plans by graph and dispatch options, most recently used kept (no I/O).
 
-    Keyed by the graph object itself (a traced program hands out the same
-    graph for the same signature) and the options that change a plan. A
+    Keyed by the graph's structure (equal graphs share a plan, so one that
+    arrives again from a client, unpickled, finds it) or, for a graph that
+    cannot be hashed, by the object itself; and by the options that change
+    a plan. A
     cached plan is dropped when one of its slices is released
     (:meth:`invalidate_slice`) or the topology changes (:meth:`clear`), and
     ``on_drop`` hears of every plan dropped (the controller then drops what
@@ -346,23 +348,25 @@ class PlanCache:
         self.on_drop = on_drop
         self.hits = 0
         self.misses = 0
-        self._plans: OrderedDict[tuple[int, Hashable], tuple[Graph, Plan]] = OrderedDict()
+        self._plans: OrderedDict[tuple[Hashable, Hashable], tuple[Graph, Plan]] = OrderedDict()
 
     def get(self, graph: Graph, options: Hashable) -> Plan | None:
         """The cached plan of ``graph`` under ``options``, or None."""
-        found = self._plans.get((id(graph), options))
-        if found is None or found[0] is not graph:
+        key = _key(graph, options)
+        found = self._plans.get(key)
+        if found is None or (isinstance(key[0], int) and found[0] is not graph):
             self.misses += 1
             return None
-        self._plans.move_to_end((id(graph), options))
+        self._plans.move_to_end(key)
         self.hits += 1
         return found[1]
 
     def put(self, graph: Graph, options: Hashable, plan_: Plan) -> None:
-        """Remember a plan (the graph is held, so its id stays unique)."""
-        old = self._plans.get((id(graph), options))
-        self._plans[(id(graph), options)] = (graph, plan_)
-        self._plans.move_to_end((id(graph), options))
+        """Remember a plan (the graph is held, so an id key stays unique)."""
+        key = _key(graph, options)
+        old = self._plans.get(key)
+        self._plans[key] = (graph, plan_)
+        self._plans.move_to_end(key)
         if old is not None and old[1] is not plan_:
             self._dropped(old[1])
         while len(self._plans) > self.capacity:
@@ -385,3 +389,12 @@ class PlanCache:
 
     def __len__(self) -> int:
         return len(self._plans)
+
+
+def _key(graph: Graph, options: Hashable) -> tuple[Hashable, Hashable]:
+    """A graph's cache key: itself (by structure) when it hashes, else its id."""
+    try:
+        hash(graph)
+    except TypeError:  # a kernel that cannot be hashed
+        return id(graph), options
+    return graph, options

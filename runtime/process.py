@@ -90,7 +90,9 @@ class ClusterInfo:
         """A :class:`Cluster` handle on this cluster, for ``owner``, in ``system``."""
         from .client import Cluster
 
-        return Cluster(system, self.controller, self.topology, self.devices, self.hosts, owner)
+        return Cluster(
+            system, self.controller, self.topology, self.devices, self.hosts, owner, batch=True
+        )
 
 
 class ClusterBuilder(Actor):

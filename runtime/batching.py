@@ -1,0 +1,197 @@
+"""Implicit batching of ``cluster.run`` calls: a chain of them runs as one program.
+
+``cluster.run(computation, device, inputs)`` returns at once, so a client
+usually issues a whole chain (or fan-out) of such calls before it awaits
+anything. Sent one by one, each call costs the controller a gang of its own:
+a message to the island, one to the device, a report back. A
+:class:`RunBatcher` instead collects the calls a client makes in one turn of
+the event loop and, at the end of that turn, sends them as one graph through
+the controller's ``run_graph``: planned once per shape of chain (the
+controller caches plans), compiled, and run with one message per device
+(``docs/performance.md``).
+
+What is asynchronous about it: each call returns a promise of its own at
+once; the batch leaves in a ``call_soon`` callback, after the code that made
+the calls yielded to the loop, and each promise then follows its output.
+Anything else the client sends the controller first flushes the batch, so
+the controller sees calls in the order they were made. Calls of which none
+reads another's output go one by one, as they came: each is a gang of its
+own for the session's quota and share (``docs/multitenancy.md``), as it
+would be unbatched; a batch that holds a chain counts as one program.
+
+Which outputs are kept: a call's output stays in its device's store (until
+the client frees it or closes, as for an unbatched call) only if the caller
+can still reach its promise when the batch leaves. An intermediate value the
+caller dropped, such as every link but the last of
+``x = cluster.run(f, d, [x])`` in a loop, is freed by the plan once its
+readers ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..devices import Aval, BufferHandle, Computation
+from ..kernel import Promise, flatten, forward, then
+from .graph import GraphBuilder, SliceSpec, ValueRef
+
+__all__ = ["UNKNOWN_AVAL", "RunBatcher", "device_of_slice", "device_slice"]
+
+# A run's output has no shape known ahead: its placeholder in a batch's graph.
+UNKNOWN_AVAL = Aval((0,), "uint8")
+
+
+def device_slice(device: int) -> SliceSpec:
+    """The one-device slice that pins a batched call to physical ``device``
+    (negative ids: never allocated, never released; see ``device_of_slice``)."""
+    return SliceSpec(-1 - device, (1,), ("x",))
+
+
+def device_of_slice(slice_id: int) -> int | None:
+    """The physical device a batch's slice id pins, or None for a real slice."""
+    return -1 - slice_id if slice_id < 0 else None
+
+
+@dataclass(frozen=True)
+class _Made:
+    """An input that is the output of an earlier call in the same batch."""
+
+    call: int
+
+
+@dataclass
+class _Call:
+    computation: Computation
+    device: int
+    args: list[Any]  # values, handles, outside promises, or _Made
+    promise: weakref.ref[Promise[BufferHandle]]
+    temporary: list[bool]  # per arg: put only for this call, freed after it
+
+
+@dataclass
+class _Batch:
+    owner: str
+    calls: list[_Call] = field(default_factory=list)
+    made: weakref.WeakKeyDictionary[Promise[Any], int] = field(
+        default_factory=weakref.WeakKeyDictionary
+    )
+
+
+# What sends a batch: (graph, inputs, temporary) -> promise of output promises.
+SendGraph = Callable[[Any, list[Any], list[int], str], Promise[Any]]
+# What sends one call unbatched: (computation, device, args, owner, temporary,
+# the promise to settle like it, or None when the caller dropped it).
+SendOne = Callable[[Computation, int, list[Any], str, list[bool], Promise[Any] | None], None]
+
+
+class RunBatcher:
+    """Collects one client's ``run`` calls per loop turn (see the module docstring).
+
+    ``send_graph`` and ``send_one`` are the client's two ways to the
+    controller; ``reply`` wraps what comes back (the modelled RPC link's
+    reply, if any).
+    """
+
+    def __init__(
+        self,
+        send_graph: SendGraph,
+        send_one: SendOne,
+        reply: Callable[[Promise[Any]], Promise[Any]],
+    ) -> None:
+        self._send_graph = send_graph
+        self._send_one = send_one
+        self._reply = reply
+        self._batch: _Batch | None = None
+
+    def add(
+        self,
+        computation: Computation,
+        device: int,
+        args: Sequence[Any],
+        owner: str,
+        temporary: Sequence[bool],
+    ) -> Promise[BufferHandle]:
+        """Queue one call (``args`` as the client resolved them); its promise."""
+        if self._batch is not None and self._batch.owner != owner:
+            self.flush()
+        if self._batch is None:
+            self._batch = _Batch(owner)
+            asyncio.get_running_loop().call_soon(self.flush)
+        batch = self._batch
+        promise: Promise[BufferHandle] = Promise(f"run {computation.name}")
+        mine = [
+            _Made(batch.made[a]) if isinstance(a, Promise) and a in batch.made else a for a in args
+        ]
+        batch.calls.append(_Call(computation, device, mine, weakref.ref(promise), list(temporary)))
+        batch.made[promise] = len(batch.calls) - 1
+        return promise
+
+    def flush(self) -> None:
+        """Send what was collected (a no-op when nothing was)."""
+        batch, self._batch = self._batch, None
+        if batch is None or not batch.calls:
+            return
+        alive = [(i, p) for i, call in enumerate(batch.calls) if (p := call.promise()) is not None]
+        if not any(isinstance(a, _Made) for call in batch.calls for a in call.args):
+            self._each(batch, dict(alive))  # no chain: as they came
+            return
+        try:
+            graph, inputs, temporary = _graph_of(batch.calls, [i for i, _ in alive])
+            outs = self._send_graph(graph, inputs, temporary, batch.owner)
+        except Exception as exc:  # nothing was sent: every call fails with why
+            for _, promise in alive:
+                promise.set_exception(exc)
+            return
+        for k, (_, promise) in enumerate(alive):
+            forward(self._reply(flatten(then(outs, operator.itemgetter(k)))), promise)
+
+    def _each(self, batch: _Batch, alive: dict[int, Promise[BufferHandle]]) -> None:
+        """Send a batch's calls one by one (none reads another's output)."""
+        for i, call in enumerate(batch.calls):
+            target = alive.get(i)
+            try:
+                self._send_one(
+                    call.computation, call.device, call.args, batch.owner, call.temporary, target
+                )
+            except Exception as exc:  # not sent: its caller hears why
+                if target is not None:
+                    target.set_exception(exc)
+
+
+def _graph_of(calls: Sequence[_Call], kept: Sequence[int]) -> tuple[Any, list[Any], list[int]]:
+    """A batch as a graph: one node per call, pinned to its device; every
+    argument that is not an earlier call's output is a program input (the
+    ones put only for a call are ``temporary``: the plan frees them)."""
+    builder = GraphBuilder()
+    inputs: list[Any] = []
+    temporary: list[int] = []
+    outputs: list[ValueRef] = []
+    for call in calls:
+        refs = []
+        for arg, temp in zip(call.args, call.temporary, strict=True):
+            if isinstance(arg, _Made):
+                refs.append(outputs[arg.call])
+                continue
+            refs.append(builder.input(_aval(arg)))
+            if temp:
+                temporary.append(len(inputs))
+            inputs.append(arg)
+        name = call.computation.name
+        [out] = builder.add(call.computation, device_slice(call.device), refs, [UNKNOWN_AVAL], name)
+        outputs.append(out)
+    return builder.build([outputs[i] for i in kept]), inputs, temporary
+
+
+def _aval(value: Any) -> Aval:
+    """An input's aval in a batch's graph: a value's own; unknown for a handle
+    or a promise (the graph only needs its inputs' count to be planned)."""
+    if isinstance(value, np.ndarray):
+        return Aval(tuple(value.shape), value.dtype.str)
+    return UNKNOWN_AVAL
