@@ -117,6 +117,27 @@ async def test_hostile_frames_close_only_their_connection(
     await until(lambda: len(got) == 1, "a good frame still delivered")
 
 
+async def test_a_connection_that_shows_no_token_in_time_is_closed(
+    listening: tuple[str, list[lane.LaneMessage]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    address, _ = listening
+    host, _, port = address.rpartition(":")
+    refused = lane.stats["refused"]
+    monkeypatch.setattr(lane, "HELLO_TIMEOUT_S", 0.05)
+    silent = await asyncio.open_connection(host, int(port))
+    partial = await asyncio.open_connection(host, int(port))
+    partial[1].write(struct.pack("!4sH", lane.MAGIC, len(TOKEN)) + TOKEN[:5])  # half a hello
+    trusted = await asyncio.open_connection(host, int(port))
+    trusted[1].write(struct.pack("!4sH", lane.MAGIC, len(TOKEN)) + TOKEN)
+    for reader, writer in (silent, partial):
+        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the listener
+        writer.close()
+    assert lane.stats["refused"] == refused + 2
+    with pytest.raises(TimeoutError):  # the one that showed it stays open
+        await asyncio.wait_for(trusted[0].read(1), 0.2)
+    trusted[1].close()
+
+
 async def test_a_large_value_does_not_take_a_lane(
     listening: tuple[str, list[lane.LaneMessage]],
 ) -> None:

@@ -9,7 +9,8 @@ frames delivered, written at most once per event-loop turn.
 
 * **Who may use it.** The first bytes on a new connection are a magic, then
   the cluster token; the listener compares it in constant time and closes a
-  connection whose token is wrong before reading anything else.
+  connection whose token is wrong before reading anything else, or that has
+  not shown it within ``HELLO_TIMEOUT_S`` (an idle stranger holds no socket).
 * **A frame** is ``!IQ`` (header and body sizes), a pickled header (target
   host, inbox keys, owner, island, dtype, shape) and the array's bytes.
   Values travel pickled, as they do over Cap'n Proto: a token holder is
@@ -54,6 +55,7 @@ __all__ = [
 MAGIC = b"ALN1"
 MAX_HEADER = 1 << 16
 MAX_BODY = 1 << 14  # lanes are for small values; larger ones take the data plane
+HELLO_TIMEOUT_S = 5.0  # a connection that has not shown the token by then is closed
 _HELLO = struct.Struct("!4sH")  # magic, token length
 _FRAME = struct.Struct("!IQ")  # header bytes, body bytes
 _ACK = struct.Struct("!Q")  # frames delivered so far on this connection
@@ -217,10 +219,19 @@ class _Receiver(asyncio.Protocol):
         self.trusted = False
         self.delivered = 0
         self._ack_due = False
+        self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(HELLO_TIMEOUT_S, self._too_slow)
+
+    def _too_slow(self) -> None:
+        if not self.trusted:
+            stats["refused"] += 1
+            _log.warning("lane closed: no token within %.1f s", HELLO_TIMEOUT_S)
+            self._drop()
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
@@ -243,6 +254,8 @@ class _Receiver(asyncio.Protocol):
             return False
         del self.buffer[: _HELLO.size + size]
         self.trusted = True
+        if self._deadline is not None:
+            self._deadline.cancel()
         return True
 
     def _frame(self) -> bool:
@@ -297,3 +310,5 @@ class _Receiver(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
+        if self._deadline is not None:
+            self._deadline.cancel()
