@@ -5,7 +5,10 @@ messages, three wake-ups and the codec on both sides, for a value of a few
 bytes. On a pipeline's critical path only the first one matters. A *lane* is
 a plain TCP connection from one host process to another that carries just
 that: one frame per pushed value, and nothing back but a cumulative count of
-frames delivered, written at most once per event-loop turn.
+frames delivered, written ``ACK_DELAY_S`` after the first frame it counts (or
+at once after ``ACK_EVERY`` frames): on a pipeline's critical path every
+acknowledgement written wakes the sender's process, so several frames share
+one (``ATOLL_LANE_ACK_S`` sets the delay; 0: at the end of the loop turn).
 
 * **Who may use it.** The first bytes on a new connection are a magic, then
   the cluster token; the listener compares it in constant time and closes a
@@ -32,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import os
 import pickle
 import struct
 from collections import deque
@@ -56,6 +60,8 @@ MAGIC = b"ALN1"
 MAX_HEADER = 1 << 16
 MAX_BODY = 1 << 14  # lanes are for small values; larger ones take the data plane
 HELLO_TIMEOUT_S = 5.0  # a connection that has not shown the token by then is closed
+ACK_DELAY_S = float(os.environ.get("ATOLL_LANE_ACK_S", "0.005"))
+ACK_EVERY = 256  # frames delivered that are acknowledged at once, whatever the delay
 _HELLO = struct.Struct("!4sH")  # magic, token length
 _FRAME = struct.Struct("!IQ")  # header bytes, body bytes
 _ACK = struct.Struct("!Q")  # frames delivered so far on this connection
@@ -218,7 +224,8 @@ class _Receiver(asyncio.Protocol):
         self.buffer = bytearray()
         self.trusted = False
         self.delivered = 0
-        self._ack_due = False
+        self.acked = 0  # the count last written back
+        self._ack_timer: asyncio.TimerHandle | None = None
         self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -294,12 +301,17 @@ class _Receiver(asyncio.Protocol):
             _log.exception("a lane frame for host %s could not be delivered", host)
         self.delivered += 1
         stats["delivered"] += 1
-        if not self._ack_due:
-            self._ack_due = True
-            asyncio.get_running_loop().call_soon(self._ack)
+        if self.delivered - self.acked >= ACK_EVERY:
+            self._ack()
+        elif self._ack_timer is None:
+            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack)
 
     def _ack(self) -> None:
-        self._ack_due = False
+        """Write back the count of frames delivered (once for all since the last)."""
+        if self._ack_timer is not None:
+            self._ack_timer.cancel()
+            self._ack_timer = None
+        self.acked = self.delivered
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(_ACK.pack(self.delivered))
 
@@ -310,5 +322,6 @@ class _Receiver(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        if self._deadline is not None:
-            self._deadline.cancel()
+        for timer in (self._deadline, self._ack_timer):
+            if timer is not None:
+                timer.cancel()
