@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from ..devices import Host
-from ..kernel import ActorRef, AtollError
+from ..kernel import ActorRef, AtollError, Promise
 from .island import IslandScheduler
 from .sessions import SessionWatcher
 from .topology import Topology
@@ -47,22 +47,37 @@ async def host_rows(
     lost: dict[int, str],
     timeout: float,
 ) -> list[dict[str, Any]]:
-    """One row per joined host; a host that fails to answer joins ``lost``."""
+    """One row per joined host; a host that fails to answer joins ``lost``.
+
+    Every host is asked at once and all share one deadline, so a few frozen
+    hosts cost ``timeout`` in all, not each."""
+    asked = {
+        host_id: (host.store_usage(), host.address())
+        for host_id, host in enumerate(hosts)
+        if host_id not in lost
+    }
+    deadline = anyio.current_time() + timeout
     rows = []
-    for host_id, host in enumerate(hosts):
+    for host_id in range(len(hosts)):
         usage: dict[str, Any] = {}
         address = ""
-        if host_id not in lost:
+        if host_id in asked:
             try:
-                with anyio.fail_after(timeout):
-                    usage = await host.store_usage()
-                    address = await host.address()
+                usage, address = [await _by(answer, deadline) for answer in asked[host_id]]
             except TimeoutError:
                 lost[host_id] = f"no answer within {timeout} s"
             except AtollError as exc:
                 lost[host_id] = str(exc)
         rows.append(_host_row(host_id, labels[host_id], topology, lost, usage, address))
     return rows
+
+
+async def _by(answer: Promise[Any], deadline: float) -> Any:
+    """``answer``'s value, waiting no later than ``deadline`` (anyio's clock)."""
+    if answer.done():
+        return answer.result()
+    with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+        return await answer
 
 
 def _host_row(
@@ -101,9 +116,10 @@ async def cluster_status(
 ) -> list[dict[str, Any]]:
     """Host rows, then island rows, then session rows (see the module docstring)."""
     rows = await host_rows(hosts, labels, topology, lost, timeout)
-    for island in islands:
-        with anyio.fail_after(timeout):
-            load: dict[str, Any] = await island.load()
+    loads = [island.load() for island in islands]
+    deadline = anyio.current_time() + timeout
+    for answer in loads:
+        load: dict[str, Any] = await _by(answer, deadline)
         rows.append({"kind": "island", **load})
     if sessions is not None:
         rows += await _session_rows(sessions, timeout)

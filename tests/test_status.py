@@ -18,8 +18,9 @@ import pytest
 
 import atoll
 from atoll.devices import Computation
-from atoll.kernel import AtollError
-from atoll.runtime.status import kind_of, render
+from atoll.kernel import AtollError, Promise
+from atoll.runtime import Topology
+from atoll.runtime.status import host_rows, kind_of, render
 
 pytestmark = pytest.mark.anyio
 
@@ -162,3 +163,36 @@ def test_status_tables_show_rows_of_any_kind() -> None:
     text = console.export_text()
     assert "hosts (1)" in text and "lost" in text and "3.0 MiB" in text and "[gone]" in text
     assert "sessions (1)" in text and "weight" in text
+
+
+class _Silent:
+    """A host that is asked (the time noted) and answers never, or at once."""
+
+    def __init__(self, answers: bool, asked: list[float]) -> None:
+        self.answers, self.asked = answers, asked
+
+    def _answer(self, value: Any) -> Promise[Any]:
+        self.asked.append(anyio.current_time())
+        promise: Promise[Any] = Promise("silent")
+        if self.answers:
+            promise.set_result(value)
+        return promise
+
+    def store_usage(self) -> Promise[Any]:
+        return self._answer({"buffers": 2, "bytes": 8})
+
+    def address(self) -> Promise[Any]:
+        return self._answer("capnp://127.0.0.1:9")
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_frozen_hosts_are_asked_at_once_and_share_one_deadline() -> None:
+    asked: list[float] = []
+    hosts: Any = [_Silent(i == 1, asked) for i in range(4)]
+    topology = Topology.even(1, 4, 1)
+    lost: dict[int, str] = {3: "gone before"}
+    rows = await host_rows(hosts, ["pid 1"] * 4, topology, lost, timeout=1.0)
+    assert [row["alive"] for row in rows] == [False, True, False, False]
+    assert rows[1]["buffers"] == 2 and rows[1]["address"] == "capnp://127.0.0.1:9"
+    assert lost[0] == lost[2] == "no answer within 1.0 s" and lost[3] == "gone before"
+    assert len(asked) == 6 and max(asked) - min(asked) < 0.5  # not one after the other
