@@ -25,6 +25,7 @@ cross processes as they are.
 
 from __future__ import annotations
 
+import bisect
 import time
 import zlib
 from collections.abc import Iterable, Sequence
@@ -201,6 +202,8 @@ def chrome_trace(events: Iterable[dict[str, Any]]) -> dict[str, Any]:
     for event in events:
         if event["kind"] == "gang":
             ends.setdefault((event["host"], event["device"]), []).append(event["end"])
+    for made in ends.values():
+        made.sort()  # searched by bisection, per fetch
     out: list[dict[str, Any]] = []
     names: dict[tuple[int, int], str] = {}
     lanes: dict[str, int] = {}
@@ -265,12 +268,20 @@ class _GangInfo:
 
     position: dict[str, int]
     island: dict[str, int]
-    runs: list[dict[str, Any]]
+    # (client, node name) -> the runs that have such a node: their times, programs
+    runs: dict[tuple[Any, Any], tuple[list[float], list[Any]]]
 
     @classmethod
     def of(cls, events: Sequence[dict[str, Any]]) -> _GangInfo:
+        """From ``events`` sorted by time."""
         dispatches = [e for e in events if e["kind"] == "control" and e["name"] == "dispatch"]
-        runs = [e for e in events if e["kind"] == "control" and e["name"] == "run"]
+        runs: dict[tuple[Any, Any], tuple[list[float], list[Any]]] = {}
+        for e in events:
+            if e["kind"] == "control" and e["name"] == "run":
+                for node in dict.fromkeys(e.get("nodes", ())):
+                    times, programs = runs.setdefault((e.get("client"), node), ([], []))
+                    times.append(float(e["ts"]))
+                    programs.append(e.get("program"))
         return cls(
             {e["gang"]: int(e["position"]) for e in dispatches},
             {e["gang"]: int(e["island"]) for e in dispatches},
@@ -280,13 +291,9 @@ class _GangInfo:
     def program(self, event: dict[str, Any]) -> str | None:
         """The program of the latest run by the gang's client, before the gang,
         that has a node of the gang's name."""
-        found = None
-        for run in self.runs:
-            if run["ts"] > event["ts"]:
-                break
-            if run.get("client") == event["client"] and event["node"] in run.get("nodes", ()):
-                found = run.get("program")
-        return found
+        times, programs = self.runs.get((event["client"], event["node"]), ([], []))
+        found = bisect.bisect_right(times, float(event["ts"]))
+        return programs[found - 1] if found else None
 
 
 def _gang_events(
@@ -374,8 +381,8 @@ def _pull_events(
     pull.update({"dur": max(event["end"] - event["ts"], 1.0), "args": args})
     # the arrow leaves the end of the gang that made the value, on its device
     made = ends.get((event["from_host"], event["from_device"]), [])
-    before = [end for end in made if end <= event["ts"]]
-    leaves = (max(before) - origin - 0.5) if before else ts
+    last = bisect.bisect_right(made, event["ts"])  # the gangs that ended by then
+    leaves = (made[last - 1] - origin - 0.5) if last else ts
     return [
         pull,
         _flow("s", key, src_pid, src_tid, leaves, "fetch"),

@@ -14,6 +14,7 @@ import pytest
 import atoll
 from atoll.cli import main
 from atoll.devices import Computation
+from atoll.devices.timeline import chrome_trace
 from atoll.examples.demo import affine
 
 pytestmark = pytest.mark.anyio
@@ -153,3 +154,44 @@ def test_demo_writes_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert f"trace written to {path}" in capsys.readouterr().out
     events = check_format(json.loads(path.read_text()))
     assert len(gangs(events)) == 8
+
+
+def _gang(ts: float, end: float, client: str, node: str = "a", device: int = 0) -> dict[str, Any]:
+    return {
+        "kind": "gang",
+        "host": 0,
+        "device": device,
+        "gang": f"g{ts}",
+        "node": node,
+        "client": client,
+        "leader": True,
+        "ts": ts,
+        "end": end,
+    }
+
+
+def _run(ts: float, client: str, program: str, nodes: list[str]) -> dict[str, Any]:
+    return {"kind": "control", "name": "run", "lane": "client", "host": -2, "ts": ts} | {
+        "client": client,
+        "program": program,
+        "nodes": nodes,
+    }
+
+
+def test_gangs_name_the_latest_run_of_their_client_and_fetches_the_gang_before() -> None:
+    events = [
+        _run(0, "alice", "first", ["a", "b"]),
+        _gang(10, 20, "alice"),
+        _run(30, "bob", "bobs", ["a"]),
+        _run(40, "alice", "second", ["a"]),
+        _gang(50, 60, "alice"),
+        _gang(55, 58, "alice", node="b"),  # "second" has no node b: "first" does
+        _gang(70, 80, "carol"),  # no run of carol's
+        {"kind": "pull", "host": 1, "device": 4, "from_host": 0, "from_device": 0}
+        | {"buffer": "x", "bytes": 4, "ts": 65, "end": 66},
+    ]
+    trace = chrome_trace(events)["traceEvents"]
+    programs = [e["args"].get("program") for e in trace if e.get("cat") == "gang"]
+    assert programs == ["first", "second", "first", None]
+    [leaves] = [e for e in trace if e.get("ph") == "s"]
+    assert leaves["ts"] == 60 - 0 - 0.5  # the end of the last gang done before the fetch
