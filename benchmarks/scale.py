@@ -80,7 +80,7 @@ from atoll.benchmarks._common import Row, emit, system_column, table, unit_colum
 from atoll.benchmarks.dispatch import DEVICES_PER_HOST, chain_graph, step
 from atoll.devices import CostModel, Device, Host
 from atoll.kernel import Actor, WallClock
-from atoll.kernel._system import _Cell
+from atoll.kernel.lowlevel import message_handler, set_message_handler
 from atoll.runtime import Controller, IslandScheduler, local_cluster
 
 __all__ = ["CpuLedger", "chrome_trace", "main", "measure", "metering", "run"]
@@ -167,7 +167,8 @@ class CpuLedger:
         return metered
 
     def handler(self, handle: Callable[..., Awaitable[None]]) -> Any:
-        """``_Cell._handle`` with every step of a message charged to its actor."""
+        """The kernel's message handler (``kernel.lowlevel.message_handler``)
+        with every step of a message charged to its actor."""
 
         @functools.wraps(handle)
         def metered(cell: Any, instance: Actor, call: Any) -> Stepped:
@@ -248,10 +249,13 @@ def metering(per_host: bool) -> Iterator[CpuLedger]:
         for cls, names in HOST_SIDE.items():
             for name in names:
                 patch(cls, name, ledger.method(getattr(cls, name), lambda this: this.host_id))
-        patch(_Cell, "_handle", ledger.handler(_Cell._handle))
+    handler = message_handler()
+    if per_host:
+        set_message_handler(ledger.handler(handler))
     try:
         yield ledger
     finally:
+        set_message_handler(handler)
         for cls, name, method in reversed(saved):
             setattr(cls, name, method)
 

@@ -11,27 +11,46 @@ for the promises it finds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from ._actor import ActorRef, Channel
 from ._promise import Promise, WaitCounter, count_waits, detach_wait_counter
+from ._system import _Cell, share_arguments_with
 from ._system import _resolve as _resolve_nested
-from ._system import share_arguments_with
 
 __all__ = [
+    "MessageHandler",
     "WaitCounter",
     "attach_pipeline",
     "channel_of",
     "count_waits",
     "detach_wait_counter",
+    "message_handler",
     "pipeline_answer",
     "resolve_arguments",
     "set_canceller",
+    "set_message_handler",
     "share_arguments_with",
 ]
 
 T = TypeVar("T")
+# how an actor's cell handles one message: (cell, actor instance, call) -> done
+MessageHandler = Callable[[Any, Any, Any], Awaitable[None]]
+
+
+def message_handler() -> MessageHandler:
+    """How every actor cell handles one message now, for tools that meter
+    actors' work one message at a time (``benchmarks/scale.py``): a wrapper
+    given to :func:`set_message_handler` calls it, and may await it in steps."""
+    handler: MessageHandler = _Cell._handle
+    return handler
+
+
+def set_message_handler(handler: MessageHandler) -> None:
+    """Make every actor cell handle messages with ``handler`` (a wrapper of
+    :func:`message_handler`'s); put the one you replaced back when done."""
+    _Cell._handle = handler  # type: ignore[method-assign,assignment]
 
 
 def channel_of(ref: ActorRef[Any]) -> Channel:
