@@ -12,6 +12,25 @@ connection ends, :meth:`Peer.close` fails what is still pending with
 after the loop is gone, and then runs the callbacks registered with
 :meth:`Peer.on_close` (how a server learns that a client went away).
 :func:`peer_of` tells which connection a reference arrived over.
+
+Back-pressure per connection, two bounds of ``max_calls`` each:
+
+- calls not answered yet (``calls_in``: ``Actor.call``, ``Actor.send`` until
+  admitted, ``Later.get``): at the bound the peer stops reading that
+  connection's socket (``hold_reading``) and reads again once a quarter of
+  them were answered. The far side's calls wait in TCP and in its own
+  process; nothing is refused. While this side awaits an answer from the far
+  side (``asking``: a callback, a promise or a buffer that peer serves) the
+  socket is read regardless, since that answer may be behind the held calls.
+  A hold that lasts ``HOLD_S`` (the calls are not being answered) ends, so
+  heartbeats get through, and further calls beyond the bound are refused.
+- answers the far side has not taken yet (``answers_out``: an
+  ``Actor.call``'s ``Later`` lives here until the far side read the answer and
+  let go of it; till then capnp keeps the answer, about 15 KiB of it). They
+  go only as the far side reads, and its ``Finish`` may be behind the unread
+  calls, so holding cannot bound them: at the bound each further
+  ``Actor.call``/``send`` is refused at once with ``MailboxFull`` (nothing
+  enqueued, nothing run).
 """
 
 from __future__ import annotations
@@ -21,8 +40,9 @@ import contextvars
 import functools
 import logging
 import math
+import sys
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +57,7 @@ from ...kernel import (
     CallCancelled,
     EndpointSpec,
     HostLost,
+    MailboxFull,
     Promise,
     TransportError,
     failed,
@@ -66,6 +87,7 @@ __all__ = ["ActorServer", "HostLost", "Peer", "RemoteChannel", "heartbeat", "pee
 _log = logging.getLogger("atoll.transports.capnp")
 CHUNK = 1 << 20
 IN_FLIGHT = 4
+HOLD_S = 2.0  # a hold on reading this long turns into refusals (heartbeats: 6 s)
 
 
 @dataclass(frozen=True)
@@ -77,12 +99,29 @@ class _Answer:
 
 
 class Peer:
-    """What one end of a connection knows; see the module docstring."""
+    """What one end of a connection knows; see the module docstring.
 
-    def __init__(self, label: str) -> None:
+    ``max_calls``: the bound on the far side's calls not answered yet and on
+    its answers not taken yet (None: no bound, as on a client's end). The hold
+    on reading needs ``hold_reading``, set by whoever owns the socket.
+    """
+
+    def __init__(self, label: str, max_calls: int | None = None) -> None:
         self.label = label
         self.closed: str | None = None
         self.calls_sent = 0  # calls made through this peer (harnesses settle on it)
+        self.calls_in = 0  # the far side's calls in flight here, not answered yet
+        self.answers_out = 0  # answers (their Laters) the far side has not let go of
+        self.asking = 0  # this side's questions to the far side, not answered yet
+        self.holds = 0  # how many times reading was held (tests and benchmarks read it)
+        self.refused = 0  # calls refused beyond a bound
+        self.held = False
+        self.refusing = False
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self.max_calls = sys.maxsize if max_calls is None else max_calls
+        self._resume_at = self.max_calls - max(1, self.max_calls // 4)
+        # set by whoever owns the socket: stop (True) or resume (False) reading it
+        self.hold_reading: Callable[[bool], None] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._pending: weakref.WeakSet[Promise[Any]] = weakref.WeakSet()
         self._holders: weakref.WeakSet[RemoteChannel] = weakref.WeakSet()
@@ -151,7 +190,7 @@ class Peer:
             return mapped
         promise: Promise[np.ndarray] = Promise("buffer")
         self.track(promise)
-        self.spawn(_fetch(reader.source, reader.dtype, shape, nbytes, promise))
+        self.spawn(self.asked(_fetch(reader.source, reader.dtype, shape, nbytes, promise)))
         return promise
 
     # -- answers -------------------------------------------------------------
@@ -161,11 +200,16 @@ class Peer:
         return self.spawn(self._settle(answer, promise))
 
     async def _settle(self, answer: Any, promise: Promise[Any]) -> None:
+        self.asking += 1
+        if self.held:
+            self._hold(False)
         try:
             response = await answer
         except capnp.KjException as exc:
             promise.set_exception(self._lost(exc))
             return
+        finally:
+            self.asking -= 1
         reader = response.result
         if reader.which() == "error":
             promise.set_exception(decode_error(reader.error))
@@ -191,6 +235,67 @@ class Peer:
             return escaped
         return TransportError(f"call to {self.label} failed: {description}")
 
+    # -- back-pressure (see the module docstring) ---------------------------------
+    def call_arrived(self) -> bool:
+        """Count a call from the far side; at ``max_calls``, hold the socket.
+
+        False (not counted): refuse the call, too many answers not taken yet
+        or a hold having lasted ``HOLD_S``.
+        """
+        if self.answers_out >= self.max_calls:
+            self.refused += 1
+            return False
+        if self.calls_in >= self.max_calls:
+            if self.refusing:
+                self.refused += 1
+                return False
+            if not self.held and not self.asking:
+                self._hold(True)
+        self.calls_in += 1
+        return True
+
+    def call_answered(self) -> None:
+        """Uncount it; read again once the calls in flight fell by a quarter."""
+        self.calls_in -= 1
+        if self.calls_in <= self._resume_at and (self.held or self.refusing):
+            self.refusing = False
+            self._hold(False)
+
+    def refusal(self, actor: str) -> MailboxFull:
+        """The error a call refused by :meth:`call_arrived` is answered with."""
+        where = f"{actor}, over a connection with {self.max_calls} calls or answers pending"
+        return MailboxFull(f"{where} (ATOLL_CONNECTION_CALLS)", self.max_calls)
+
+    def _hold(self, held: bool) -> None:
+        if self.hold_reading is None or self.closed is not None or held == self.held:
+            return
+        self.held = held
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        if held:
+            self.holds += 1
+            self._hold_timer = asyncio.get_running_loop().call_later(HOLD_S, self._overheld)
+        self.hold_reading(held)
+
+    def _overheld(self) -> None:
+        """A hold lasted ``HOLD_S``: read again, refusing what is beyond the bound."""
+        self._hold_timer = None
+        if self.held:
+            self.refusing = True
+            self._hold(False)
+
+    async def asked(self, answer: Awaitable[Any]) -> Any:
+        """Await ``answer``, which comes from the far side, keeping this
+        connection's socket read meanwhile (never held)."""
+        self.asking += 1
+        if self.held:
+            self._hold(False)
+        try:
+            return await answer
+        finally:
+            self.asking -= 1
+
     # -- lifecycle -----------------------------------------------------------
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[Any]:
         """Run ``coro`` as a task owned by this peer (cancelled at close)."""
@@ -206,6 +311,8 @@ class Peer:
         if self.closed is not None:
             return
         self.closed = reason
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
         for task in list(self._tasks):
             task.cancel()
         for promise in list(self._pending):
@@ -441,7 +548,7 @@ class RemoteChannel:
 
     async def submit_wait(self, call: Call) -> None:
         try:
-            response = await self._request("send", call).send()
+            response = await self.peer.asked(self._request("send", call).send())
         except HostLost as exc:
             call.promise.set_exception(exc)
             return
@@ -485,7 +592,7 @@ class RemoteChannel:
 
     async def _control(self, answer: Any) -> None:
         try:
-            await answer
+            await self.peer.asked(answer)
         except capnp.KjException as exc:
             raise self.peer._lost(exc) from None
 
@@ -524,30 +631,54 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
             raise undecodable(exc, self._ref.name, endpoint) from exc
         return target, values, named
 
-    async def call(
-        self, endpoint: str, args: Any, kwargs: Any, callId: int, _context: Any, **_: Any
-    ) -> None:
-        results = _context.results
-        try:
-            target, values, named = self._prepare(endpoint, args, kwargs)
-            promise: Promise[Any] = target(*values, **named)
-        except Exception as exc:
-            encode_error(results.result.init("error"), exc, self._ref.name, endpoint)
+    async def call_context(self, context: Any) -> None:
+        """``Actor.call``: enqueue, then answer once the call settled.
+
+        Takes the whole context (pycapnp's ``*_context`` form: no wrapper task,
+        no dict of parameters). The parameters are let go once decoded, and the
+        results message is made only when the answer is known, so a call that
+        waits in a mailbox holds neither (``Peer.call_arrived`` bounds how many
+        may wait).
+        """
+        peer = self._peer
+        if not peer.call_arrived():
+            error = peer.refusal(self._ref.name)
+            encode_error(context.results.result.init("error"), error, self._ref.name)
             return
-        self._remember(callId, promise)
-        results.later = LaterServer(promise, self._peer)
-        await _answer(self._peer, promise, results, actor=self._ref.name, endpoint=endpoint)
+        try:
+            params = context.params
+            endpoint = params.endpoint
+            try:
+                target, values, named = self._prepare(endpoint, params.args, params.kwargs)
+                promise: Promise[Any] = target(*values, **named)
+            except Exception as exc:
+                encode_error(context.results.result.init("error"), exc, self._ref.name, endpoint)
+                return
+            self._remember(params.callId, promise)
+            del params
+            context.release_params()
+            await _answer(peer, promise, context, actor=self._ref.name, endpoint=endpoint)
+        finally:
+            peer.call_answered()
 
     async def send(
         self, endpoint: str, args: Any, kwargs: Any, callId: int, _context: Any, **_: Any
     ) -> None:
+        if not self._peer.call_arrived():  # waiting for room counts: it holds state
+            refused = failed(self._peer.refusal(self._ref.name), "refused")
+            _context.results.later = LaterServer(refused, self._peer)
+            return
         try:
-            target, values, named = self._prepare(endpoint, args, kwargs)
-            promise: Promise[Any] = await target.send(*values, **named)
-        except Exception as exc:  # answered by `later.get()`, boxed there if need be
-            promise = failed(exc, "refused")
-        self._remember(callId, promise)
-        _context.results.later = LaterServer(promise, self._peer)
+            try:
+                target, values, named = self._prepare(endpoint, args, kwargs)
+                promise: Promise[Any] = await target.send(*values, **named)
+            except Exception as exc:  # answered by `later.get()`, boxed there if need be
+                promise = failed(exc, "refused")
+            self._remember(callId, promise)
+            # not counted: this answer is only the Later (the mailbox bounds those)
+            _context.results.later = LaterServer(promise, self._peer)
+        finally:
+            self._peer.call_answered()
 
     async def stop(self, grace: float, _context: Any, **_: Any) -> None:
         await self._ref.stop(None if grace < 0 else grace)
@@ -562,32 +693,52 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
 
 
 class LaterServer(schema.Later.Server):  # type: ignore[misc]
-    """A kernel promise as a ``Later`` capability."""
+    """A kernel promise as a ``Later`` capability.
 
-    def __init__(self, promise: Promise[Any], peer: Peer) -> None:
+    ``counted``: the ``Later`` of a call's answer, which counts in the peer's
+    ``answers_out`` until capnp drops this object (the far side let go of it,
+    and of the answer that carried it).
+    """
+
+    def __init__(self, promise: Promise[Any], peer: Peer, counted: bool = False) -> None:
         self._promise = promise
         self._peer = peer
+        self._counted = counted
+        peer.answers_out += counted
+
+    def __del__(self) -> None:
+        self._peer.answers_out -= self._counted
 
     async def get(self, _context: Any, **_: Any) -> None:
         # a reader that goes away does not cancel the call: others may hold it
-        await _answer(self._peer, self._promise, _context.results, cancel_on_drop=False)
+        counted = self._peer.call_arrived()  # never refused: the call itself ran
+        try:
+            await _answer(self._peer, self._promise, _context, cancel_on_drop=False, later=False)
+        finally:
+            if counted:
+                self._peer.call_answered()
 
 
 async def _answer(
     peer: Peer,
     promise: Promise[Any],
-    results: Any,
+    context: Any,
     cancel_on_drop: bool = True,
     actor: str = "",
     endpoint: str = "",
+    later: bool = True,
 ) -> None:
-    """Wait for ``promise`` and write it into ``results`` (result, actor).
+    """Wait for ``promise`` and write it into ``context``'s results (result,
+    actor, and with ``later`` the ``Later`` that stands for it).
 
-    ``cancel_on_drop``: the caller dropped its question, so cancel the call
-    (for ``Actor.call``; not for ``Later.get``, whose promise others share).
-    Nothing raises out of here into capnp (which would cut the error to a line
-    of text): a failure, or a value that cannot be encoded, is answered as an
-    ``error`` Value, boxed with ``actor`` and ``endpoint`` if not atoll's own.
+    The results message is made only once ``promise`` settled: a call waiting
+    in a mailbox holds no results message (capnp gives each an 8 KiB first
+    segment). ``cancel_on_drop``: the caller dropped its question, so cancel
+    the call (for ``Actor.call``; not for ``Later.get``, whose promise others
+    share). Nothing raises out of here into capnp (which would cut the error
+    to a line of text): a failure, or a value that cannot be encoded, is
+    answered as an ``error`` Value, boxed with ``actor`` and ``endpoint`` if
+    not atoll's own.
     """
     detach_wait_counter()
     try:
@@ -597,8 +748,14 @@ async def _answer(
             promise.cancel("cancelled by the remote caller")
         raise
     except Exception as exc:
+        results = context.results
+        if later:
+            results.later = LaterServer(promise, peer, counted=True)
         encode_error(results.result.init("error"), exc, actor, endpoint)
         return
+    results = context.results
+    if later:
+        results.later = LaterServer(promise, peer, counted=True)
     try:
         encode(peer, results.result, value)
     except Exception as exc:  # e.g. BadCall: the value cannot be pickled

@@ -13,6 +13,11 @@ Ordering is kept: every write goes through the same buffer, and closing
 flushes it first. Flow control stays the real transport's: when it asks the
 protocol to pause, pycapnp stops writing as before. Everything here runs on
 the event loop's thread.
+
+Reading can be held from above (:meth:`GatheringTransport.hold_reading`, how a
+node back-pressures a connection with too many calls in flight): pycapnp asks
+for data read by read (``resume_reading``, then ``pause_reading`` once it has
+some); while held, such a request is remembered and honoured on release.
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class GatheringTransport:
         self._transport = transport
         self._pending: list[bytes] = []
         self._loop = asyncio.get_running_loop()
+        self._held = False  # reading held from above (hold_reading)
+        self._wants_read = False  # pycapnp asked for data (resume_reading)
 
     def write(self, data: bytes) -> None:
         if len(data) >= _DIRECT:  # bulk: no copy into a joined buffer
@@ -89,10 +96,22 @@ class GatheringTransport:
         return bool(self._transport.is_closing())
 
     def pause_reading(self) -> None:
+        self._wants_read = False
         self._transport.pause_reading()
 
     def resume_reading(self) -> None:
-        self._transport.resume_reading()
+        self._wants_read = True
+        if not self._held:
+            self._transport.resume_reading()
+
+    def hold_reading(self, held: bool) -> None:
+        """Stop reading the socket (True) whatever pycapnp asks, or let it read
+        again (False): the peer's writes then wait in TCP and in its process."""
+        self._held = held
+        if held:
+            self._transport.pause_reading()
+        elif self._wants_read and not self._transport.is_closing():
+            self._transport.resume_reading()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self._transport.get_extra_info(name, default)
@@ -103,13 +122,15 @@ def _count(nbytes: int) -> None:
     _STATS.bytes += nbytes
 
 
-def _gathering(on_stream: Callable[[Any], Any]) -> Any:
-    """A pycapnp stream protocol whose transport is wrapped once connected."""
+def _gathering(on_stream: Callable[[Any, GatheringTransport], Any]) -> Any:
+    """A pycapnp stream protocol whose transport is wrapped once connected;
+    ``on_stream(stream, wrapper)`` is called then."""
     protocol: Any = None
 
     def connected(stream: Any) -> Any:
-        protocol.transport = GatheringTransport(protocol.transport)
-        return on_stream(stream)
+        wire = GatheringTransport(protocol.transport)
+        protocol.transport = wire
+        return on_stream(stream, wire)
 
     protocol = capnp.AsyncIoStream._connect(connected)
     return protocol
@@ -119,13 +140,16 @@ async def connect_stream(host: str, port: int) -> Any:
     """A client stream to ``host:port`` (raises ``OSError`` if unreachable)."""
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[Any] = loop.create_future()
-    await loop.create_connection(lambda: _gathering(ready.set_result), host, port)
+    await loop.create_connection(
+        lambda: _gathering(lambda stream, _: ready.set_result(stream)), host, port
+    )
     return await ready
 
 
 async def serve_streams(
-    handler: Callable[[Any], Awaitable[None]], host: str, port: int
+    handler: Callable[[Any, GatheringTransport], Awaitable[None]], host: str, port: int
 ) -> asyncio.Server:
-    """Serve ``host:port``; ``handler(stream)`` runs as a task per connection."""
+    """Serve ``host:port``; ``handler(stream, wire)`` runs as a task per
+    connection (``wire``: its :class:`GatheringTransport`)."""
     loop = asyncio.get_running_loop()
     return await loop.create_server(lambda: _gathering(handler), host, port)

@@ -8,6 +8,12 @@ within ``login_timeout`` seconds, closes the connection.
 Addresses look like ``capnp://127.0.0.1:7000``; serving on port 0 picks a free
 port, and the listener's ``address`` tells which. The default host is
 127.0.0.1: nothing listens beyond this machine unless asked to.
+
+A served connection may have at most ``max_calls`` calls not answered yet
+(beyond that the node stops reading its socket until some are), and as many
+answers its client has not taken yet (beyond that further calls are refused
+with ``MailboxFull``): ``ATOLL_CONNECTION_CALLS``, default 4096, 0 for no
+bound. See ``_peer``'s docstring.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from ...kernel import ActorRef, ActorSystem, NodeActor, TransportError
 from .. import bulk, lane
 from ._peer import GateServer, Peer, heartbeat
 from ._schema import schema
-from ._stream import connect_stream, serve_streams
+from ._stream import GatheringTransport, connect_stream, serve_streams
 
 __all__ = [
     "CapnpConnection",
@@ -40,6 +46,7 @@ __all__ = [
 
 _in_runtime: contextvars.ContextVar[bool] = contextvars.ContextVar("atoll_capnp", default=False)
 _nodes = itertools.count()
+MAX_CALLS = 4096  # calls (or answers not taken) one connection may have at a node
 
 
 @asynccontextmanager
@@ -81,6 +88,16 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def default_max_calls() -> int | None:
+    """``ATOLL_CONNECTION_CALLS`` (0: no bound), else :data:`MAX_CALLS`."""
+    text = os.environ.get("ATOLL_CONNECTION_CALLS", "").strip()
+    if not text:
+        return MAX_CALLS
+    if not text.isdigit():
+        raise TransportError(f"ATOLL_CONNECTION_CALLS={text!r}: expected a whole number")
+    return int(text) or None
+
+
 def default_token() -> bytes:
     """The cluster token from ``ATOLL_TOKEN`` (hex), or a fresh random one."""
     text = os.environ.get("ATOLL_TOKEN")
@@ -90,12 +107,20 @@ def default_token() -> bytes:
 class CapnpListener:
     """A served actor system; ``address`` and ``token`` are what clients need."""
 
-    def __init__(self, address: str, token: bytes, node: ActorRef[NodeActor]) -> None:
+    def __init__(
+        self, address: str, token: bytes, node: ActorRef[NodeActor], max_calls: int | None = None
+    ) -> None:
         self.address = address
         self.token = token
         self.node = node
+        self.max_calls = max_calls
         self.server: asyncio.base_events.Server | None = None
         self._streams: dict[Peer, Any] = {}
+
+    @property
+    def peers(self) -> list[Peer]:
+        """The connections served now (their ``calls_in`` and ``holds`` tell the load)."""
+        return list(self._streams)
 
     async def aclose(self) -> None:
         """Stop accepting, drop every connection, stop the node actor."""
@@ -108,8 +133,11 @@ class CapnpListener:
         self._streams.clear()
         await self.node.stop(grace=0)
 
-    async def _on_connection(self, stream: Any, login_timeout: float) -> None:
-        peer = Peer(f"client of {self.address}")
+    async def _on_connection(
+        self, stream: Any, wire: GatheringTransport, login_timeout: float
+    ) -> None:
+        peer = Peer(f"client of {self.address}", self.max_calls)
+        peer.hold_reading = wire.hold_reading
         loop = asyncio.get_running_loop()
 
         def refuse(_: str) -> None:
@@ -190,19 +218,25 @@ class CapnpTransport:
         login_timeout: float = 10.0,
         heartbeat_s: float = 2.0,
         heartbeat_timeout_s: float = 6.0,
+        max_calls: int | None = -1,
     ) -> None:
+        """``max_calls``: the per-connection bound of the connections this
+        transport serves (None or 0: no bound; -1, the default:
+        ``ATOLL_CONNECTION_CALLS``, read when serving, else 4096)."""
         self.token = token if token is not None else default_token()
         self.login_timeout = login_timeout
         self.heartbeat = (heartbeat_s, heartbeat_timeout_s)
+        self.max_calls = max_calls
 
     async def serve(self, system: ActorSystem, address: str | None = None) -> CapnpListener:
         _require_runtime()
         host, port = parse_address(address or "capnp://127.0.0.1:0")
         node = system.spawn(NodeActor, f"{host}:{port}", name=f"capnp-node-{next(_nodes)}")
-        listener = CapnpListener("", self.token, node)
+        bound = default_max_calls() if self.max_calls == -1 else (self.max_calls or None)
+        listener = CapnpListener("", self.token, node, bound)
 
-        async def handler(stream: Any) -> None:
-            await listener._on_connection(stream, self.login_timeout)
+        async def handler(stream: Any, wire: GatheringTransport) -> None:
+            await listener._on_connection(stream, wire, self.login_timeout)
 
         try:
             server = await serve_streams(handler, host, port)
