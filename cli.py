@@ -69,6 +69,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
     up.add_argument("--scheduler", default="share")  # schedulers.DEFAULT_POLICY
     up.add_argument(
+        "--store-bytes",
+        type=_positive,
+        help="each host's object store holds at most this many bytes (default: no limit)",
+    )
+    up.add_argument(
         "--cluster-file",
         help="write address and token here (default: $XDG_RUNTIME_DIR/atoll/cluster.json, "
         "else ~/.atoll/cluster.json, in a directory of mode 0700)",
@@ -148,6 +153,7 @@ def _up(args: argparse.Namespace) -> int:
         scheduler=args.scheduler,
         device_cls=device_cls,
         remote_hosts=args.remote_hosts,
+        store_bytes=args.store_bytes,
     )
     if args.device == "jax" and args.remote_hosts:
         _share_jax_runtime(args)

@@ -13,15 +13,30 @@ order at random times:
 - ``cut``: the TCP links of the clients that reach the controller through a
   proxy are cut (the client reconnects);
 - ``client``: a client killed with ``kill -9`` mid-program (a fresh one takes
-  its place).
+  its place);
+- ``bulk_cut``: a bulk transfer between processes cut in the middle. Hosts
+  see each other as different machines (``ATOLL_MACHINE_ID=per-process``),
+  so a 2 MiB array moves between them (and from a client to a host) by the
+  bulk stream, which they reach through a relay here
+  (``ATOLL_BULK_RELAY``); the relay aborts the next transfer after 1 MiB;
+- ``store_full``: a client puts 2 MiB buffers on one host until its store
+  (``atoll up --store-bytes``) refuses one with ``StoreFull``, holds them
+  a few seconds while the programs go on, then closes: what it held must be
+  freed. A program may fail with ``StoreFull`` only while a store is full
+  (and ``ATOLL_STORE_WAIT_S`` after);
+- ``rejoin``: ``atoll host --join`` of a new host process in the place of a
+  lost one (one is killed first if none is lost); it survives only when a
+  later program that ran on that host was right.
 
 Every program must settle within ``--bound`` seconds (else: a hang). A
 program either gives the expected value or fails with ``HostLost``,
-``ActorStopped`` or a boxed remote error (never a wrong value), and it may
-fail only if one of its hosts was lost or its client's link was cut
+``ActorStopped``, a boxed remote error or (while a store is full)
+``StoreFull``, never a wrong value nor another error, and it may fail only
+if one of its hosts was lost, its client's link was cut or a store was full
 ("independent" results must be right). When every client has closed, every
 surviving host store must be empty; when the cluster has stopped, no process
-of it may be left, and no shared-memory segment of its processes.
+of it may be left, and no shared-memory segment of its processes. Each
+failure that breaks one of these is printed on stderr, with its error.
 
 The CI version is ``tests/test_faults.py`` (a short run of this module).
 """
@@ -48,42 +63,55 @@ from typing import Any
 import anyio
 import numpy as np
 
-from ..devices import Computation
+from ..devices import Computation, StoreFull
 from ..examples.demo import affine
-from ..kernel import ActorStopped, HostLost, RemoteActorError
+from ..kernel import ActorStopped, AtollError, HostLost, RemoteActorError
 from ..runtime.connect import connect
+from ..transports import bulk
 from ..transports.capnp import ClusterFile, peer_of
 
 __all__ = ["FAULT_KINDS", "Report", "main", "run_faults"]
 
-FAULT_KINDS = ("kill9", "freeze", "cut", "client")
+FAULT_KINDS = ("kill9", "freeze", "cut", "client", "bulk_cut", "store_full", "rejoin")
 HEARTBEAT = (0.5, 2.0)  # the controller's host heartbeat in these runs: lost within 2.5 s
 STEP = Computation("affine", affine, flops=2e10)  # 20 ms on a simulated device
 BIG = (2 << 20) // 4  # float32 elements of a 2 MiB array: beyond the inline limit
 DEPENDENT = (HostLost, ActorStopped, RemoteActorError)
+STORE_BYTES = 64 << 20  # each host's store: far above what the programs hold at once
+STORE_WAIT_S = 3.0  # how long work waits for room before StoreFull (ATOLL_STORE_WAIT_S)
+FILL_CHUNK = 2 << 20  # what the filler puts at a time (bytes)
+FILL_HOLD_S = 4.0  # how long the filler keeps a store full
+CUT_AFTER = 1 << 20  # a cut bulk transfer is aborted after this many bytes reached its reader
+GAP_S = 2.0  # at least this long between faults: a fault's survival is judged in between
 
 
 @dataclass
 class Report:
-    """What a run found; the invariants hold when the last five are 0."""
+    """What a run found; the invariants hold when the last six are 0."""
 
     seconds: float
     seed: int
     faults: dict[str, int] = field(default_factory=dict)
+    survived_by_kind: dict[str, int] = field(default_factory=dict)
     survived: int = 0  # faults followed by a correct result before the next one
     promises: int = 0  # programs checked (each settles one promise chain)
     correct: int = 0
-    failed_dependent: int = 0  # failed with an allowed error, on a lost host or a cut link
+    failed_dependent: int = 0  # failed with an allowed error: a lost host, a cut link, ...
+    failed_store_full: int = 0  # ... of those, StoreFull while a store was full
+    failed_other_error: int = 0  # failed depending on a fault, with an error not allowed
     hangs: int = 0
     wrong: int = 0
-    failed_independent: int = 0  # failed although none of its hosts was lost
+    failed_independent: int = 0  # failed although independent (any error), or a client crashed
     bytes_leaked: int = 0  # surviving stores' bytes after every client left, plus shm
     orphans: int = 0  # processes of the cluster still alive after it stopped
 
     def ok(self) -> bool:
-        return not (
-            self.hangs or self.wrong or self.failed_independent or self.bytes_leaked or self.orphans
-        )
+        broken = (self.failed_other_error, self.hangs, self.wrong, self.failed_independent)
+        return not (any(broken) or self.bytes_leaked or self.orphans)
+
+
+_NOT_COUNTS = ("seconds", "seed", "faults", "survived_by_kind")
+_COUNTS = [name for name in Report.__dataclass_fields__ if name not in _NOT_COUNTS]  # in order
 
 
 # -- the client process ---------------------------------------------------------------------
@@ -117,82 +145,140 @@ async def _usage(cluster: Any, timeout: float) -> dict[int, dict[str, int]]:
     return usage
 
 
+def _store_full(error: BaseException) -> bool:
+    """Whether ``error`` is ``StoreFull``: as itself, or boxed (a device's
+    endpoint that raised it answers with a ``RemoteActorError``)."""
+    if isinstance(error, RemoteActorError):
+        return error.exc_type == f"{StoreFull.__module__}.{StoreFull.__qualname__}"
+    return isinstance(error, StoreFull)
+
+
 async def _alive_hosts(cluster: Any) -> set[int]:
     return set(await _usage(cluster, 2.0))
 
 
-async def _one_program(client: Any, cluster: Any, rng: random.Random, bound: float) -> str:
-    """Run one chain on live hosts; its outcome: correct, dependent, independent,
-    wrong or hang (see the module docstring)."""
+@dataclass
+class _Tally:
+    """What a client process saw: outcomes, and when its programs settled."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    correct_at: list[float] = field(default_factory=list)  # wall-clock times of right results
+    correct_hosts: list[list[int]] = field(default_factory=list)  # ... and the hosts they used
+    store_full_at: list[float] = field(default_factory=list)  # times of StoreFull failures
+    failures: list[tuple[float, str, str]] = field(default_factory=list)  # time, outcome, why
+
+    def lines(self) -> list[str]:
+        """The tally as the lines the suite reads from the client's output."""
+        return [
+            "OUTCOMES " + json.dumps(dict(self.outcomes)),
+            "CORRECT_AT " + json.dumps(self.correct_at),
+            "CORRECT_HOSTS " + json.dumps(self.correct_hosts),
+            "STORE_FULL_AT " + json.dumps(self.store_full_at),
+            "FAILURES " + json.dumps(self.failures),
+        ]
+
+
+async def _one_program(
+    client: Any, cluster: Any, rng: random.Random, bound: float
+) -> tuple[str, list[int], str]:
+    """Run one chain on live hosts; its outcome (correct, dependent,
+    independent, store_full, unexpected, wrong or hang; see the module
+    docstring), the hosts it ran on, and what went wrong, if anything.
+    Every buffer of the chain is freed afterwards."""
     before = await _alive_hosts(cluster)
     if _link_closed(client):
-        return "relink"
+        return "relink", [], ""
     if not before:
-        return "no_hosts"
+        return "no_hosts", [], ""
     hosts = [rng.choice(sorted(before)) for _ in range(rng.randint(1, 4))]
     size = BIG if rng.random() < 0.2 else 16
     start = float(rng.randint(0, 1000))
-    handle = cluster.put(np.full(size, start, dtype=np.float32), hosts[0])
+    chain = [cluster.put(np.full(size, start, dtype=np.float32), hosts[0])]
     for host in hosts:
-        handle = cluster.run(STEP, host, [handle])
+        chain.append(cluster.run(STEP, host, [chain[-1]]))
+    value, outcome, why = await _settle(client, cluster, chain[-1], hosts, bound)
+    if value is not None:
+        outcome = "correct" if np.array_equal(value, expected(start, len(hosts), size)) else "wrong"
+    for handle in chain:
+        with contextlib.suppress(AtollError, TimeoutError):  # a failed one holds nothing
+            with anyio.fail_after(bound):
+                await cluster.free(handle)
+    return outcome, hosts, f"{why} (hosts {hosts}, {size * 4} bytes)"
+
+
+async def _settle(
+    client: Any, cluster: Any, last: Any, hosts: list[int], bound: float
+) -> tuple[np.ndarray | None, str, str]:
+    """The value of the chain ending in ``last``, or None, how it failed
+    (hang, store_full, unexpected, or dependent / independent of a lost
+    host) and the error."""
     try:
         with anyio.fail_after(bound):
-            value = await cluster.fetch(handle)
+            return await cluster.fetch(last), "", ""
     except TimeoutError:
-        return "hang"
-    except DEPENDENT:
+        return None, "hang", ""
+    except (StoreFull, *DEPENDENT) as exc:
+        if _store_full(exc):
+            return None, "store_full", repr(exc)[:300]  # the suite judges it (_while_full)
         if _link_closed(client):
-            return "dependent"  # this client's own link went
+            return None, "dependent", repr(exc)[:300]  # this client's own link went
         after = await _alive_hosts(cluster)
-        return "independent" if set(hosts) <= after else "dependent"
-    ok = np.array_equal(value, expected(start, len(hosts), size))
-    with contextlib.suppress(*DEPENDENT, TimeoutError):
-        with anyio.fail_after(bound):
-            await cluster.free(handle)
-    return "correct" if ok else "wrong"
+        return None, "independent" if set(hosts) <= after else "dependent", repr(exc)[:300]
+    except Exception as exc:  # an error that no fault may cause, on a lost host or not
+        lost = _link_closed(client) or not set(hosts) <= await _alive_hosts(cluster)
+        return None, "other_error" if lost else "unexpected", repr(exc)[:300]
 
 
-async def client_loop(
-    cluster_file: str, seconds: float, seed: int, bound: float, correct_at: list[float]
-) -> Counter[str]:
-    """Run programs for ``seconds``, reconnecting when the link goes; the
-    wall-clock time of each correct result goes to ``correct_at``."""
-    rng, outcomes = random.Random(seed), Counter[str]()
+async def _fresh(client: Any, cluster: Any) -> Any:
+    """The cluster handle again, in the same session: a host that rejoined
+    has new references, which a handle taken before does not know."""
+    info = await client.node.lookup("cluster").cluster()
+    return info.client(client.system, cluster.owner)
+
+
+async def client_loop(cluster_file: str, seconds: float, seed: int, bound: float) -> _Tally:
+    """Run programs for ``seconds``, reconnecting when the link goes, and
+    taking the cluster handle afresh once a second, so that a host that
+    rejoined is used again."""
+    rng, tally = random.Random(seed), _Tally()
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         try:
             async with connect(cluster_file) as client:
                 cluster = await client.cluster(f"faults{seed}")
+                fresh_at = time.monotonic()
                 while time.monotonic() < end and not _link_closed(client):
-                    outcome = await _one_program(client, cluster, rng, bound)
+                    outcome, hosts, why = await _one_program(client, cluster, rng, bound)
                     if outcome == "no_hosts":
-                        return outcomes
+                        return tally
                     if outcome != "relink":
-                        outcomes[outcome] += 1
+                        tally.outcomes[outcome] += 1
                     if outcome == "correct":
-                        correct_at.append(time.time())
-            outcomes["reconnects"] += 1
+                        tally.correct_at.append(time.time())
+                        tally.correct_hosts.append(sorted(set(hosts)))
+                    elif outcome == "store_full":
+                        tally.store_full_at.append(time.time())
+                    if outcome not in ("correct", "relink"):
+                        tally.failures.append((time.time(), outcome, why))
+                    if time.monotonic() - fresh_at > 1.0:
+                        cluster, fresh_at = await _fresh(client, cluster), time.monotonic()
+            tally.outcomes["reconnects"] += 1
         except (*DEPENDENT, TimeoutError, OSError) as exc:
-            outcomes["reconnects"] += 1
+            tally.outcomes["reconnects"] += 1
             print(f"client {seed}: reconnecting after {exc!r}", file=sys.stderr, flush=True)
             await anyio.sleep(0.2)
-    return outcomes
+    return tally
 
 
 def _client_main(args: argparse.Namespace) -> int:
-    correct_at: list[float] = []
-
-    async def body() -> Counter[str]:
+    async def body() -> _Tally:
         from ..transports.capnp import capnp_runtime
 
         async with capnp_runtime():
-            return await client_loop(
-                args.cluster_file, args.seconds, args.seed, args.bound, correct_at
-            )
+            return await client_loop(args.cluster_file, args.seconds, args.seed, args.bound)
 
-    outcomes = asyncio.run(body())
-    print("OUTCOMES " + json.dumps(dict(outcomes)), flush=True)
-    print("CORRECT_AT " + json.dumps(correct_at), flush=True)
+    for line in asyncio.run(body()).lines():
+        print(line, flush=True)
     return 0
 
 
@@ -242,6 +328,77 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     writer.transport.abort()
 
 
+class Relay:
+    """The bulk relay the hosts read arrays through (``ATOLL_BULK_RELAY``, see
+    ``transports/bulk.py``); :meth:`cut_next` cuts the next transfer midway."""
+
+    def __init__(self) -> None:
+        self.server: asyncio.base_events.Server | None = None
+        self.port = 0
+        self.streams = 0  # transfers relayed
+        self._armed: asyncio.Event | None = None  # set once the armed cut was made
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    def arm(self) -> asyncio.Event:
+        """From now on, abort the next transfer after ``CUT_AFTER`` bytes
+        reached its reader (both sockets reset); the event is set once done."""
+        self._armed = asyncio.Event()
+        return self._armed
+
+    async def cut_next(self, timeout: float) -> bool:
+        """:meth:`arm`, and wait for the cut; False if no transfer got that
+        far within ``timeout`` (then disarmed)."""
+        armed = self.arm()
+        with anyio.move_on_after(timeout):
+            await armed.wait()
+        self._armed = None
+        return armed.is_set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One transfer: the holder's address, then the stream both ways."""
+        try:
+            hello = await reader.readexactly(bulk.RELAY_HELLO.size)
+            where = await reader.readexactly(bulk.RELAY_HELLO.unpack(hello)[0])
+            host, _, port = where.decode().rpartition(":")
+            up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), int(port))
+        except (OSError, ValueError, asyncio.IncompleteReadError):
+            writer.transport.abort()
+            return
+        self.streams += 1
+        await asyncio.gather(_pump(reader, up_writer), self._down(up_reader, writer, up_writer))
+
+    async def _down(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: Any
+    ) -> None:
+        """Holder to reader, closed in order at its end, or reset midway when armed."""
+        sent = 0
+        with contextlib.suppress(OSError):
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+                sent += len(data)
+                armed = self._armed
+                if armed is not None and not armed.is_set() and sent >= CUT_AFTER:
+                    armed.set()
+                    writer.transport.abort()
+                    upstream.transport.abort()
+                    return
+            writer.close()
+            await writer.wait_closed()
+        upstream.transport.abort()
+
+    async def aclose(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
 # -- the cluster -----------------------------------------------------------------------------
 def _spawn(args: Sequence[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
     """``python -m ARGS`` as a child (posix_spawn: no fork of this process)."""
@@ -257,24 +414,38 @@ class Cluster:
     cluster_file: Path
     proxied_file: Path
     host_pids: list[int]
-    env: dict[str, str]
+    env: dict[str, str]  # for clients
+    host_env: dict[str, str]  # for hosts
 
 
 @contextlib.asynccontextmanager
-async def up_cluster(hosts: int, workdir: Path, token: str) -> AsyncIterator[Cluster]:
-    """``atoll up --hosts HOSTS`` with a fast host heartbeat; stopped on the way out."""
+async def up_cluster(
+    hosts: int, workdir: Path, token: str, relay: str = "", store_bytes: int | None = None
+) -> AsyncIterator[Cluster]:
+    """``atoll up --hosts HOSTS`` with a fast host heartbeat; stopped on the way out.
+
+    ``relay``: the hosts are machines of their own to one another, and read
+    arrays through this bulk relay. ``store_bytes``: each host's store limit
+    (work waits ``STORE_WAIT_S`` for room)."""
     env = dict(os.environ, ATOLL_TOKEN=token, ATOLL_HOST_HEARTBEAT="{},{}".format(*HEARTBEAT))
+    env["ATOLL_STORE_WAIT_S"] = str(STORE_WAIT_S)
     cluster_file = workdir / "cluster.json"
     args = ["up", "--hosts", str(hosts), "--devices-per-host", "1"]
+    if store_bytes is not None:
+        args += ["--store-bytes", str(store_bytes)]
+    host_env = dict(env)
+    if relay:
+        host_env.update({"ATOLL_MACHINE_ID": "per-process", bulk.RELAY_ENV: relay})
+        env["ATOLL_MACHINE_ID"] = "per-process"  # clients too, without the relay
     up = _spawn(
-        ["atoll.cli", *args, "--cluster-file", str(cluster_file)], env, stdout=subprocess.PIPE
+        ["atoll.cli", *args, "--cluster-file", str(cluster_file)], host_env, stdout=subprocess.PIPE
     )
     try:
         await anyio.to_thread.run_sync(_wait_for, up, "cluster up")
         async with connect(cluster_file) as client:
             rows = await client.status()
         pids = [row["pid"] for row in rows if row["kind"] == "host"]
-        yield Cluster(up, cluster_file, workdir / "proxied.json", pids, env)
+        yield Cluster(up, cluster_file, workdir / "proxied.json", pids, env, host_env)
     finally:
         for pid in _stopped:
             with contextlib.suppress(ProcessLookupError):
@@ -286,12 +457,42 @@ async def up_cluster(hosts: int, workdir: Path, token: str) -> AsyncIterator[Clu
 _stopped: set[int] = set()  # hosts frozen now: woken before the cluster stops
 
 
-def _wait_for(process: subprocess.Popen[str], text: str) -> None:
+def _wait_for(process: subprocess.Popen[str], text: str) -> str:
+    """The first line of ``process``'s output with ``text`` in it."""
     assert process.stdout is not None
     for line in process.stdout:
         if text in line:
-            return
-    raise RuntimeError(f"atoll up ended before printing {text!r}")
+            return line
+    raise RuntimeError(f"the process ended before printing {text!r}")
+
+
+async def rejoin_host(cluster: Cluster) -> tuple[subprocess.Popen[str], int]:
+    """``atoll host --join`` of a new host process, which takes the place of
+    a lost host (the cluster is full otherwise); it and the host id it got,
+    once it has joined. Its stdout is a pipe, for ``_close`` to close."""
+    address = ClusterFile.read(cluster.cluster_file).address
+    args = ["atoll.cli", "host", "--join", address]
+    joiner = _spawn(args, cluster.host_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        line = await anyio.to_thread.run_sync(_wait_for, joiner, " joined ")
+    except BaseException:
+        joiner.kill()
+        await anyio.to_thread.run_sync(_wait_exit, joiner, 10.0)
+        raise
+    return joiner, int(line.split()[2])  # "atoll host N joined ADDRESS, serving ..."
+
+
+async def until_lost(cluster: Cluster, host_id: int, timeout: float = 15.0) -> None:
+    """Wait until the controller counts host ``host_id`` as lost (``status``)."""
+    async with connect(cluster.cluster_file) as client:
+        with anyio.fail_after(timeout):
+            while True:
+                rows = await client.status()
+                if any(
+                    r["kind"] == "host" and r["host"] == host_id and not r["alive"] for r in rows
+                ):
+                    return
+                await anyio.sleep(0.2)
 
 
 def _wait_exit(process: subprocess.Popen[Any], timeout: float) -> None:
@@ -328,19 +529,24 @@ def _segments_of(pids: set[int]) -> int:
 
 # -- the run -----------------------------------------------------------------------------
 class _Run:
-    """One run: the clients, the proxy, the faults and the tally."""
+    """One run: the clients, the proxy, the relay, the faults and the tally."""
 
-    def __init__(self, cluster: Cluster, report: Report, bound: float) -> None:
+    def __init__(self, cluster: Cluster, report: Report, bound: float, relay: Relay) -> None:
         self.cluster = cluster
         self.report = report
         self.bound = bound
+        self.relay = relay
         self.clients: list[subprocess.Popen[str]] = []
+        self.joiners: list[subprocess.Popen[str]] = []  # hosts started by rejoin
         self.proxied: dict[int, bool] = {}
         self.pids: set[int] = {cluster.up.pid, *cluster.host_pids}
         self.lost: set[int] = set()
-        self.outcomes: Counter[str] = Counter()
-        self.correct_at: list[float] = []  # wall-clock times of correct results
-        self.fault_at: list[float] = []  # ... and of the faults injected
+        self.tally = _Tally()  # every client's, summed
+        self.fault_at: list[float] = []  # wall-clock times of the faults injected
+        self.fault_host: list[int | None] = []  # ... and the host a right result must use
+        self.fault_kind: list[str] = []  # ... and their kinds
+        self.needs: int | None = None  # that host, for the fault being injected
+        self.full: list[tuple[float, float]] = []  # when a store was full (start, end)
         self.seeds = iter(range(report.seed * 1000, report.seed * 1000 + 1000))
 
     def start_client(self, proxied: bool, seconds: float) -> None:
@@ -355,36 +561,41 @@ class _Run:
         self.pids.add(client.pid)
 
     def collect(self, client: subprocess.Popen[str]) -> None:
+        """Add a client's tally, once it ended; one that reported none crashed."""
         out, _ = client.communicate(timeout=self.bound * 4)
+        tally = self.tally
+        if "OUTCOMES " not in out:
+            tally.outcomes["crashed"] += 1
         for line in out.splitlines():
-            if line.startswith("OUTCOMES "):
-                self.outcomes.update(json.loads(line.removeprefix("OUTCOMES ")))
-            elif line.startswith("CORRECT_AT "):
-                self.correct_at += json.loads(line.removeprefix("CORRECT_AT "))
+            name, _, data = line.partition(" ")
+            if name == "OUTCOMES":
+                tally.outcomes.update(json.loads(data))
+            elif name == "CORRECT_AT":
+                tally.correct_at += json.loads(data)
+            elif name == "CORRECT_HOSTS":
+                tally.correct_hosts += json.loads(data)
+            elif name == "STORE_FULL_AT":
+                tally.store_full_at += json.loads(data)
+            elif name == "FAILURES":
+                tally.failures += [tuple(failure) for failure in json.loads(data)]
 
     def live_hosts(self) -> list[int]:
         return [i for i, _ in enumerate(self.cluster.host_pids) if i not in self.lost]
 
     async def inject(self, kind: str, rng: random.Random, proxy: Proxy, end: float) -> bool:
-        """One fault of ``kind``; False when it cannot be had now (no host to spare)."""
-        hosts = self.live_hosts()
+        """One fault of ``kind``; False when it cannot be had now (no host to
+        spare, no bulk transfer to cut, a store that would not fill)."""
+        self.needs = None
         if kind in ("kill9", "freeze"):
-            if len(hosts) < 2:
-                return False  # keep one host for the programs that must still succeed
-            host = rng.choice(hosts)
-            pid = self.cluster.host_pids[host]
-            self.lost.add(host)
-            if kind == "kill9":
-                os.kill(pid, signal.SIGKILL)
-                return True
-            os.kill(pid, signal.SIGSTOP)
-            _stopped.add(pid)
-            await anyio.sleep(sum(HEARTBEAT) + 1.5)  # past the heartbeat bound
-            os.kill(pid, signal.SIGCONT)
-            _stopped.discard(pid)
-            return True
+            return await self._lose_host(kind, rng)
         if kind == "cut":
             return proxy.cut() > 0
+        if kind == "bulk_cut":
+            return await self.relay.cut_next(timeout=15.0)
+        if kind == "store_full":
+            return await self._fill(rng)
+        if kind == "rejoin":
+            return await self._rejoin(rng)
         victims = [c for c in self.clients if c.poll() is None]
         if not victims:
             return False
@@ -396,6 +607,90 @@ class _Run:
         left = max(1.0, end - time.monotonic())
         self.start_client(self.proxied[victim.pid], left)  # its place, on the same path
         return True
+
+    async def _lose_host(self, kind: str, rng: random.Random) -> bool:
+        """``kill -9`` of a live host, or SIGSTOP past the heartbeat bound and SIGCONT."""
+        hosts = self.live_hosts()
+        if len(hosts) < 2:
+            return False  # keep one host for the programs that must still succeed
+        host = rng.choice(hosts)
+        pid = self.cluster.host_pids[host]
+        self.lost.add(host)
+        if kind == "kill9":
+            os.kill(pid, signal.SIGKILL)
+            return True
+        os.kill(pid, signal.SIGSTOP)
+        _stopped.add(pid)
+        await anyio.sleep(sum(HEARTBEAT) + 1.5)  # past the heartbeat bound
+        os.kill(pid, signal.SIGCONT)
+        _stopped.discard(pid)
+        return True
+
+    async def _rejoin(self, rng: random.Random) -> bool:
+        """A new host process joins in the place of a lost host (one is
+        killed first when none is lost); a right result must use it. A
+        joiner that fails to join counts as a fault not survived."""
+        if not self.lost and not await self._lose_host("kill9", rng):
+            return False
+        try:
+            for host in sorted(self.lost):
+                await until_lost(self.cluster, host)
+            joiner, host = await rejoin_host(self.cluster)
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"atoll bench faults: a host failed to rejoin: {exc}", file=sys.stderr)
+            self.needs = -1  # no result runs there: not survived
+            return True
+        self.joiners.append(joiner)
+        self.pids.add(joiner.pid)
+        self.cluster.host_pids[host] = joiner.pid
+        self.lost.discard(host)
+        self.needs = host
+        return True
+
+    async def _fill(self, rng: random.Random) -> bool:
+        """A client fills a live host's store until ``StoreFull``, holds it
+        ``FILL_HOLD_S``, and closes; what it held must then be freed (else
+        it counts as leaked)."""
+        host = rng.choice(self.live_hosts())
+        began = time.time()
+        async with connect(self.cluster.cluster_file) as client:
+            handle = await client.cluster("filler")
+            full = await _fill_until_full(handle, handle.topology.on_host(host)[0], self.bound)
+            if full:
+                await anyio.sleep(FILL_HOLD_S)  # the programs go on meanwhile
+            owner = handle.owner
+        self.full.append((began, time.time()))
+        self.report.bytes_leaked += await _owner_bytes(self.cluster, host, owner)
+        return full
+
+
+async def _fill_until_full(cluster: Any, device: int, bound: float) -> bool:
+    """Put ``FILL_CHUNK`` buffers on ``device`` until its store refuses one
+    with ``StoreFull`` (True), or its host is lost, or it does not fill."""
+    chunk = np.zeros(FILL_CHUNK // 4, dtype=np.float32)
+    try:
+        for _ in range(2 * STORE_BYTES // FILL_CHUNK):
+            with anyio.fail_after(STORE_WAIT_S + bound):
+                await cluster.put(chunk, device)
+    except (StoreFull, *DEPENDENT) as exc:
+        return _store_full(exc)
+    except TimeoutError:
+        pass
+    return False
+
+
+async def _owner_bytes(cluster: Cluster, host: int, owner: str, timeout: float = 10.0) -> int:
+    """Bytes ``owner`` still holds on ``host`` once its session has had
+    ``timeout`` to end (0 as soon as it holds none; 0 if the host is gone)."""
+    async with connect(cluster.cluster_file) as client:
+        handle = await client.cluster("faults-check")
+        ref = handle.host_refs[host]
+        held = 0
+        with contextlib.suppress(*DEPENDENT, TimeoutError):
+            with anyio.fail_after(timeout):
+                while held := int((await ref.owner_usage()).get(owner, {}).get("bytes", 0)):
+                    await anyio.sleep(0.1)
+        return held
 
 
 def _close(process: subprocess.Popen[str]) -> None:
@@ -414,8 +709,8 @@ async def run_faults(
 ) -> Report:
     """The fault-injection suite for ``seconds``; see the module docstring.
 
-    Lost hosts do not come back, so a long run is a series of epochs of
-    about ``epoch_s`` seconds, each on a fresh cluster, each checked in full.
+    A long run is a series of epochs of about ``epoch_s`` seconds, each on a
+    fresh cluster, each checked in full (hosts lost are not all replaced).
     """
     from ..transports.capnp import capnp_runtime
 
@@ -439,15 +734,23 @@ async def _epoch(
     """One cluster, one schedule of faults, every invariant checked."""
     report = Report(seconds, rng.randrange(1 << 30))
     schedule = _schedule(rng, seconds, kinds)
+    relay = Relay()
+    await relay.start()
+    token = os.urandom(16).hex()
     with tempfile.TemporaryDirectory(prefix="atoll-faults-") as tmp:
-        async with up_cluster(hosts, Path(tmp), os.urandom(16).hex()) as cluster:
-            run = _Run(cluster, report, bound)
-            await _drive(run, rng, schedule, seconds, clients)
-            report.bytes_leaked += await _store_bytes(cluster, run.lost)
-        await anyio.to_thread.run_sync(_settle_processes, run.pids)
+        try:
+            async with up_cluster(hosts, Path(tmp), token, relay.address, STORE_BYTES) as cluster:
+                run = _Run(cluster, report, bound, relay)
+                await _drive(run, rng, schedule, seconds, clients)
+                report.bytes_leaked += await _store_bytes(cluster, run.lost)
+            await anyio.to_thread.run_sync(_settle_processes, run.pids)
+        finally:
+            await relay.aclose()
     _tally(run, report)
     report.orphans = sum(_alive(pid) for pid in run.pids)
     report.bytes_leaked += _segments_of(run.pids)
+    for joiner in run.joiners:  # reaped (after the count: one left running is an orphan)
+        await anyio.to_thread.run_sync(_wait_exit, joiner, 5.0)
     return report
 
 
@@ -455,7 +758,9 @@ def _add(total: Report, report: Report) -> None:
     """Sum ``report`` into ``total`` (its counts, and its faults per kind)."""
     for kind, count in report.faults.items():
         total.faults[kind] = total.faults.get(kind, 0) + count
-    for name in list(asdict(report))[3:]:
+    for kind, count in report.survived_by_kind.items():
+        total.survived_by_kind[kind] = total.survived_by_kind.get(kind, 0) + count
+    for name in _COUNTS:
         setattr(total, name, getattr(total, name) + getattr(report, name))
 
 
@@ -484,11 +789,15 @@ async def _drive(
     for i in range(clients):
         run.start_client(proxied=i % 2 == 0, seconds=seconds)
     try:
+        last = began
         for at, kind in schedule:
-            await anyio.sleep(max(0.0, began + at - time.monotonic()))
+            await anyio.sleep(max(0.0, max(began + at, last + GAP_S) - time.monotonic()))
             if await run.inject(kind, rng, proxy, end):
                 run.report.faults[kind] = run.report.faults.get(kind, 0) + 1
                 run.fault_at.append(time.time())
+                run.fault_host.append(run.needs)
+                run.fault_kind.append(kind)
+            last = time.monotonic()
         for client in list(run.clients):
             await anyio.to_thread.run_sync(run.collect, client)
     finally:
@@ -520,30 +829,81 @@ def _settle_processes(pids: set[int]) -> None:
 
 
 def _tally(run: _Run, report: Report) -> None:
-    outcomes = run.outcomes
+    outcomes, tally = run.tally.outcomes, run.tally
+    full = [_while_full(t, run.full) for t in tally.store_full_at]
     report.correct = outcomes["correct"]
-    report.failed_dependent = outcomes["dependent"]
+    report.failed_store_full = sum(full)
+    report.failed_dependent = outcomes["dependent"] + sum(full)
+    report.failed_other_error = outcomes["other_error"]
     report.hangs = outcomes["hang"]
     report.wrong = outcomes["wrong"]
-    report.failed_independent = outcomes["independent"]
+    report.failed_independent = outcomes["independent"] + full.count(False)
+    report.failed_independent += outcomes["unexpected"] + outcomes["crashed"]
     report.promises = sum(outcomes[k] for k in ("correct", "dependent", "hang", "wrong"))
-    report.promises += outcomes["independent"]
-    report.survived = _survived(run.fault_at, run.correct_at)
+    report.promises += outcomes["independent"] + outcomes["store_full"] + outcomes["unexpected"]
+    report.promises += outcomes["other_error"]
+    each = _survived_each(run.fault_at, tally.correct_at, run.fault_host, tally.correct_hosts)
+    report.survived = sum(each)
+    for kind, survived in zip(run.fault_kind, each, strict=True):
+        report.survived_by_kind[kind] = report.survived_by_kind.get(kind, 0) + survived
+    _explain(run)
+
+
+def _explain(run: _Run) -> None:
+    """On stderr: every failure that breaks an invariant, what it raised,
+    and the faults' times (wall clock), to tell what it followed."""
+    allowed = ("dependent", "store_full")
+    bad = [
+        (at, outcome, why)
+        for at, outcome, why in run.tally.failures
+        if outcome not in allowed or (outcome == "store_full" and not _while_full(at, run.full))
+    ]
+    if not bad and not run.tally.outcomes["crashed"]:
+        return
+    faults = ", ".join(f"{k} {t:.1f}" for k, t in zip(run.fault_kind, run.fault_at, strict=True))
+    full = ", ".join(f"{start:.1f}-{end:.1f}" for start, end in run.full)
+    print(f"faults: {faults}; stores full: {full}", file=sys.stderr, flush=True)
+    for at, outcome, why in bad:
+        print(f"  {outcome} at {at:.1f}: {why}", file=sys.stderr, flush=True)
+
+
+def _while_full(at: float, full: list[tuple[float, float]]) -> bool:
+    """Whether a ``StoreFull`` at ``at`` came while a store was full (or
+    within ``STORE_WAIT_S`` and a little after the filler let go)."""
+    return any(start <= at <= end + STORE_WAIT_S + 2.0 for start, end in full)
 
 
 def _survived(fault_at: list[float], correct_at: list[float]) -> int:
     """Faults followed by a correct result before the next fault (or the end)."""
+    return sum(_survived_each(fault_at, correct_at))
+
+
+def _survived_each(
+    fault_at: list[float],
+    correct_at: list[float],
+    fault_host: Sequence[int | None] = (),
+    correct_hosts: Sequence[Sequence[int]] = (),
+) -> list[bool]:
+    """Per fault: whether a correct result followed it before the next fault
+    (or the end); for a fault with a host in ``fault_host`` (a rejoin), a
+    correct result that ran on that host (``correct_hosts``, by result)."""
     ends = [*fault_at[1:], float("inf")] if fault_at else []
-    return sum(
-        any(start < t <= end for t in correct_at) for start, end in zip(fault_at, ends, strict=True)
-    )
+    needs = list(fault_host) or [None] * len(fault_at)
+    results = list(zip(correct_at, list(correct_hosts) or [[]] * len(correct_at), strict=True))
+    return [
+        any(start < t <= end and (host is None or host in used) for t, used in results)
+        for start, end, host in zip(fault_at, ends, needs, strict=True)
+    ]
 
 
 # -- the command line ---------------------------------------------------------------------------
 def _table(report: Report) -> str:
-    rows = [("faults injected", sum(report.faults.values()))]
-    rows += [(f"  {kind}", report.faults.get(kind, 0)) for kind in FAULT_KINDS]
-    rows += [(name, getattr(report, name)) for name in list(asdict(report))[3:]]
+    rows = [("faults injected / survived", f"{sum(report.faults.values())} / {report.survived}")]
+    rows += [
+        (f"  {kind}", f"{report.faults.get(kind, 0)} / {report.survived_by_kind.get(kind, 0)}")
+        for kind in FAULT_KINDS
+    ]
+    rows += [(name, str(getattr(report, name))) for name in _COUNTS if name != "survived"]
     width = max(len(name) for name, _ in rows)
     lines = [f"atoll bench faults: {report.seconds:.0f} s, seed {report.seed}"]
     lines += [f"{name:<{width}}  {value:>8}" for name, value in rows]

@@ -30,6 +30,7 @@ from ..kernel import (
     ActorRef,
     AtollError,
     Clock,
+    HostLost,
     Promise,
     all_settled,
     as_promise,
@@ -484,7 +485,7 @@ class Device(Actor):
         them where they are, so they must outlive the push."""
         answers: list[Promise[Any]] = []
         sent: list[str] = []
-        unreachable: list[str] = []
+        unreachable: list[Exception] = []
         for target in targets:
             handle = outputs[target.output]
             if target.host_id == self.host_id:
@@ -502,7 +503,7 @@ class Device(Actor):
             try:
                 host = await self._host_ref(target.host_id, target.address, target.host)
             except Exception as exc:  # its reader waits on its inbox: fail, and say why
-                unreachable.append(f"cannot reach host {target.host_id} to push: {exc}")
+                unreachable.append(exc)
                 continue
             answer = self._offer(host, list(target.keys), array, owner)
             timeline.pushing(answer, self.host_id, self.device_id, target, array.nbytes)
@@ -567,16 +568,23 @@ class Device(Actor):
         return address, host
 
     def _pushed(
-        self, answers: list[Promise[Any]], unreachable: list[str], outputs: list[BufferHandle]
+        self,
+        answers: list[Promise[Any]],
+        unreachable: list[Exception],
+        outputs: list[BufferHandle],
     ) -> list[BufferHandle]:
         """The outputs, once every push landed or was redirected. A reader left
         with neither fails the producer (the controller then fails the reader's
-        inbox); the outputs are dropped only now, after every redirect that
-        points at them was answered."""
-        problems = unreachable + [str(a.exception()) for a in answers if a.exception()]
-        if problems:
+        inbox): with ``HostLost`` when every failed push lost its host, else
+        with ``DeviceError``; the outputs are dropped only now, after every
+        redirect that points at them was answered."""
+        errors = unreachable + [e for a in answers if (e := a.exception()) is not None]
+        if errors:
             self._drop(outputs)
-            raise DeviceError("; ".join(problems))
+            lost = all(isinstance(e, HostLost) for e in errors)
+            raise (HostLost if lost else DeviceError)(
+                "; ".join(f"a push failed: {e}" for e in errors)
+            )
         return outputs
 
     def _drop(self, outputs: list[BufferHandle]) -> None:
@@ -705,8 +713,8 @@ class Device(Actor):
             ref = await direct_actor(address, f"host{host_id}", self.ctx.system)
             if ref is not None:
                 return ref
-        if known is None:
-            raise AtollError(f"host {host_id} at {address!r} cannot be reached directly")
+        if known is None:  # its process is gone, or cut off: as good as lost
+            raise HostLost(f"host {host_id} at {address!r} cannot be reached directly")
         return known
 
 

@@ -77,17 +77,32 @@ class GangTask:
         return len(self.devices) > 1 and bool(getattr(self.kernel, "collective", False))
 
 
+_ABANDONED_KEPT = 4096  # gangs remembered as abandoned, for shards that arrive late
+
+
 class Rendezvous(Actor):
     """Barriers for gangs. Never blocks: each arrival gets a promise that settles
-    when the last of ``parties`` arrivals for the same key comes in."""
+    when the last of ``parties`` arrivals for the same key comes in.
+
+    Keys are ``"<gang id>/<stage>"``. A gang whose shard can never arrive
+    (its device's host was lost) is :meth:`abandon` ed: its barriers fail
+    the shards that wait there, and those that come later, instead of
+    holding their devices forever.
+    """
 
     def __init__(self) -> None:
         self._waiting: dict[str, list[Promise[None]]] = {}
+        self._abandoned: dict[str, BaseException] = {}  # gang id -> why, oldest first
 
     @endpoint
     def arrive(self, key: str, parties: int) -> Promise[None]:
-        """Returns at once; the promise settles when all ``parties`` arrived."""
+        """Returns at once; the promise settles when all ``parties`` arrived
+        (or fails, if the gang was abandoned)."""
         promise: Promise[None] = Promise(f"barrier {key}")
+        error = self._abandoned.get(key.rpartition("/")[0])
+        if error is not None:
+            promise.set_exception(error)
+            return promise
         waiting = self._waiting.setdefault(key, [])
         waiting.append(promise)
         if len(waiting) >= parties:
@@ -95,6 +110,21 @@ class Rendezvous(Actor):
             for each in waiting:
                 each.set_result(None)
         return promise
+
+    @endpoint
+    def abandon(self, gang_id: str, error: BaseException) -> int:
+        """A shard of gang ``gang_id`` will never arrive: fail the gang's
+        barriers with ``error``, for the shards waiting there now (returns
+        how many) and for those still to come."""
+        self._abandoned[gang_id] = error
+        while len(self._abandoned) > _ABANDONED_KEPT:
+            del self._abandoned[next(iter(self._abandoned))]
+        failed = 0
+        for key in [key for key in self._waiting if key.rpartition("/")[0] == gang_id]:
+            for promise in self._waiting.pop(key):
+                promise.set_exception(error)
+                failed += 1
+        return failed
 
     @endpoint
     def waiting(self) -> dict[str, int]:

@@ -18,6 +18,13 @@ The launcher passes the runtime's parameters through the environment:
 * ``ATOLL_JAX_PROCESS_ID``: this process's JAX process id (the launcher's start
   order, not the atoll host id: the builder numbers hosts as they join).
 
+A lost host process does not take the others down (``docs/reliability.md``,
+"A lost JAX host"): every process turns on JAX's recoverability, so the
+coordination service no longer terminates the survivors when it misses the
+lost one's heartbeats (after ``ATOLL_JAX_HEARTBEAT_S``, 100 s by default),
+and a collective with a dead peer gives up after
+``ATOLL_JAX_COLLECTIVE_TIMEOUT_S`` (60 s by default; CPU collectives).
+
 Because JAX process ids and atoll host ids differ, each device publishes which
 JAX device it owns in the runtime's key-value store (``atoll/jax-device/D``),
 and a gang's devices are looked up there (:func:`resolve`).
@@ -40,13 +47,17 @@ if TYPE_CHECKING:
     import jax
 
 __all__ = [
+    "COLLECTIVE_TIMEOUT",
     "COORDINATOR",
+    "HEARTBEAT",
     "LOCAL",
     "PROCESSES",
     "PROCESS_ID",
+    "collective_timeout_s",
     "coordinator_env",
     "ensure_runtime",
     "free_port",
+    "heartbeat_timeout_s",
     "host_leader",
     "jax_device",
     "local_copy",
@@ -61,11 +72,16 @@ COORDINATOR = "ATOLL_JAX_COORDINATOR"
 PROCESSES = "ATOLL_JAX_PROCESSES"
 PROCESS_ID = "ATOLL_JAX_PROCESS_ID"
 LOCAL = "ATOLL_JAX_LOCAL"  # "1": a host process's atoll devices take its own JAX devices
+HEARTBEAT = "ATOLL_JAX_HEARTBEAT_S"  # see heartbeat_timeout_s
+COLLECTIVE_TIMEOUT = "ATOLL_JAX_COLLECTIVE_TIMEOUT_S"  # see collective_timeout_s
 
 _KEY = "atoll/jax-device/{}"
 _LOOKUP_TIMEOUT_MS = 120_000  # a device publishes once its runtime is up
 _INIT_TIMEOUT_S = 300  # every host process must join within this
 _SHUTDOWN_TIMEOUT_S = 30
+_HEARTBEAT_S = 100  # jax.distributed.initialize's default
+_COLLECTIVE_TIMEOUT_S = 60
+_COLLECTIVE_FLAG = "xla_cpu_collective_timeout_seconds"
 
 _lock = threading.Lock()
 _here: dict[int, jax.Device] = {}  # atoll device id -> JAX device, devices of this process
@@ -118,6 +134,8 @@ def ensure_runtime() -> None:
         update: Any = jax.config.update
         update("jax_cpu_collectives_implementation", "gloo")
         update("jax_enable_preemption_service", False)  # its SIGTERM handler: not ours
+        update("jax_enable_recoverability", True)  # a lost process does not kill the rest
+        _bound_collectives()  # before the backend starts: a lost peer fails collectives
         coordinator = os.environ[COORDINATOR]
         jax.distributed.initialize(
             coordinator,
@@ -126,9 +144,45 @@ def ensure_runtime() -> None:
             cluster_detection_method="deactivate",
             coordinator_bind_address=_bind_address(coordinator),
             initialization_timeout=_INIT_TIMEOUT_S,
+            heartbeat_timeout_seconds=heartbeat_timeout_s(),
             shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT_S,
         )
         jax.devices()  # the backend: waits for every process's topology
+
+
+def heartbeat_timeout_s() -> int:
+    """How long JAX's coordination service waits for a process's heartbeat
+    before it counts that process as dead: ``ATOLL_JAX_HEARTBEAT_S``, by
+    default JAX's own 100 s. (With recoverability on, a process counted
+    dead no longer takes the others down; see ``docs/reliability.md``.)"""
+    return _seconds(HEARTBEAT, _HEARTBEAT_S)
+
+
+def collective_timeout_s() -> int:
+    """How long one cross-process collective waits for its peers before it
+    fails: ``ATOLL_JAX_COLLECTIVE_TIMEOUT_S``, by default 60 s (XLA's own is
+    30 minutes). It bounds how long a survivor's shard stays stuck in a
+    collective with a host that died meanwhile; it must exceed the longest
+    lag between host leaders entering one program (a slow first compile)."""
+    return _seconds(COLLECTIVE_TIMEOUT, _COLLECTIVE_TIMEOUT_S)
+
+
+def _bound_collectives() -> None:
+    """Give CPU (gloo) collectives :func:`collective_timeout_s`, unless
+    ``XLA_FLAGS`` sets a timeout already. XLA reads the flag once, when the
+    backend starts, for every collective of the process: a per-compile
+    option (``compiler_options``) is accepted but not used by the CPU
+    collectives, so it has to be the flag."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _COLLECTIVE_FLAG not in flags:
+        bound = f"--{_COLLECTIVE_FLAG}={collective_timeout_s()}"
+        os.environ["XLA_FLAGS"] = f"{flags} {bound}".strip()
+
+
+def _seconds(name: str, default: int) -> int:
+    """A positive whole number of seconds from environment variable ``name``."""
+    text = os.environ.get(name, "")
+    return int(text) if text.isdigit() and int(text) > 0 else default
 
 
 def _bind_address(coordinator: str) -> str | None:

@@ -14,7 +14,11 @@ devices in tests, real GPUs when JAX sees them). It runs two kinds of work:
   gang's first device there (its host leader) runs the same SPMD program
   over the global mesh with that host's shards; collectives cross hosts
   (gloo on CPU). Outputs come out replicated and the gang leader keeps its
-  copy, so it holds them whole, as in one process.
+  copy, so it holds them whole, as in one process. If one of those host
+  processes dies, the gang fails with ``HostLost`` (its barriers are
+  abandoned; a shard already in a collective with the dead host gives up
+  after ``ATOLL_JAX_COLLECTIVE_TIMEOUT_S``), and the surviving hosts' devices
+  go on with work that does not need it (``docs/reliability.md``).
 
 Compiled executables are cached by signature (function, devices, input
 shapes, dtypes and shardings). Outputs stay on the devices, as ``jax.Array``

@@ -138,6 +138,29 @@ class Controller(Actor):
         return self.compile
 
     @endpoint
+    async def replace_host(
+        self, host_id: int, host: ActorRef[Host], devices: Sequence[ActorRef[Device]]
+    ) -> None:
+        """A new host process took the place of lost host ``host_id`` (same
+        device ids, an empty store; ``runtime/process.py``): use its
+        references from now on. Plans name hosts' addresses, so every cached
+        plan is dropped; the islands swap the references too; sessions' byte
+        quotas are set on it again. Asynchronous: waits for the host's
+        address and for the islands and the host to answer."""
+        replaced = dict(zip(self.topology_.on_host(host_id), devices, strict=True))
+        self.host_refs[host_id] = host
+        self.host_addresses[host_id] = await host.address()
+        for device_id, ref in replaced.items():
+            self.device_refs[device_id] = ref
+        self.plans.clear()
+        for answer in [i.replace_host(host_id, host, replaced) for i in self.schedulers.values()]:
+            await answer
+        for owner in self.tenants.rows():
+            quota = self.tenants.byte_quota(owner)
+            if quota is not None:
+                await host.set_quota(owner, quota)
+
+    @endpoint
     def topology(self) -> Topology:
         return self.topology_
 

@@ -28,7 +28,17 @@ from ..devices import (
     run_key,
     timeline,
 )
-from ..kernel import Actor, ActorRef, Promise, all_settled, endpoint, forward, then
+from ..kernel import (
+    Actor,
+    ActorRef,
+    ActorStopped,
+    HostLost,
+    Promise,
+    all_settled,
+    endpoint,
+    forward,
+    then,
+)
 from ..schedulers import Completed, Dispatch, PolicyError, Submit, get_scheduler
 from .latency import Wire
 from .planner import CompiledPlan
@@ -224,6 +234,19 @@ class IslandScheduler(Actor):
             sent.add_done_callback(_log_failed)
 
     @endpoint
+    def replace_host(
+        self, host_id: int, host: ActorRef[Host], devices: Mapping[int, ActorRef[Device]]
+    ) -> None:
+        """A new host process took the place of lost host ``host_id``: send to
+        its references from now on (``devices``: by device id; those of
+        other islands are ignored). Its devices get plans installed afresh."""
+        self.hosts[host_id] = host
+        for device_id, ref in devices.items():
+            if device_id in self.devices:
+                self.devices[device_id] = ref
+                self._installed.pop(device_id, None)
+
+    @endpoint
     def drop_plans(self, plan_ids: list[int]) -> None:
         """Forget compiled plans on every device that has them."""
         doomed = set(plan_ids)
@@ -252,16 +275,21 @@ class IslandScheduler(Actor):
         ref = self.devices[device]
         return Wire.through(self.wire, ref, "push_output", gang_id, target, owner)
 
-    def _report(self, gang_id: str, device: int, _: Promise[Any]) -> None:
+    def _report(self, gang_id: str, device: int, shard: Promise[Any]) -> None:
         """A shard finished: queue the event, and wake the actor once per batch.
 
         Completions arrive from outside the actor (promise callbacks); they
         are coalesced into one message so that a gang over thousands of
-        devices costs one mailbox slot, not one per shard.
+        devices costs one mailbox slot, not one per shard. A shard whose
+        device is gone (its host lost) abandons its gang's barriers, so that
+        the gang's other shards fail instead of waiting there forever.
         """
         self._completions.append((gang_id, device))
         if len(self._completions) == 1:
             self.ctx.ref.completed()
+        error = shard.exception()
+        if self.rendezvous is not None and isinstance(error, (HostLost, ActorStopped)):
+            self.rendezvous.abandon(gang_id, error).add_done_callback(_log_failed)
 
     @property
     def _lane(self) -> str:
@@ -320,8 +348,11 @@ class IslandScheduler(Actor):
 
 
 def _log_failed(sent: Promise[Any]) -> None:
-    if sent.exception() is not None:
-        _log.warning("a notice to a device or host failed: %s", sent.exception())
+    """Log a notice that failed: quietly when its host is lost (expected then)."""
+    error = sent.exception()
+    if error is not None:
+        level = logging.INFO if isinstance(error, HostLost) else logging.WARNING
+        _log.log(level, "a notice to a device or host failed: %s", error)
 
 
 def _given(report: RunReport, _: Promise[None]) -> RunReport:

@@ -16,7 +16,9 @@ timeout, and reports the ones that died or stopped answering as lost. A host
 that freezes without its connection dropping (SIGSTOP, a link that goes
 silent) is noticed by the controller's heartbeat on each host link
 (:func:`host_heartbeat`): the link is given up and its pending calls fail
-with ``HostLost`` too.
+with ``HostLost`` too. A new host process that joins once the cluster is
+complete takes the place of a lost host (:meth:`ClusterBuilder.join`), with
+its host id and device ids and an empty store.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import ctypes
 import functools
 import gc
 import itertools
+import logging
 import os
 import re
 import signal
@@ -62,6 +65,8 @@ from .topology import Topology
 
 if TYPE_CHECKING:
     from .client import Cluster
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "ClusterBuilder",
@@ -125,12 +130,27 @@ class ClusterBuilder(Actor):
 
     @endpoint
     async def join(self, node: ActorRef[NodeActor], label: str) -> int:
-        """A host offers its node; returns the host id it was given."""
+        """A host offers its node; returns the host id it was given.
+
+        Once every host has joined, a host can still join in the place of
+        one that was lost (:meth:`_rejoin`); otherwise the cluster is full.
+        """
         host_id, spec = len(self.hosts), self.spec
         if host_id >= spec.hosts:
-            raise AtollError(f"the cluster is full ({spec.hosts} hosts)")
+            return await self._rejoin(node, label)
+        host = await self._spawn_host(node, host_id)
+        self.devices += await host.devices()
+        self.hosts.append(host)
+        self.labels.append(label)
+        if len(self.hosts) == spec.hosts:
+            self._build()
+        return host_id
+
+    async def _spawn_host(self, node: ActorRef[NodeActor], host_id: int) -> ActorRef[Host]:
+        """Host ``host_id``'s actor (and its devices) on ``node``, its link watched."""
+        spec = self.spec
         host_cls = spec.device_cls.host_cls or Host
-        host = await node.spawn(
+        host: ActorRef[Host] = await node.spawn(
             f"{host_cls.__module__}:{host_cls.__qualname__}",
             host_id,
             self.topology.island_of_host(host_id),
@@ -140,15 +160,33 @@ class ClusterBuilder(Actor):
             spec.store_bytes,
             name=f"host{host_id}",
         )
-        self.devices += await host.devices()
-        self.hosts.append(host)
         link = peer_of(node)
         if link is not None:  # a dead host's shared memory goes with it
             link.on_close(_sweep)
             link.watch(node, *host_heartbeat())  # a frozen host is lost too
-        self.labels.append(label)
-        if len(self.hosts) == spec.hosts:
-            self._build()
+        return host
+
+    async def _rejoin(self, node: ActorRef[NodeActor], label: str) -> int:
+        """A new host process takes the place of a lost one: same host id,
+        same device ids, a fresh (empty) store. The controller and the
+        islands are told (``Controller.replace_host``); clients get the new
+        references from ``cluster()`` (a handle taken before keeps the old
+        ones, which fail with ``HostLost``). Not for a JAX runtime, whose
+        process count is fixed at its start."""
+        if self.spec.device_cls.host_cls is not None:  # a JaxHost: see docs/reliability.md
+            raise AtollError("the cluster is full: a lost JAX host cannot rejoin its runtime")
+        host_id = next((i for i, ref in enumerate(self.hosts) if _link_lost(ref)), None)
+        if host_id is None:
+            raise AtollError(f"the cluster is full ({self.spec.hosts} hosts)")
+        host = await self._spawn_host(node, host_id)
+        devices = await host.devices()
+        for device_id, ref in zip(self.topology.on_host(host_id), devices, strict=True):
+            self.devices[device_id] = ref
+        self.hosts[host_id], self.labels[host_id] = host, label
+        self.lost.pop(host_id, None)
+        info = self.ready.result()
+        await info.controller.replace_host(host_id, host, devices)
+        _log.info("host %s rejoined (%s)", host_id, label)
         return host_id
 
     def _build(self) -> None:
@@ -284,6 +322,35 @@ def _sweep(_: str) -> None:
     shm.sweep()
 
 
+def _collect_garbage_on_loop(loop: asyncio.AbstractEventLoop, every: float = 0.05) -> None:
+    """Collect cyclic garbage on ``loop``'s thread only, from now on.
+
+    A pycapnp object must be destroyed on the thread of its event loop. Left
+    to itself, the collector runs on whichever thread allocates past its
+    threshold: a device's worker thread (where JAX runs) would then destroy
+    capnp objects in garbage cycles (a failed call's error and traceback),
+    and the process abort ("No event loop is running on this thread"). So
+    automatic collection is off, and the loop collects instead, by the
+    collector's own thresholds, looked at every ``every`` seconds.
+    """
+    gc.disable()
+
+    def check() -> None:
+        counts, limits = gc.get_count(), gc.get_threshold()
+        due = [g for g in (2, 1, 0) if limits[g] and counts[g] > limits[g]]
+        if due:
+            gc.collect(due[0])
+        loop.call_later(every, check)
+
+    loop.call_later(every, check)
+
+
+def _link_lost(host: ActorRef[Host]) -> bool:
+    """Whether ``host`` is a host process whose link is gone (dead or given up)."""
+    link = peer_of(host)
+    return link is not None and link.closed is not None
+
+
 # -- processes ---------------------------------------------------------------------
 def _die_with_parent() -> None:
     """In a host process: get SIGTERM when the launcher dies (Linux).
@@ -335,13 +402,18 @@ async def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 1
 
     The waiting happens in a worker thread, so this event loop keeps serving
     (the hosts' goodbyes included) meanwhile; shielded, so that a cancelled
-    caller still reaps them.
+    caller still reaps them. The first host stops last: with JAX devices it
+    serves the hosts' ``jax.distributed`` runtime, which the others leave as
+    they exit, and which does not wait for them (recoverability is on): one
+    that finds it gone aborts.
     """
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
+    deadline = time.monotonic() + grace
     with anyio.CancelScope(shield=True):
-        await anyio.to_thread.run_sync(_reap, processes, time.monotonic() + grace)
+        for group in (processes[1:], processes[:1]):
+            for process in group:
+                if process.poll() is None:
+                    process.terminate()
+            await anyio.to_thread.run_sync(_reap, group, deadline)
     shm.sweep()  # what hosts that died without cleaning up left in shared memory
 
 
@@ -484,6 +556,7 @@ async def _serve_host(
     join: str, token: bytes, listen: str, stop: asyncio.Event, forward_logs: bool = False
 ) -> None:
     async with capnp_runtime(), ActorSystem("host") as system:
+        _collect_garbage_on_loop(asyncio.get_running_loop())
         transport = CapnpTransport(token)
         listener = await transport.serve(system, listen)
         directory.announce(listener.address, token)

@@ -16,6 +16,13 @@ until one is announced). Tickets are single-use, bound to one array, and
 expire after :data:`TICKET_TTL_S`; a connection with an unknown ticket is
 closed, and only that connection.
 
+A reader whose environment names a relay (``ATOLL_BULK_RELAY=HOST:PORT``)
+connects there instead, and sends the holder's address first
+(:data:`RELAY_HELLO`, then the address in UTF-8): the relay forwards the
+stream. The fault-injection suite (``benchmarks/faults.py``) cuts transfers
+there mid-stream; a network that reaches holders only through a relay could
+use it too.
+
 ``counts`` says how large arrays reached this process (``shm_in``,
 ``stream_in``, ``chunks_in``), how many left by stream (``stream_out``), and
 how many tickets were refused. Everything runs on the asyncio event loop:
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import secrets
 import socket
 import struct
@@ -39,6 +47,8 @@ import numpy as np
 from ..kernel import TransportError
 
 __all__ = [
+    "RELAY_ENV",
+    "RELAY_HELLO",
     "TICKET_BYTES",
     "TICKET_TTL_S",
     "BulkServer",
@@ -54,6 +64,8 @@ TICKET_BYTES = 16
 TICKET_TTL_S = 30.0
 IDLE_S = 30.0  # a transfer that makes no progress this long fails
 _HEADER = struct.Struct("!Q")
+RELAY_ENV = "ATOLL_BULK_RELAY"  # HOST:PORT of a relay readers go through ("" : none)
+RELAY_HELLO = struct.Struct("!H")  # to a relay: the holder's address's length, then it
 
 counts: Counter[str] = Counter()
 _log = logging.getLogger("atoll.transports.bulk")
@@ -180,12 +192,16 @@ async def receive(address: str, ticket: bytes, nbytes: int) -> np.ndarray:
     ``OSError`` if it cannot be reached, ``TimeoutError`` if it stalls.
     """
     loop = asyncio.get_running_loop()
-    host, port = _split(address)
+    relay = os.environ.get(RELAY_ENV, "")
+    host, port = _split(relay or address)
     out = np.empty(nbytes, dtype=np.uint8)
     with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
         sock.setblocking(False)
         async with asyncio.timeout(IDLE_S) as deadline:
             await loop.sock_connect(sock, (host, port))
+            if relay:
+                where = address.encode()
+                await loop.sock_sendall(sock, RELAY_HELLO.pack(len(where)) + where)
             await loop.sock_sendall(sock, ticket)
             try:
                 header = await _recv_exactly(loop, sock, _HEADER.size)
