@@ -170,19 +170,20 @@ def _share_jax_runtime(args: argparse.Namespace) -> None:
 
     The launcher's environment carries it to the hosts it starts (JAX
     process ids 0 to ``--hosts`` - 1); remote hosts are told how to join.
+    Its coordination service runs in the launcher, unless
+    ``--jax-coordinator`` names where it runs (JAX process 0 then serves it).
     """
     import os
 
-    from .devices._jax_multi import COORDINATOR, PROCESSES, free_port
+    from .devices._jax_multi import COORDINATOR, PROCESSES
 
     total = args.hosts + args.remote_hosts
     if args.jax_coordinator:
         os.environ[COORDINATOR] = args.jax_coordinator
-    else:
-        os.environ[COORDINATOR] = f"{args.host}:{free_port()}"
     os.environ[PROCESSES] = str(total)
+    where = args.jax_coordinator or "served by the controller"
     print(
-        f"atoll: remote hosts get the JAX runtime ({os.environ[COORDINATOR]}, "
+        f"atoll: remote hosts get the JAX runtime ({where}, "
         f"{total} processes) from the controller when they join",
         flush=True,
     )

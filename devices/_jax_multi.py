@@ -11,9 +11,11 @@ in the same order everywhere, which is what island gang scheduling guarantees.
 
 The launcher passes the runtime's parameters through the environment:
 
-* ``ATOLL_JAX_COORDINATOR``: ``host:port`` of the coordination service, which
-  JAX process 0 serves (a free port on the launcher's machine, see
-  :func:`coordinator_env`);
+* ``ATOLL_JAX_COORDINATOR``: ``host:port`` of the coordination service. The
+  launcher serves it itself (:func:`serve_coordination`, and
+  ``ATOLL_JAX_SERVICE=launcher`` tells the hosts so), so that no host's loss
+  takes it down; when a coordinator is named instead (``--jax-coordinator``),
+  JAX process 0 serves it, as ``jax.distributed`` does by default;
 * ``ATOLL_JAX_PROCESSES``: how many host processes join;
 * ``ATOLL_JAX_PROCESS_ID``: this process's JAX process id (the launcher's start
   order, not the atoll host id: the builder numbers hosts as they join).
@@ -53,6 +55,7 @@ __all__ = [
     "LOCAL",
     "PROCESSES",
     "PROCESS_ID",
+    "SERVICE",
     "collective_timeout_s",
     "coordinator_env",
     "ensure_runtime",
@@ -65,6 +68,7 @@ __all__ = [
     "register",
     "resolve",
     "resolve_now",
+    "serve_coordination",
     "spans_processes",
 ]
 
@@ -72,6 +76,7 @@ COORDINATOR = "ATOLL_JAX_COORDINATOR"
 PROCESSES = "ATOLL_JAX_PROCESSES"
 PROCESS_ID = "ATOLL_JAX_PROCESS_ID"
 LOCAL = "ATOLL_JAX_LOCAL"  # "1": a host process's atoll devices take its own JAX devices
+SERVICE = "ATOLL_JAX_SERVICE"  # "launcher": the launcher serves the coordination service
 HEARTBEAT = "ATOLL_JAX_HEARTBEAT_S"  # see heartbeat_timeout_s
 COLLECTIVE_TIMEOUT = "ATOLL_JAX_COLLECTIVE_TIMEOUT_S"  # see collective_timeout_s
 
@@ -100,12 +105,38 @@ def coordinator_env(processes: int) -> dict[str, str]:
     return {COORDINATOR: coordinator, PROCESSES: os.environ.get(PROCESSES, str(processes))}
 
 
-def free_port() -> int:
-    """A TCP port free right now (process 0 binds it a moment later)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free right now on ``host`` (its server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((host, 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+def serve_coordination(processes: int, host: str = "127.0.0.1") -> tuple[dict[str, str], Any]:
+    """Serve JAX's coordination service here, in the launcher's process.
+
+    By default ``jax.distributed`` serves it in process 0, whose loss then
+    ends every other process ("Failed to send RPC to coordination service").
+    Served by the launcher, which the cluster cannot outlive anyway, any
+    host can be lost (``docs/reliability.md``, "A lost JAX host"). Returns
+    the environment that tells the hosts where it is, and the service: shut
+    it down once the hosts are gone. Uses JAX's own (private) constructor,
+    with the options ``jax.distributed.initialize`` gives it.
+    """
+    from jax._src.lib import _jax  # type: ignore[attr-defined]
+
+    port = free_port(host)
+    bind = host if host in ("127.0.0.1", "localhost", "::1") else "[::]"
+    service = _jax.get_distributed_runtime_service(
+        f"{bind}:{port}",
+        processes,
+        heartbeat_timeout=heartbeat_timeout_s(),
+        shutdown_timeout=_SHUTDOWN_TIMEOUT_S,
+        recoverable=True,
+    )
+    env = {COORDINATOR: f"{host}:{port}", PROCESSES: str(processes), SERVICE: "launcher"}
+    return env, service
 
 
 # -- a host process's side -----------------------------------------------------------
@@ -137,17 +168,42 @@ def ensure_runtime() -> None:
         update("jax_enable_recoverability", True)  # a lost process does not kill the rest
         _bound_collectives()  # before the backend starts: a lost peer fails collectives
         coordinator = os.environ[COORDINATOR]
-        jax.distributed.initialize(
-            coordinator,
-            int(os.environ[PROCESSES]),
-            int(os.environ[PROCESS_ID]),
-            cluster_detection_method="deactivate",
-            coordinator_bind_address=_bind_address(coordinator),
-            initialization_timeout=_INIT_TIMEOUT_S,
-            heartbeat_timeout_seconds=heartbeat_timeout_s(),
-            shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT_S,
-        )
+        processes, process_id = int(os.environ[PROCESSES]), int(os.environ[PROCESS_ID])
+        if os.environ.get(SERVICE) == "launcher":
+            _connect(coordinator, processes, process_id)
+        else:
+            jax.distributed.initialize(
+                coordinator,
+                processes,
+                process_id,
+                cluster_detection_method="deactivate",
+                coordinator_bind_address=_bind_address(coordinator),
+                initialization_timeout=_INIT_TIMEOUT_S,
+                heartbeat_timeout_seconds=heartbeat_timeout_s(),
+                shutdown_timeout_seconds=_SHUTDOWN_TIMEOUT_S,
+            )
         jax.devices()  # the backend: waits for every process's topology
+
+
+def _connect(coordinator: str, processes: int, process_id: int) -> None:
+    """Join a runtime whose coordination service the launcher serves: what
+    ``jax.distributed.initialize`` does, less starting the service in
+    process 0 (JAX's private state, as of jax 0.10; the preemption service,
+    which it would also start, is off)."""
+    from jax._src import distributed
+    from jax._src.lib import _jax  # type: ignore[attr-defined]
+
+    client = _jax.get_distributed_runtime_client(
+        coordinator,
+        process_id,
+        init_timeout=_INIT_TIMEOUT_S,
+        use_compression=True,
+        heartbeat_timeout=heartbeat_timeout_s(),
+    )
+    client.connect()
+    state = distributed.global_state
+    state.coordinator_address, state.process_id = coordinator, process_id
+    state.num_processes, state.client = processes, client
 
 
 def heartbeat_timeout_s() -> int:

@@ -35,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -112,8 +112,10 @@ class ClusterBuilder(Actor):
         spec: ClusterSpec,
         on_shutdown: Callable[[], None] | None = None,
         token: bytes = b"",
+        jax_env: Mapping[str, str] | None = None,
     ) -> None:
         self.spec = spec
+        self.jax_env = dict(jax_env or {})  # the JAX runtime the launcher serves, if any
         self.token = token  # what the dashboard asks of its visitors
         self.web: Dashboard | None = None
         self.last_trace: dict[str, Any] = {"traceEvents": []}
@@ -227,14 +229,12 @@ class ClusterBuilder(Actor):
         processes and an id of its own. Empty when there is no such runtime."""
         from ..devices._jax_multi import COORDINATOR, LOCAL, PROCESS_ID, PROCESSES
 
-        if COORDINATOR not in os.environ or PROCESSES not in os.environ:
-            return {}
-        return {
-            COORDINATOR: os.environ[COORDINATOR],
-            PROCESSES: os.environ[PROCESSES],
-            PROCESS_ID: str(next(self.jax_ids)),
-            LOCAL: "1",
+        runtime = self.jax_env or {
+            k: os.environ[k] for k in (COORDINATOR, PROCESSES) if k in os.environ
         }
+        if COORDINATOR not in runtime or PROCESSES not in runtime:
+            return {}
+        return {**runtime, PROCESS_ID: str(next(self.jax_ids)), LOCAL: "1"}
 
     @endpoint
     async def dashboard(self, host: str = "127.0.0.1", port: int = 0) -> str:
@@ -367,7 +367,7 @@ def _die_with_parent() -> None:
 
 
 def _start_hosts(
-    count: int, address: str, token: bytes, devices: int
+    count: int, address: str, token: bytes, devices: int, jax_env: Mapping[str, str]
 ) -> list[subprocess.Popen[bytes]]:
     """Start ``count`` host processes here that join the controller at ``address``.
 
@@ -376,12 +376,14 @@ def _start_hosts(
     process's environment first): JAX hosts join it when their devices
     start, so that a gang over several hosts runs as one SPMD program;
     simulated hosts ignore it. Each gets its start index as its JAX process id.
+    ``jax_env``: the runtime this process serves (:func:`_jax_runtime`), if any.
     """
     from ..devices._jax_multi import LOCAL, PROCESS_ID, coordinator_env
 
     env = dict(os.environ, ATOLL_TOKEN=token.hex(), ATOLL_PARENT_PID=str(os.getpid()))
     env[LOCAL] = "1"  # a JaxDevice takes its host's own JAX devices
     env.update(coordinator_env(count))
+    env.update(jax_env)
     if "xla_force_host_platform_device_count" not in env.get("XLA_FLAGS", ""):
         # without accelerators, give each host process enough fake CPU devices
         flags = env.get("XLA_FLAGS", "")
@@ -402,10 +404,11 @@ async def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 1
 
     The waiting happens in a worker thread, so this event loop keeps serving
     (the hosts' goodbyes included) meanwhile; shielded, so that a cancelled
-    caller still reaps them. The first host stops last: with JAX devices it
-    serves the hosts' ``jax.distributed`` runtime, which the others leave as
-    they exit, and which does not wait for them (recoverability is on): one
-    that finds it gone aborts.
+    caller still reaps them. The first host stops last: when a coordinator
+    was named (``--jax-coordinator``), JAX process 0 serves the hosts'
+    ``jax.distributed`` runtime, which the others leave as they exit, and
+    which does not wait for them (recoverability is on): one that finds it
+    gone aborts.
     """
     deadline = time.monotonic() + grace
     with anyio.CancelScope(shield=True):
@@ -441,20 +444,41 @@ async def _controller(
     ``on_shutdown`` is what the builder's ``shutdown`` endpoint (``atoll
     down``) calls.
     """
-    async with capnp_runtime(), ActorSystem("controller") as system:
-        listener = await CapnpTransport(token).serve(system, address)
-        builder = await listener.node.spawn(
-            f"{__name__}:ClusterBuilder", spec, on_shutdown, token, name="cluster"
-        )
-        if on_listening is not None:
-            on_listening(listener)
-        processes = _start_hosts(spec.local_hosts, listener.address, token, spec.devices_per_host)
-        try:
-            info = await asyncio.wait_for(builder.cluster(), start_timeout)
-            yield system, listener, info
-        finally:
-            await _stop_hosts(processes)
-            await listener.aclose()
+    jax_env, service = _jax_runtime(spec, address)
+    try:
+        async with capnp_runtime(), ActorSystem("controller") as system:
+            listener = await CapnpTransport(token).serve(system, address)
+            builder = await listener.node.spawn(
+                f"{__name__}:ClusterBuilder", spec, on_shutdown, token, jax_env, name="cluster"
+            )
+            if on_listening is not None:
+                on_listening(listener)
+            processes = _start_hosts(
+                spec.local_hosts, listener.address, token, spec.devices_per_host, jax_env
+            )
+            try:
+                info = await asyncio.wait_for(builder.cluster(), start_timeout)
+                yield system, listener, info
+            finally:
+                await _stop_hosts(processes)
+                await listener.aclose()
+    finally:
+        if service is not None:
+            service.shutdown()
+
+
+def _jax_runtime(spec: ClusterSpec, address: str) -> tuple[dict[str, str], Any]:
+    """For JAX hosts, the coordination service of their runtime, served here
+    (``devices/_jax_multi.serve_coordination``), and the environment that
+    tells them so; nothing for simulated hosts, or when a coordinator was
+    named (``--jax-coordinator``: JAX process 0 serves it there)."""
+    from ..devices._jax_multi import COORDINATOR, PROCESSES, serve_coordination
+
+    if spec.device_cls.host_cls is None or COORDINATOR in os.environ:
+        return {}, None
+    host = address.split("://", 1)[-1].rpartition(":")[0] or "127.0.0.1"
+    processes = int(os.environ.get(PROCESSES, spec.local_hosts))
+    return serve_coordination(processes, host)
 
 
 @asynccontextmanager

@@ -161,10 +161,10 @@ async def test_a_lost_jax_host_fails_its_gangs_and_spares_the_rest(
     x = np.arange(8, dtype=np.float32)
     async with process_cluster(ClusterSpec(2, 2, 2, device_cls=JaxDevice)) as cluster:
         pids = [usage["pid"] for usage in await cluster.store_usage()]
-        # lose the second host of an island, as long as it does not serve JAX's
-        # coordination service (JAX process 0: its loss ends every process)
-        island = next(i for i in (0, 1) if _jax_process_id(pids[2 * i + 1]) != 0)
-        victim, survivor = 2 * island + 1, 2 * island
+        # lose JAX process 0: the launcher, not it, serves the coordination
+        # service, so its loss ends no other process
+        victim = next(h for h in range(4) if _jax_process_id(pids[h]) == 0)
+        island, survivor = victim // 2, victim ^ 1
         lost = await cluster.devices(4, island=island, mesh_shape=(4,), axis_names=("d",))
         kept = await cluster.devices(4, island=1 - island, mesh_shape=(4,), axis_names=("d",))
         on_lost, on_kept = (s.jit(total, in_specs=(P("d"),), out_specs=P()) for s in (lost, kept))
