@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -154,7 +155,21 @@ def test_small_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
                 assert pct == pytest.approx(100.0 * (got["rl"] / max(got["random"], got["sa"]) - 1))
             assert 0 < ours[f"{case}_rl_of_solver"] <= 1.001 or not ours[f"{case}_solver_optimal"]
             assert ours[f"{case}_eqwall_rl"] == ours[f"{case}_b{max(small.heldout_budgets)}_rl"]
+            hinted = ours[f"{case}_solver_hinted"]  # hinted with the policy's greedy assignment
+            assert 0 < ours[f"{case}_solver_hint"] <= hinted * 1.001
+            if ours[f"{case}_solver_optimal"] and ours[f"{case}_solver_hinted_optimal"]:
+                assert hinted == pytest.approx(ours[f"{case}_solver"], rel=1e-3)
+            rl = ours[f"{case}_b{max(small.heldout_budgets)}_rl"]  # started from RL's best
+            assert ours[f"{case}_solver_rlhinted"] >= rl * 0.99
+            assert ours[f"section_heldout_{name}_c{count}_wall_s"] > 0
     assert ours["transfer_scratch_s"] > 0 and ours["transfer_scratch_rises_after_1s"] in (0.0, 1.0)
+    for name, count in small.transfer_cases:  # one row set per case and seed, then medians
+        for seed in small.transfer_seeds:
+            case = f"transfer_{name}_c{count}_s{seed}"
+            assert ours[f"{case}_scratch_at_1s"] <= ours[f"{case}_scratch_best"]
+            assert ours[f"{case}_tuned_s"] == -1 or ours[f"{case}_speedup"] > 0
+    sections = [k for k in ours if k.startswith("section_")]
+    assert ours["total_wall_s"] >= max(ours[k] for k in sections) > 0
     # the table shows the measured value and the paper's beside it
     text = bench.format_table([Row(**r) for r in rows])
     line = next(x for x in text.splitlines() if x.startswith("finetune_"))
@@ -162,3 +177,15 @@ def test_small_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
         f"{ours['finetune_speedup']:.3f}" in line
         and f"{bench.PAPER['finetune_speedup']:.2f}" in line
     )
+
+
+@pytest.mark.timeout(120)
+def test_benchmark_sections_run_in_worker_processes() -> None:
+    small = dataclasses.replace(bench.Config.small(), validity_chiplets=(4,), validity_samples=5)
+    jobs = [(f"validity{i}", bench._validity, (P.bert_graph(), small)) for i in range(2)]
+    log: list[str] = []
+    here = bench._run_jobs(jobs, 1, log)
+    there = bench._run_jobs(jobs, 2, log)  # spawned processes give the same rows, in job order
+    assert [s.name for s in there] == ["validity0", "validity1"]
+    assert [s.rows for s in there] == [s.rows for s in here]
+    assert all(s.wall_s > 0 for s in there) and "[validity1: " in " ".join(log)

@@ -110,8 +110,21 @@ def test_rl_escapes_a_collapsed_policy_on_a_heldout_graph(monkeypatch: pytest.Mo
 
     g = heldout_graph("unet")
     chips = P.Chiplets.default_for(g, 8)
-    heated = P.search(g, chips, "rl", budget=100, seed=0, rl_hint=False)
+    heated = P.search(g, chips, "rl", budget=100, seed=0, rl_hint=False, rl_local=0)
     monkeypatch.setattr(_rl, "MAX_TEMPERATURE", 1.0)
-    cold = P.search(g, chips, "rl", budget=100, seed=0, rl_hint=False)
+    cold = P.search(g, chips, "rl", budget=100, seed=0, rl_hint=False, rl_local=0)
     assert heated.valid and cold.valid
     assert heated.throughput > cold.throughput
+
+
+def test_local_moves_beside_the_policy_count_in_the_budget() -> None:
+    """Neighbours of the best partition (``rl_local``) find what the collapsed
+    policy's own samples take longer to reach, within the same budget."""
+    from atoll.schedulers.partition._heldout import heldout_graph
+
+    g = heldout_graph("unet")
+    chips = P.Chiplets.default_for(g, 8)
+    alone = P.search(g, chips, "rl", budget=60, seed=0, rl_hint=False, rl_local=0)
+    local = P.search(g, chips, "rl", budget=60, seed=0, rl_hint=False, rl_local=2)
+    assert alone.evaluations == local.evaluations == 60
+    assert local.valid and local.throughput > alone.throughput

@@ -44,13 +44,18 @@ def score(
 
 @dataclass
 class Tracker:
-    """Counts evaluations, keeps the best valid assignment and its history."""
+    """Counts evaluations, keeps the best valid assignment and its history.
+
+    With ``stop_at`` the search ends early, as soon as its best reaches that
+    throughput (the transfer benchmark's "time to reach" runs).
+    """
 
     graph: OpGraph
     chiplets: Chiplets
     repairer: Repairer
     budget: int
     progress: Progress | None = None
+    stop_at: float | None = None
     best: IntArray | None = None
     history: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
@@ -58,7 +63,9 @@ class Tracker:
 
     @property
     def left(self) -> int:
-        """Evaluations still allowed."""
+        """Evaluations still allowed (none once the best reaches ``stop_at``)."""
+        if self.stop_at is not None and self.history and self.best_tp >= self.stop_at:
+            return 0
         return self.budget - len(self.history)
 
     @property
@@ -117,6 +124,8 @@ def simulated_annealing(
     cur, cur_tp = t.evaluate(rng.integers(0, c, len(t.graph)))
     steps = t.left  # the start above was the first of the budget
     for step in range(steps):
+        if t.left <= 0:  # reached ``stop_at``
+            break
         temp = t0 * (t1 / t0) ** (step / steps)
         cand, tp = t.evaluate(_neighbour(cur, c, rng))
         gain = math.log(max(tp, 1e-30)) - math.log(max(cur_tp, 1e-30))

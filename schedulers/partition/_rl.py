@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._baselines import Tracker, score
+from ._baselines import Tracker, _neighbour, score
 from ._cost import IntArray
 from ._graph import OpGraph
 from ._hardware import Chiplets
@@ -163,6 +163,7 @@ def finetune(
     lr: float = 3e-3,
     hint: IntArray | None = None,
     imitate: bool = False,
+    local: int = 0,
 ) -> TrainLog:
     """Train ``policy`` on one graph until the tracker's budget is spent.
 
@@ -172,7 +173,10 @@ def finetune(
     ``imitate`` each update also credits the best valid assignment found so far
     with its reward (self-imitation; tried, no better, off by default).
     Sampling heats up while a batch's rewards are all equal (see
-    :func:`_next_temperature`).
+    :func:`_next_temperature`). With ``local`` each batch is followed by that
+    many neighbours of the best partition so far (one stage boundary shifted,
+    as in simulated annealing), counted in the budget and left out of the
+    policy's update: a local search beside the policy.
     """
     enc, adam, log = encode(tracker.graph, tracker.chiplets), Adam(lr), TrainLog()
     start = time.perf_counter()
@@ -189,6 +193,9 @@ def finetune(
         k = min(batch, tracker.left)
         _, rewards = _train_step(policy, adam, enc, k, rng, score_fn, best, temp)
         temp = _next_temperature(temp, rewards)
+        for _ in range(min(local, tracker.left)):
+            assert tracker.best is not None  # the greedy evaluation above was valid
+            tracker.evaluate(_neighbour(tracker.best, tracker.chiplets.count, rng))
         log.add(len(tracker.history), tracker.best_tp, rewards, start)
     return log
 

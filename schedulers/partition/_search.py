@@ -8,16 +8,16 @@ from typing import Any
 import numpy as np
 
 from ._baselines import Progress, Tracker, random_search, simulated_annealing
-from ._cost import Partition, evaluate
+from ._cost import IntArray, Partition, evaluate, valid_throughput
 from ._dp import dp_split
 from ._graph import OpGraph
 from ._hardware import Chiplets
-from ._policy import Policy
-from ._repair import InfeasibleError, Repairer
+from ._policy import Policy, encode
+from ._repair import InfeasibleError, Repairer, RepairTimeout
 from ._rl import finetune
 from ._solver import solve_bottleneck
 
-__all__ = ["METHODS", "search"]
+__all__ = ["METHODS", "policy_hint", "search"]
 
 METHODS = ("rl", "sa", "random", "solver", "dp")
 
@@ -35,6 +35,9 @@ def search(
     repair_time_limit_s: float = 5.0,
     rl_hint: bool = True,
     rl_imitate: bool = False,
+    rl_local: int = 2,
+    solver_hint: bool = False,
+    stop_at: float | None = None,
 ) -> Partition:
     """Partition ``graph`` onto ``chiplets`` with ``method``; the result is always valid.
 
@@ -45,7 +48,12 @@ def search(
     pre-trained one, :meth:`Policy.pretrained`, when None) on this graph; the
     policy object is trained in place. With ``rl_hint`` its second evaluation
     is the DP's split (the solver's hint); with ``rl_imitate`` every update
-    also credits the best partition found so far (self-imitation). A bare
+    also credits the best partition found so far (self-imitation); with
+    ``rl_local`` each batch of 8 samples is followed by that many neighbours of
+    the best partition so far (a local search beside the policy). With
+    ``solver_hint`` the ``solver`` starts from the policy's greedy assignment,
+    repaired (:func:`policy_hint`). ``stop_at`` ends a budgeted search as soon as
+    its best reaches that throughput. A bare
     chiplet count means :meth:`Chiplets.default_for` the graph. Raises
     :class:`InfeasibleError` when no valid partition exists.
     """
@@ -56,7 +64,8 @@ def search(
         raise ValueError(f"budget must be at least 1, got {budget}")
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
-    tracker = Tracker(graph, chips, Repairer(graph, chips, repair_time_limit_s), budget, progress)
+    repairer = Repairer(graph, chips, repair_time_limit_s)
+    tracker = Tracker(graph, chips, repairer, budget, progress, stop_at)
     hint = dp_split(graph, chips) if method == "rl" and rl_hint else None
     extra: dict[str, Any] = {}
     if method == "random":
@@ -65,9 +74,12 @@ def search(
         simulated_annealing(tracker, rng)
     elif method == "rl":
         pol = policy if policy is not None else Policy.pretrained()
-        finetune(pol, tracker, rng, hint=hint, imitate=rl_imitate)
+        finetune(pol, tracker, rng, hint=hint, imitate=rl_imitate, local=rl_local)
     elif method == "solver":
-        assignment, extra = solve_bottleneck(graph, chips, time_limit_s, seed=seed)
+        start_from = policy_hint(policy, repairer) if solver_hint else None
+        assignment, extra = solve_bottleneck(graph, chips, time_limit_s, seed, start_from)
+        if start_from is not None:
+            extra["hint_throughput"] = valid_throughput(graph, chips, start_from)
         tracker.evaluate(assignment)
     else:
         split = dp_split(graph, chips)
@@ -87,3 +99,17 @@ def search(
         history=tuple(tracker.history),
         extra=extra,
     )
+
+
+def policy_hint(policy: Policy | None, repairer: Repairer) -> IntArray | None:
+    """The policy's greedy (argmax) assignment, repaired: the solver's hint
+    (None when its repair times out: the solver then starts without one).
+
+    ``policy`` None means the shipped pre-trained one.
+    """
+    pol = policy if policy is not None else Policy.pretrained()
+    enc = encode(repairer.graph, repairer.chiplets)
+    try:
+        return repairer(np.argmax(pol.logits(enc), axis=-1).astype(np.int64))
+    except RepairTimeout:
+        return None

@@ -6,19 +6,19 @@ forced on when ``u`` sits at or before ``k`` and some consumer after it. Stage
 ``k`` costs its compute plus the bytes on links ``k - 1`` and ``k``, in integer
 time units of 1/200,000 of the total compute time; the objective is the
 largest stage. This is the cost model of :mod:`._cost`, exactly, up to rounding.
-On a ring it solves the chain of the same chiplets (so ``optimal`` is False):
-its answer is valid on the ring and no slower there, but not the ring's optimum.
+On a ring the model routes each tensor as the cost model does (the shorter
+way, forward on a tie: see :func:`_ring_crossings`) and the hop limit counts
+the shorter way (:func:`._repair.build_model`), so the ring is solved exactly.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ._cost import IntArray, node_times
 from ._graph import OpGraph
 from ._hardware import Chiplets
-from ._repair import InfeasibleError, build_model, describe_infeasible
+from ._repair import InfeasibleError, SolverModel, build_model, describe_infeasible
 
 __all__ = ["solve_bottleneck"]
 
@@ -30,13 +30,16 @@ def solve_bottleneck(
     chiplets: Chiplets,
     time_limit_s: float = 30.0,
     seed: int = 0,
+    hint: IntArray | None = None,
 ) -> tuple[IntArray, dict[str, Any]]:
-    """The best assignment CP-SAT finds within ``time_limit_s``, and solve statistics."""
+    """The best assignment CP-SAT finds within ``time_limit_s``, and solve statistics.
+
+    ``hint`` (an assignment, e.g. the policy's greedy one, repaired) is given to
+    CP-SAT as its solution hint: where it is valid, the search starts from it.
+    """
     from ortools.sat.python import cp_model
 
     ring = chiplets.topology == "ring"
-    if ring:  # the chain model: its answers are valid on the ring, and no slower there
-        chiplets = dataclasses.replace(chiplets, topology="chain")
     sm = build_model(graph, chiplets)
     model, x, c = sm.model, sm.x, chiplets.count
     times = node_times(graph, chiplets)
@@ -45,24 +48,26 @@ def solve_bottleneck(
     consumers: dict[int, list[int]] = {}
     for e in graph.edges:
         consumers.setdefault(e.src, []).append(e.dst)
-    link: list[list[tuple[int, Any]]] = [[] for _ in range(c - 1)]
+    link: list[list[tuple[int, Any]]] = [[] for _ in range(chiplets.links)]
     for u, vs in consumers.items():
         cost = round(float(graph.nodes[u].output_bytes) / chiplets.link_bytes_per_s / unit)
         if cost == 0:
             continue
-        for k in range(c - 1):
-            z = model.new_bool_var(f"z{u}_{k}")
-            for v in vs:  # u at or before k, v after k: the tensor crosses link k
-                model.add(z >= sm.ge[v][k + 1] - sm.ge[u][k + 1])
+        crossings = _ring_crossings(sm, u, vs, c) if ring else _chain_crossings(sm, u, vs, c)
+        for k, z in enumerate(crossings):
+            if hint is not None:
+                model.add_hint(z, k in _links_crossed(hint, u, vs, c, ring))
             link[k].append((cost, z))
     bottleneck = model.new_int_var(0, sum(tc) + sum(w for lk in link for w, _ in lk), "T")
     for k in range(c):
         stage = [t * x[i][k] for i, t in enumerate(tc) if t]
-        for side in (k - 1, k):
-            if 0 <= side < c - 1:
+        for side in {(k - 1) % c, k} if ring else (k - 1, k):
+            if 0 <= side < len(link):  # stage k pays links k - 1 and k (mod count on a ring)
                 stage += [w * z for w, z in link[side]]
         model.add(bottleneck >= sum(stage))
     model.minimize(bottleneck)
+    if hint is not None:
+        _add_hint(sm, hint)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
@@ -71,8 +76,83 @@ def solve_bottleneck(
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise InfeasibleError(describe_infeasible(graph, chiplets))
     stats = {
-        "optimal": status == cp_model.OPTIMAL and not ring,
+        "optimal": status == cp_model.OPTIMAL,
         "bound_s": solver.best_objective_bound * unit,
         "objective_s": solver.objective_value * unit,
+        "solve_s": solver.wall_time,
     }
     return sm.chips(solver), stats
+
+
+def _chain_crossings(sm: SolverModel, u: int, vs: list[int], c: int) -> list[Any]:
+    """Per chain link ``k``: a literal forced on when the tensor of ``u`` crosses it
+    (``u`` at or before ``k``, some consumer after it)."""
+    out = []
+    for k in range(c - 1):
+        z = sm.model.new_bool_var(f"z{u}_{k}")
+        for v in vs:
+            sm.model.add(z >= sm.ge[v][k + 1] - sm.ge[u][k + 1])
+        out.append(z)
+    return out
+
+
+def _chip(sm: SolverModel, i: int, c: int) -> Any:
+    """Node ``i``'s chiplet as a linear expression of its ``ge`` literals."""
+    return sum(sm.ge[i][1:c])
+
+
+def _ring_crossings(sm: SolverModel, u: int, vs: list[int], c: int) -> list[Any]:
+    """Per ring link ``k`` (``c - 1`` is the wrap link): a literal forced on when the
+    tensor of ``u`` crosses it, routed as the cost model routes it.
+
+    With ``s`` the chip of ``u``, ``hi`` its farthest consumer's and ``near`` its
+    nearest consumer's on a later chip (``c`` if none), the tensor goes backwards
+    (``back``) exactly when ``s + c - near < hi - s``. Forwards it crosses links
+    ``s .. hi - 1``; backwards links ``0 .. s - 1`` and ``near .. c - 1``.
+    """
+    m, s = sm.model, _chip(sm, u, c)
+    chips = [m.new_int_var(0, c - 1, f"chip{u}_{v}") for v in vs]
+    later = [m.new_bool_var(f"later{u}_{v}") for v in vs]
+    ends = [m.new_int_var(0, c, f"end{u}_{v}") for v in vs]
+    for v, chip, lat, end in zip(vs, chips, later, ends, strict=True):
+        m.add(chip == _chip(sm, v, c))
+        m.add(chip >= s + 1).only_enforce_if(lat)
+        m.add(chip <= s).only_enforce_if(lat.Not())
+        m.add(end == chip).only_enforce_if(lat)
+        m.add(end == c).only_enforce_if(lat.Not())
+    hi, near = m.new_int_var(0, c - 1, f"hi{u}"), m.new_int_var(0, c, f"near{u}")
+    m.add_max_equality(hi, chips)
+    m.add_min_equality(near, ends)
+    back = m.new_bool_var(f"back{u}")
+    m.add(2 * s + c <= hi + near - 1).only_enforce_if(back)
+    m.add(2 * s + c >= hi + near).only_enforce_if(back.Not())
+    out = []
+    for k in range(c):
+        z = m.new_bool_var(f"z{u}_{k}")
+        if k < c - 1:  # forwards: u at or before k, some consumer after k
+            for v in vs:
+                m.add(z >= sm.ge[v][k + 1] - sm.ge[u][k + 1] - back)
+            m.add(z >= back + sm.ge[u][k + 1] - 1)  # backwards: k < s
+        for v, lat in zip(vs, later, strict=True):  # backwards: near <= k
+            m.add(z >= back + lat - sm.ge[v][k + 1] - 1)
+        out.append(z)
+    return out
+
+
+def _links_crossed(hint: IntArray, u: int, vs: list[int], c: int, ring: bool) -> set[int]:
+    """The links the tensor of ``u`` crosses under the assignment ``hint``."""
+    s, hi = int(hint[u]), max(int(hint[v]) for v in vs)
+    near = min((int(hint[v]) for v in vs if hint[v] > s), default=c)
+    if ring and near < c and s + c - near < hi - s:
+        return set(range(s)) | set(range(near, c))
+    return set(range(s, hi))
+
+
+def _add_hint(sm: SolverModel, hint: IntArray) -> None:
+    """Hint every ``ge`` and ``x`` literal of the model at the assignment ``hint``."""
+    for i, chip in enumerate(hint.tolist()):
+        for k, var in enumerate(sm.ge[i]):
+            if not isinstance(var, int):  # ge[i][0] and ge[i][count] are constants
+                sm.model.add_hint(var, k <= chip)
+        for k, var in enumerate(sm.x[i]):
+            sm.model.add_hint(var, k == chip)
