@@ -7,7 +7,8 @@ never a clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -35,12 +36,11 @@ async def _until(check: Callable[[], bool], what: str) -> None:
             await anyio.sleep(0.001)
 
 
-async def test_a_flood_is_held_near_the_bound_and_loses_nothing() -> None:
-    """3,000 calls at once, none answerable yet: the node stops reading that
-    connection near the bound (one socket read past it) instead of taking them
-    all in, while another client is served. Once they can be answered, each
-    call is answered or refused (answers the client has not taken yet count
-    against the bound too), every admitted one answered."""
+@asynccontextmanager
+async def flooded() -> AsyncIterator[tuple[Any, Any, Any, list[Promise[Any]]]]:
+    """A node bounded at 8 calls per connection, a client that has put 3,000
+    calls on a latch there (``latch``), and another client: ``(listener,
+    flooder, other, calls)``."""
     async with capnp_runtime(), ActorSystem("node") as served, ActorSystem("c") as mine:
         transport = CapnpTransport(TOKEN, max_calls=8)
         listener = await transport.serve(served)
@@ -48,29 +48,44 @@ async def test_a_flood_is_held_near_the_bound_and_loses_nothing() -> None:
         other = await transport.connect(listener.address, mine)
         try:
             latch = await flooder.node.spawn(f"{CONF}:Latch", name="latch")
-            calls = [latch.wait() for _ in range(3000)]
-            await _until(lambda: any(p.held for p in listener.peers), "a hold")
-            held = next(p for p in listener.peers if p.held)
-            echo = await other.node.spawn(f"{CONF}:Echo")
-            assert [await echo.echo(i) for i in range(20)] == list(range(20))
-            admitted = held.calls_in
-            assert admitted < 3000  # the rest wait unread, in TCP and in the client
-            assert [await echo.echo(i) for i in range(20)] == list(range(20))
-            assert held.held and held.calls_in == admitted  # nothing more was read
-            await (await other.node.lookup("latch")).release("go")
-            answered = refused = 0
-            for call in calls:
-                try:
-                    assert await call == "go"
-                    answered += 1
-                except MailboxFull:
-                    refused += 1
-            assert answered + refused == 3000 and answered >= admitted
-            assert held.holds >= 1 and held.refused == refused
+            yield listener, flooder, other, [latch.wait() for _ in range(3000)]
         finally:
             await flooder.aclose()
             await other.aclose()
             await listener.aclose()
+
+
+async def tally(calls: list[Promise[Any]]) -> tuple[int, int]:
+    """How many of ``calls`` were answered "go", and how many refused."""
+    answered = refused = 0
+    for call in calls:
+        try:
+            assert await call == "go"
+            answered += 1
+        except MailboxFull:
+            refused += 1
+    return answered, refused
+
+
+async def test_a_flood_is_held_near_the_bound_and_loses_nothing() -> None:
+    """3,000 calls at once, none answerable yet: the node stops reading that
+    connection near the bound (one socket read past it) instead of taking them
+    all in, while another client is served. Once they can be answered, each
+    call is answered or refused (answers the client has not taken yet count
+    against the bound too), every admitted one answered."""
+    async with flooded() as (listener, _, other, calls):
+        await _until(lambda: any(p.held for p in listener.peers), "a hold")
+        held = next(p for p in listener.peers if p.held)
+        echo = await other.node.spawn(f"{CONF}:Echo")
+        assert [await echo.echo(i) for i in range(20)] == list(range(20))
+        admitted = held.calls_in
+        assert admitted < 3000  # the rest wait unread, in TCP and in the client
+        assert [await echo.echo(i) for i in range(20)] == list(range(20))
+        assert held.held and held.calls_in == admitted  # nothing more was read
+        await (await other.node.lookup("latch")).release("go")
+        answered, refused = await tally(calls)
+        assert answered + refused == 3000 and answered >= admitted
+        assert held.holds >= 1 and held.refused == refused
 
 
 async def test_a_hold_that_lasts_turns_into_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,33 +94,16 @@ async def test_a_hold_that_lasts_turns_into_refusals(monkeypatch: pytest.MonkeyP
     client's own ping is answered (refused, beyond the bound), and the calls
     beyond the bound are refused; the admitted ones complete on release."""
     monkeypatch.setattr(_peer, "HOLD_S", 0.01)
-    async with capnp_runtime(), ActorSystem("node") as served, ActorSystem("c") as mine:
-        transport = CapnpTransport(TOKEN, max_calls=8)
-        listener = await transport.serve(served)
-        flooder = await transport.connect(listener.address, mine)
-        other = await transport.connect(listener.address, mine)
-        try:
-            latch = await flooder.node.spawn(f"{CONF}:Latch", name="latch")
-            calls = [latch.wait() for _ in range(3000)]
-            await _until(lambda: any(p.refusing for p in listener.peers), "refusals")
-            held = next(p for p in listener.peers if p.refusing)
-            with pytest.raises(MailboxFull, match="ATOLL_CONNECTION_CALLS"):
-                await flooder.node.ping()
-            admitted = held.calls_in
-            await (await other.node.lookup("latch")).release("go")
-            answered = refused = 0
-            for call in calls:
-                try:
-                    assert await call == "go"
-                    answered += 1
-                except MailboxFull:
-                    refused += 1
-            assert answered + refused == 3000 and answered >= admitted and refused > 0
-            assert isinstance(await flooder.node.ping(), str)  # served again
-        finally:
-            await flooder.aclose()
-            await other.aclose()
-            await listener.aclose()
+    async with flooded() as (listener, flooder, other, calls):
+        await _until(lambda: any(p.refusing for p in listener.peers), "refusals")
+        held = next(p for p in listener.peers if p.refusing)
+        with pytest.raises(MailboxFull, match="ATOLL_CONNECTION_CALLS"):
+            await flooder.node.ping()
+        admitted = held.calls_in
+        await (await other.node.lookup("latch")).release("go")
+        answered, refused = await tally(calls)
+        assert answered + refused == 3000 and answered >= admitted and refused > 0
+        assert isinstance(await flooder.node.ping(), str)  # served again
 
 
 async def test_answers_not_taken_are_bounded_by_refusal() -> None:
