@@ -84,7 +84,7 @@ class _Batch:
     )
 
 
-# What sends a batch: (graph, inputs, temporary) -> promise of output promises.
+# What sends a batch: (graph, inputs, temporary, owner) -> promise of output promises.
 SendGraph = Callable[[Any, list[Any], list[int], str], Promise[Any]]
 # What sends one call unbatched: (computation, device, args, owner, temporary,
 # the promise to settle like it, or None when the caller dropped it).

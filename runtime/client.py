@@ -317,7 +317,8 @@ class Cluster:
         array (up to ``INLINE_VALUE_BYTES``) is copied into the call itself,
         so it costs no message of its own; a larger one is put on the device
         first (a promise, so the call still leaves at once) and freed once
-        the call ran."""
+        the call ran. Over host processes the call joins this loop turn's
+        batch (``runtime/batching.py``) and leaves when the caller yields."""
         self.topology.device(device)
         owner = owner or self.owner
         puts: list[Promise[BufferHandle]] = []
@@ -355,7 +356,8 @@ class Cluster:
         temporary: list[bool],
         target: Promise[Any] | None,
     ) -> None:
-        """A batch of one call: sent as it is; ``target`` (the caller's promise) follows it."""
+        """One call of a batch that holds no chain, sent as it is; ``target``
+        (the caller's promise) follows it."""
         puts = [arg for arg, temp in zip(args, temporary, strict=True) if temp]
         sent = self._send_run(computation, device, args, owner, puts)
         if target is not None:
