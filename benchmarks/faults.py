@@ -69,6 +69,7 @@ from ..kernel import ActorStopped, AtollError, HostLost, RemoteActorError
 from ..runtime.connect import connect
 from ..transports import bulk
 from ..transports.capnp import ClusterFile, peer_of
+from ..transports.testing import line_with, pid_alive
 
 __all__ = ["FAULT_KINDS", "Report", "main", "run_faults"]
 
@@ -441,7 +442,7 @@ async def up_cluster(
         ["atoll.cli", *args, "--cluster-file", str(cluster_file)], host_env, stdout=subprocess.PIPE
     )
     try:
-        await anyio.to_thread.run_sync(_wait_for, up, "cluster up")
+        await anyio.to_thread.run_sync(line_with, up, "cluster up")
         async with connect(cluster_file) as client:
             rows = await client.status()
         pids = [row["pid"] for row in rows if row["kind"] == "host"]
@@ -457,15 +458,6 @@ async def up_cluster(
 _stopped: set[int] = set()  # hosts frozen now: woken before the cluster stops
 
 
-def _wait_for(process: subprocess.Popen[str], text: str) -> str:
-    """The first line of ``process``'s output with ``text`` in it."""
-    assert process.stdout is not None
-    for line in process.stdout:
-        if text in line:
-            return line
-    raise RuntimeError(f"the process ended before printing {text!r}")
-
-
 async def rejoin_host(cluster: Cluster) -> tuple[subprocess.Popen[str], int]:
     """``atoll host --join`` of a new host process, which takes the place of
     a lost host (the cluster is full otherwise); it and the host id it got,
@@ -474,7 +466,7 @@ async def rejoin_host(cluster: Cluster) -> tuple[subprocess.Popen[str], int]:
     args = ["atoll.cli", "host", "--join", address]
     joiner = _spawn(args, cluster.host_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
-        line = await anyio.to_thread.run_sync(_wait_for, joiner, " joined ")
+        line = await anyio.to_thread.run_sync(line_with, joiner, " joined ")
     except BaseException:
         joiner.kill()
         await anyio.to_thread.run_sync(_wait_exit, joiner, 10.0)
@@ -504,14 +496,6 @@ def _wait_exit(process: subprocess.Popen[Any], timeout: float) -> None:
     for stream in (process.stdout, process.stderr):
         if stream is not None:
             stream.close()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 def _segments_of(pids: set[int]) -> int:
@@ -747,7 +731,7 @@ async def _epoch(
         finally:
             await relay.aclose()
     _tally(run, report)
-    report.orphans = sum(_alive(pid) for pid in run.pids)
+    report.orphans = sum(pid_alive(pid) for pid in run.pids)
     report.bytes_leaked += _segments_of(run.pids)
     for joiner in run.joiners:  # reaped (after the count: one left running is an orphan)
         await anyio.to_thread.run_sync(_wait_exit, joiner, 5.0)
@@ -824,7 +808,7 @@ async def _store_bytes(cluster: Cluster, lost: set[int]) -> int:
 def _settle_processes(pids: set[int]) -> None:
     """Give the cluster's processes a few seconds to exit (no reaping here)."""
     deadline = time.monotonic() + 15
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(pid_alive(pid) for pid in pids):
         time.sleep(0.1)
 
 

@@ -44,6 +44,7 @@ from atoll.devices.jax_device import JaxDevice
 from atoll.kernel import Actor, HostLost, Promise, endpoint, failed
 from atoll.runtime import ClusterSpec, IslandScheduler, process_cluster
 from atoll.runtime.process import _collect_garbage_on_loop
+from atoll.transports.testing import pid_alive
 
 pytestmark = pytest.mark.anyio
 
@@ -179,7 +180,7 @@ async def test_a_lost_jax_host_fails_its_gangs_and_spares_the_rest(
         os.kill(pids[victim], signal.SIGKILL)
         await _fails_with_host_lost(running, COLLECTIVE_S + 15)  # its collective gave up
         await _fails_with_host_lost(cluster.run(on_lost, x), 10)  # no collective: at once
-        assert [_alive(pid) for pid in pids] == [i != victim for i in range(4)], pids
+        assert [pid_alive(pid) for pid in pids] == [i != victim for i in range(4)], pids
 
         async def goes_on() -> None:
             assert await cluster.run(on_kept, x) == 28.0  # across processes
@@ -192,7 +193,7 @@ async def test_a_lost_jax_host_fails_its_gangs_and_spares_the_rest(
         # which used to terminate every other process (a timeout elsewhere:
         # nothing here can wait for it but time)
         await anyio.sleep(2 * HEARTBEAT_S + 2)
-        assert [_alive(pid) for pid in pids] == [i != victim for i in range(4)]
+        assert [pid_alive(pid) for pid in pids] == [i != victim for i in range(4)]
         await goes_on()
         await _fails_with_host_lost(cluster.run(on_lost, x), 10)
 
@@ -214,12 +215,3 @@ def _jax_process_id(pid: int) -> int:
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     value = next(e for e in environ if e.startswith(b"ATOLL_JAX_PROCESS_ID="))
     return int(value.partition(b"=")[2])
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a killed child not yet reaped is a zombie: dead)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"

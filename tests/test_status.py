@@ -21,18 +21,9 @@ from atoll.devices import Computation
 from atoll.kernel import AtollError, Promise
 from atoll.runtime import Topology
 from atoll.runtime.status import host_rows, kind_of, render
+from atoll.transports.testing import line_with, pid_alive
 
 pytestmark = pytest.mark.anyio
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/cmdline").exists() and bool(
-        Path(f"/proc/{pid}/cmdline").read_bytes()
-    )  # a zombie has no command line
 
 
 async def _atoll(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -47,14 +38,6 @@ async def _atoll(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
         close_fds=False,
     )
     return await anyio.to_thread.run_sync(run)
-
-
-def _wait_for(up: subprocess.Popen[str], text: str) -> str:
-    assert up.stdout is not None
-    for line in up.stdout:
-        if text in line:
-            return line
-    raise AssertionError(f"atoll up ended before printing {text!r}")
 
 
 @pytest.mark.timeout(150)
@@ -72,8 +55,8 @@ async def test_status_connect_and_down_find_the_last_cluster_up(
         close_fds=False,
     )
     try:
-        assert f"cluster file {cluster_file}" in _wait_for(up, "listening at")
-        _wait_for(up, "cluster up")
+        assert f"cluster file {cluster_file}" in line_with(up, "listening at")
+        line_with(up, "cluster up")
         async with atoll.connect() as client:  # no argument: the cluster just started
             cluster = await client.cluster(owner="tester")
             step = Computation("negate", np.negative, flops=1e6)
@@ -121,12 +104,12 @@ async def test_status_connect_and_down_find_the_last_cluster_up(
             assert "islands (1)" in table.stdout
 
         host_pids = [h["pid"] for h in hosts]
-        assert all(_alive(pid) for pid in host_pids)
+        assert all(pid_alive(pid) for pid in host_pids)
         stopped = await _atoll("down", env=env)
         assert stopped.returncode == 0, stopped.stderr
         assert "stopped" in stopped.stdout
         assert up.wait(30) == 0  # it stopped as after SIGTERM: cleanly
-        assert not any(_alive(pid) for pid in host_pids)  # no orphans
+        assert not any(pid_alive(pid) for pid in host_pids)  # no orphans
         assert not cluster_file.exists()  # the next connect() finds no stale cluster
 
         gone = await _atoll("status", env=env)

@@ -23,6 +23,7 @@ from atoll.examples.demo import affine
 from atoll.kernel import Promise
 from atoll.runtime.connect import connect
 from atoll.transports.capnp import HostLost
+from atoll.transports.testing import line_with, pid_alive
 
 pytestmark = pytest.mark.anyio
 STEP = Computation("affine", affine, flops=1e6)
@@ -59,23 +60,6 @@ def _up(
         up.stdout.close()
 
 
-def _wait_for(up: subprocess.Popen[str], text: str) -> str:
-    """Read the launcher's output up to the line containing ``text``."""
-    assert up.stdout is not None
-    for line in up.stdout:
-        if text in line:
-            return line
-    raise AssertionError(f"atoll up ended before printing {text!r}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def make_big(x: np.ndarray) -> np.ndarray:
     """32 MiB made on a host (host processes import this module by name)."""
     return np.full(8 << 20, x[0], dtype=np.float32)
@@ -108,7 +92,7 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
     with _up(up_args, cluster_file, "42" * 16) as up:
         # the controller listens and has written its cluster file; then a host
         # "from another machine" joins with only the address and that file
-        line = _wait_for(up, "listening at")
+        line = line_with(up, "listening at")
         address = line.split("listening at ")[1].split(";")[0]
         no_token = {k: v for k, v in os.environ.items() if k != "ATOLL_TOKEN"}
         joiner = _atoll(
@@ -116,7 +100,7 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
             no_token,
             stdout=subprocess.DEVNULL,
         )
-        _wait_for(up, "cluster up")
+        line_with(up, "cluster up")
         async with connect(cluster_file) as client:
             cluster = await client.cluster()
             handle = cluster.put(np.arange(4, dtype=np.float32), 0)
@@ -141,7 +125,7 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
             assert [h["alive"] for h in status] == [True, False]
             assert status[1]["error"]  # why it is lost
     joiner.wait(30)  # it leaves when its controller goes
-    assert not any(_alive(pid) for pid in host_pids)  # no orphans
+    assert not any(pid_alive(pid) for pid in host_pids)  # no orphans
 
 
 @pytest.mark.timeout(120)
@@ -150,8 +134,8 @@ def test_up_keeps_its_cluster_file_in_a_private_directory_by_default(tmp_path: P
     with _up(
         ["--hosts", "1", "--devices-per-host", "1"], None, "33" * 16, XDG_RUNTIME_DIR=str(tmp_path)
     ) as up:
-        listening = _wait_for(up, "listening at")
-        _wait_for(up, "cluster up")
+        listening = line_with(up, "listening at")
+        line_with(up, "cluster up")
         assert stat.S_IMODE(expected.parent.stat().st_mode) == 0o700
         assert stat.S_IMODE(expected.stat().st_mode) == 0o600
     assert f"cluster file {expected}" in listening  # it says where the token went
@@ -183,7 +167,7 @@ async def test_jax_devices_in_host_processes() -> None:
 async def test_bulk_data_between_hosts_skips_the_controller(tmp_path: Path) -> None:
     cluster_file = tmp_path / "cluster.json"
     with _up(["--hosts", "2", "--devices-per-host", "1"], cluster_file, "24" * 16) as up:
-        _wait_for(up, "cluster up")
+        line_with(up, "cluster up")
         async with connect(cluster_file) as client:
             cluster = await client.cluster()
             seed = cluster.put(np.full(4, 3.0, dtype=np.float32), 0)

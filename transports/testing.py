@@ -15,12 +15,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO
 
 from ..kernel import TransportError
 from .capnp._process import READY_PREFIX
 
-__all__ = ["READY_PREFIX", "NodeProcess"]
+__all__ = ["READY_PREFIX", "NodeProcess", "line_with", "pid_alive"]
 
 
 class NodeProcess:
@@ -131,3 +132,22 @@ def _ready_address(stdout: IO[bytes], deadline: float) -> str | None:
                 if line.startswith(READY_PREFIX.encode()):
                     return line[len(READY_PREFIX) :].decode().strip()
     return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (Linux: a zombie, killed and not yet
+    reaped, counts as dead), for checks that nothing was left behind."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def line_with(process: subprocess.Popen[str], text: str) -> str:
+    """Read ``process``'s output (blocking) up to the first line holding ``text``."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        if text in line:
+            return line
+    raise RuntimeError(f"the process ended before printing {text!r}")
