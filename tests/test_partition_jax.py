@@ -102,17 +102,29 @@ def test_finetuning_heats_up_while_every_sample_scores_the_same() -> None:
     assert _next_temperature(8.0, spread) == 4.0 and _next_temperature(1.0, spread) == 1.0
 
 
+def _collapsed() -> P.Policy:
+    """A near-deterministic policy: its bumps so sharp that every sample of a batch
+    is the same assignment (as a confident pre-trained policy can be)."""
+    policy = P.Policy(seed=0)
+    policy.params["log_precision"] = np.full(1, 5.0, np.float32)
+    return policy
+
+
+# the policy's samples only: no DP hint, no local moves, no solver seed
+ALONE: dict[str, Any] = {"rl_hint": False, "rl_local": 0, "rl_solver_s": 0.0}
+
+
 def test_rl_escapes_a_collapsed_policy_on_a_heldout_graph(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The shipped policy is near-deterministic on the U-Net at 8 chiplets; the
-    temperature lets fine-tuning leave the few partitions its samples repair to."""
+    """When a policy is near-deterministic on a graph, the temperature lets
+    fine-tuning leave the few partitions its samples repair to."""
     from atoll.schedulers.partition import _rl
     from atoll.schedulers.partition._heldout import heldout_graph
 
     g = heldout_graph("unet")
     chips = P.Chiplets.default_for(g, 8)
-    heated = P.search(g, chips, "rl", budget=100, seed=0, rl_hint=False, rl_local=0)
+    heated = P.search(g, chips, "rl", budget=100, policy=_collapsed(), seed=0, **ALONE)
     monkeypatch.setattr(_rl, "MAX_TEMPERATURE", 1.0)
-    cold = P.search(g, chips, "rl", budget=100, seed=0, rl_hint=False, rl_local=0)
+    cold = P.search(g, chips, "rl", budget=100, policy=_collapsed(), seed=0, **ALONE)
     assert heated.valid and cold.valid
     assert heated.throughput > cold.throughput
 
@@ -124,7 +136,8 @@ def test_local_moves_beside_the_policy_count_in_the_budget() -> None:
 
     g = heldout_graph("unet")
     chips = P.Chiplets.default_for(g, 8)
-    alone = P.search(g, chips, "rl", budget=60, seed=0, rl_hint=False, rl_local=0)
-    local = P.search(g, chips, "rl", budget=60, seed=0, rl_hint=False, rl_local=2)
+    alone = P.search(g, chips, "rl", budget=60, policy=_collapsed(), seed=0, **ALONE)
+    local_moves = ALONE | {"rl_local": 2}
+    local = P.search(g, chips, "rl", budget=60, policy=_collapsed(), seed=0, **local_moves)
     assert alone.evaluations == local.evaluations == 60
     assert local.valid and local.throughput > alone.throughput

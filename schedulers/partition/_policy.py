@@ -32,8 +32,9 @@ __all__ = ["Encoded", "Policy", "encode", "init_params", "logits"]
 
 Params = dict[str, Any]
 KINDS = (("matmul", "conv"), ("attention",), ("norm", "softmax", "reduce"), ("add",))
-NODE_FEATURES = 8 + len(KINDS)
-PAIR_FEATURES = 5
+SPECTRAL = 4  # Laplacian eigenvectors per node (see _spectral)
+NODE_FEATURES = 9 + SPECTRAL + len(KINDS)
+PAIR_FEATURES = 6
 PAD = 32
 PRETRAINED = "pretrained.npz"  # package data: see Policy.pretrained and docs/partition.md
 
@@ -71,8 +72,36 @@ def _node_features(graph: OpGraph, chiplets: Chiplets) -> NDArray[np.float64]:
         np.log1p(out / max(float(out.mean()), 1e-30)),
         np.log1p(cut / max(float(out.mean()), 1e-30)),
         np.full(n, graph.total_weight_bytes / (chiplets.count * chiplets.sram_bytes)),
+        np.full(n, float(chiplets.topology == "ring")),
     ]
-    return np.concatenate([np.stack(cols, axis=1), np.array(kinds)], axis=1)
+    return np.concatenate([np.stack(cols, axis=1), _spectral(graph), np.array(kinds)], axis=1)
+
+
+def _spectral(graph: OpGraph, k: int = SPECTRAL) -> NDArray[np.float64]:
+    """The ``k`` smoothest non-constant eigenvectors of the graph's normalized
+    Laplacian, edges weighted by their bytes: a relaxed low-traffic embedding
+    (spectral partitioning's coordinates). Each is scaled to unit RMS and its
+    sign fixed so that it rises along the node order; missing ones are 0."""
+    n = len(graph)
+    out = np.zeros((n, k))
+    if n < 3 or not graph.edges:
+        return out
+    w = np.zeros((n, n))
+    src, dst = graph.array("src"), graph.array("dst")
+    size = graph.array("ebytes")
+    np.add.at(w, (src, dst), 1.0 + np.log1p(size / max(float(size.mean()), 1e-30)))
+    w = w + w.T
+    deg = np.maximum(w.sum(axis=1), 1e-12)
+    inv = 1.0 / np.sqrt(deg)
+    lap = np.eye(n) - inv[:, None] * w * inv[None, :]
+    _, vecs = np.linalg.eigh(lap)
+    vecs = vecs[:, 1 : k + 1] * inv[:, None]  # back from the symmetric form
+    order = np.arange(n) - (n - 1) / 2
+    for j in range(vecs.shape[1]):
+        v = vecs[:, j] - vecs[:, j].mean()
+        v /= max(float(np.sqrt(np.mean(v * v))), 1e-12)
+        out[:, j] = v if float(v @ order) >= 0 else -v
+    return out
 
 
 def encode(graph: OpGraph, chiplets: Chiplets) -> Encoded:
@@ -90,6 +119,8 @@ def encode(graph: OpGraph, chiplets: Chiplets) -> Encoded:
     pairs[:n, :, 2] = np.minimum(mem_pos[:, None] - k, 4.0)
     pairs[:n, :, 3] = k / max(c - 1, 1)
     pairs[:n, :, 4] = 1.0 / c
+    if chiplets.topology == "ring":  # links from chiplet k back to chiplet 0, the short way
+        pairs[:n, :, 5] = np.minimum(k, c - k) / c
     a_in = np.zeros((size, size), np.float32)
     a_in[graph.array("dst"), graph.array("src")] = 1.0
     a_out = a_in.T.copy()
@@ -176,9 +207,16 @@ class Policy:
             params = {k: data[k].astype(np.float32) for k in data.files if not k.startswith("__")}
             policy = cls(params)
             policy.trained_evaluations = int(data["__evaluations__"])
-        missing = set(init_params()) - set(params)
+        fresh = init_params(hidden=params["w_in"].shape[1] if "w_in" in params else 32)
+        missing = set(fresh) - set(params)
         if missing:
             raise ValueError(f"{path}: not a partition policy checkpoint (missing {missing})")
+        wrong = [k for k in fresh if params[k].shape != fresh[k].shape]
+        if wrong:
+            raise ValueError(
+                f"{path}: a policy checkpoint of another version (shapes differ in {wrong});"
+                " retrain it with atoll partition-train"
+            )
         return policy
 
     @classmethod

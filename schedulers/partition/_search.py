@@ -17,7 +17,7 @@ from ._repair import InfeasibleError, Repairer, RepairTimeout
 from ._rl import finetune
 from ._solver import solve_bottleneck
 
-__all__ = ["METHODS", "policy_hint", "search"]
+__all__ = ["METHODS", "policy_hint", "search", "solver_seed"]
 
 METHODS = ("rl", "sa", "random", "solver", "dp")
 
@@ -36,6 +36,7 @@ def search(
     rl_hint: bool = True,
     rl_imitate: bool = False,
     rl_local: int = 2,
+    rl_solver_s: float = 2.0,
     solver_hint: bool = False,
     stop_at: float | None = None,
 ) -> Partition:
@@ -51,7 +52,9 @@ def search(
     also credits the best partition found so far (self-imitation); with
     ``rl_local`` each batch of 8 samples is followed by that many neighbours of
     the best partition so far (a local search beside the policy). With
-    ``solver_hint`` the ``solver`` starts from the policy's greedy assignment,
+    ``rl_solver_s`` (deterministic seconds, see :func:`solver_seed`; 0 turns it
+    off) a short CP-SAT run seeds the search: its partition is the first
+    evaluation. With ``solver_hint`` the ``solver`` starts from the policy's greedy assignment,
     repaired (:func:`policy_hint`). ``stop_at`` ends a budgeted search as soon as
     its best reaches that throughput. A bare
     chiplet count means :meth:`Chiplets.default_for` the graph. Raises
@@ -74,6 +77,10 @@ def search(
         simulated_annealing(tracker, rng)
     elif method == "rl":
         pol = policy if policy is not None else Policy.pretrained()
+        if rl_solver_s > 0:
+            seed_assignment = solver_seed(graph, chips, rl_solver_s, hint, seed)
+            if seed_assignment is not None:
+                tracker.evaluate(seed_assignment)
         finetune(pol, tracker, rng, hint=hint, imitate=rl_imitate, local=rl_local)
     elif method == "solver":
         start_from = policy_hint(policy, repairer) if solver_hint else None
@@ -99,6 +106,30 @@ def search(
         history=tuple(tracker.history),
         extra=extra,
     )
+
+
+def solver_seed(
+    graph: OpGraph,
+    chips: Chiplets,
+    deterministic_s: float,
+    hint: IntArray | None = None,
+    seed: int = 0,
+) -> IntArray | None:
+    """The best partition a short CP-SAT run on the bottleneck finds (the
+    "solver's hint" that seeds RL), or None when it finds none in time.
+
+    The run stops after ``deterministic_s`` of CP-SAT's deterministic time, so
+    the seed does not depend on the machine's load (wall time: about that many
+    seconds on an idle core, more on a busy one). ``hint`` (e.g. the DP's
+    split) is the solver's own starting point.
+    """
+    try:
+        assignment, _ = solve_bottleneck(
+            graph, chips, 3600.0, seed, hint, deterministic_s=deterministic_s
+        )
+    except RepairTimeout:
+        return None
+    return assignment
 
 
 def policy_hint(policy: Policy | None, repairer: Repairer) -> IntArray | None:

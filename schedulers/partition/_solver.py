@@ -18,7 +18,7 @@ from typing import Any
 from ._cost import IntArray, node_times
 from ._graph import OpGraph
 from ._hardware import Chiplets
-from ._repair import InfeasibleError, SolverModel, build_model, describe_infeasible
+from ._repair import InfeasibleError, RepairTimeout, SolverModel, build_model, describe_infeasible
 
 __all__ = ["solve_bottleneck"]
 
@@ -31,11 +31,17 @@ def solve_bottleneck(
     time_limit_s: float = 30.0,
     seed: int = 0,
     hint: IntArray | None = None,
+    deterministic_s: float | None = None,
 ) -> tuple[IntArray, dict[str, Any]]:
     """The best assignment CP-SAT finds within ``time_limit_s``, and solve statistics.
 
     ``hint`` (an assignment, e.g. the policy's greedy one, repaired) is given to
     CP-SAT as its solution hint: where it is valid, the search starts from it.
+    ``deterministic_s`` also stops the search after that much of CP-SAT's
+    deterministic time (work units of roughly a second each, which do not
+    depend on the machine's load), so a short solve gives the same result
+    however busy the machine is. Raises :class:`RepairTimeout` when no
+    partition was found in time, :class:`InfeasibleError` when none exists.
     """
     from ortools.sat.python import cp_model
 
@@ -72,7 +78,11 @@ def solve_bottleneck(
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
+    if deterministic_s is not None:
+        solver.parameters.max_deterministic_time = deterministic_s
     status = solver.solve(model)
+    if status == cp_model.UNKNOWN:
+        raise RepairTimeout(f"CP-SAT found no partition of {graph.name!r} in its time limit")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise InfeasibleError(describe_infeasible(graph, chiplets))
     stats = {
@@ -80,6 +90,7 @@ def solve_bottleneck(
         "bound_s": solver.best_objective_bound * unit,
         "objective_s": solver.objective_value * unit,
         "solve_s": solver.wall_time,
+        "deterministic_s": solver.deterministic_time,
     }
     return sm.chips(solver), stats
 

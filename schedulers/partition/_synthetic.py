@@ -60,7 +60,12 @@ def synthetic_graph(rng: np.random.Generator) -> OpGraph:
 
 
 def scaled_chiplets(
-    graph: OpGraph, count: int, slack: float = 1.3, link_share: float = 0.3, hop_limit: int = 1
+    graph: OpGraph,
+    count: int,
+    slack: float = 1.3,
+    link_share: float = 0.3,
+    hop_limit: int = 1,
+    topology: str = "chain",
 ) -> Chiplets:
     """Chiplets sized to ``graph``: SRAM = ``slack`` x its fair share of the weights
     (at least the largest node's), link speed such that a typical cut costs
@@ -71,20 +76,25 @@ def scaled_chiplets(
     stage_s = float(node_times(graph, base).sum()) / count
     cut = float(np.median(cut_traffic(graph)[1:-1])) if len(graph) > 2 else 1.0
     link = max(2 * cut, 1.0) / max(link_share * stage_s, 1e-12)
-    return Chiplets(count, sram_bytes=sram, link_bytes_per_s=link, hop_limit=hop_limit)
+    return Chiplets(
+        count, sram_bytes=sram, link_bytes_per_s=link, hop_limit=hop_limit, topology=topology
+    )
 
 
-def _default_or_none(graph: OpGraph, count: int) -> Chiplets | None:
+def _default_or_none(graph: OpGraph, count: int, topology: str) -> Chiplets | None:
     try:
-        return Chiplets.default_for(graph, count)
+        return Chiplets.default_for(graph, count, topology=topology)
     except InfeasibleError:
         return None
 
 
-def synthetic_cases(count: int, seed: int = 0) -> list[tuple[OpGraph, Chiplets]]:
+def synthetic_cases(
+    count: int, seed: int = 0, ring_share: float = 0.2
+) -> list[tuple[OpGraph, Chiplets]]:
     """``count`` random (graph, chiplets) cases with 2 to 8 chiplets: half on
     :meth:`Chiplets.default_for`, half on :func:`scaled_chiplets` of random slack
-    and link share."""
+    and link share; about ``ring_share`` of those with 3 or more chiplets are
+    rings, the rest chains."""
     rng = np.random.default_rng(seed)
     cases: list[tuple[OpGraph, Chiplets]] = []
     while len(cases) < count:
@@ -92,12 +102,14 @@ def synthetic_cases(count: int, seed: int = 0) -> list[tuple[OpGraph, Chiplets]]
         chips = int(rng.choice([2, 3, 4, 6, 8]))
         slack = float(rng.uniform(1.15, 1.8))
         share = float(rng.uniform(0.1, 0.6))
+        ring = rng.random() < ring_share and chips >= 3
+        topology = "ring" if ring else "chain"
         if len(g) < 3 * chips:
             continue
         if rng.random() < 0.5:  # half sized as users get them by default
-            chiplets = _default_or_none(g, chips)
+            chiplets = _default_or_none(g, chips, topology)
         else:
-            chiplets = scaled_chiplets(g, chips, slack, share)
+            chiplets = scaled_chiplets(g, chips, slack, share, topology=topology)
         if chiplets is not None and dp_split(g, chiplets) is not None:  # keep feasible cases
             cases.append((g, chiplets))
     return cases

@@ -13,6 +13,7 @@ import argparse
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from ._models import builtin_graph, builtin_names
 from ._policy import Policy
 from ._progress import ProgressBar
 from ._repair import InfeasibleError
+from ._rl import TrainLog
 from ._search import METHODS, search
 
 __all__ = ["add_commands", "format_partition", "load_graph_arg", "run"]
@@ -56,8 +58,20 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--save-graph", type=Path, help="write the graph as JSON")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     t = subparsers.add_parser("partition-train", help="pre-train a policy on synthetic graphs")
-    t.add_argument("--evaluations", type=int, default=2000, help="repaired samples in all")
+    t.add_argument("--evaluations", type=int, default=2000, help="RL: repaired samples in all")
     t.add_argument("--graphs", type=int, default=24, help="synthetic graphs in the set")
+    t.add_argument(
+        "--imitation-steps",
+        type=int,
+        default=0,
+        help="first imitate CP-SAT's partitions of the set for this many steps",
+    )
+    t.add_argument(
+        "--solver-s",
+        type=float,
+        default=1.0,
+        help="CP-SAT deterministic seconds per imitation label",
+    )
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--policy", type=Path, help="start from this .npz policy")
     t.add_argument("--save", type=Path, required=True, help="write the policy (.npz)")
@@ -169,29 +183,52 @@ def _train(args: argparse.Namespace) -> int:
 
     policy = Policy.load(args.policy) if args.policy else Policy(seed=args.seed)
     cases = synthetic_cases(args.graphs, args.seed)
-    log = pretrain(
-        policy,
-        cases,
-        args.evaluations,
-        args.seed,
-        progress=ProgressBar("train", unit="", fmt=".2f", name="sample/best"),
-    )
+    start = time.perf_counter()
+    if args.imitation_steps > 0:
+        log = _imitate(policy, cases, args)
+        print(f"imitation: {log.evaluations[-1]} steps, node agreement {log.best[-1]:.3f}")
+        beside = args.curve is not None and args.evaluations > 0  # RL's curve takes --curve
+        path = args.curve.with_suffix(".imitation.png") if beside else args.curve
+        _curve(path, log, "nodes on the solver's chiplet")
+    if args.evaluations > 0:
+        log = pretrain(
+            policy,
+            cases,
+            args.evaluations,
+            args.seed,
+            progress=ProgressBar("train", unit="", fmt=".2f", name="sample/best"),
+        )
+        print(f"RL: {log.evaluations[-1]} evaluations")
+        _curve(args.curve, log, "mean sample / best seen")
     policy.save(args.save)
-    print(
-        f"trained on {len(cases)} graphs for {log.evaluations[-1]} evaluations "
-        f"in {log.wall_s[-1]:.1f} s; saved {args.save}"
-    )
-    if args.curve:
-        from ._plot import plot_curves
-
-        window = 10
-        smooth = [
-            sum(log.best[max(0, i - window + 1) : i + 1]) / min(i + 1, window)
-            for i in range(len(log.best))
-        ]
-        curves = {"batch": log.best, f"moving mean ({window})": smooth}
-        plot_curves(curves, args.curve, "mean sample / best seen", x=log.evaluations)
+    wall = time.perf_counter() - start
+    print(f"trained on {len(cases)} graphs in {wall:.1f} s; saved {args.save}")
     return 0
+
+
+def _imitate(policy: Policy, cases: Any, args: argparse.Namespace) -> TrainLog:
+    from ._imitate import imitate, solver_labels
+
+    bar = ProgressBar("label", unit="", fmt=".2f", name="proved")
+    labels = solver_labels(cases, args.solver_s, args.seed, progress=bar)
+    bar = ProgressBar("imitate", unit="", fmt=".2f", name="agree")
+    return imitate(policy, cases, labels, args.imitation_steps, seed=args.seed, progress=bar)
+
+
+def _curve(path: Path | None, log: TrainLog, ylabel: str) -> None:
+    """Plot ``log`` with a moving mean to ``path`` (the RL phase's curve goes to
+    ``--curve`` itself, the imitation's to ``<stem>.imitation.png`` beside it)."""
+    if path is None:
+        return
+    from ._plot import plot_curves
+
+    window = 10
+    smooth = [
+        sum(log.best[max(0, i - window + 1) : i + 1]) / min(i + 1, window)
+        for i in range(len(log.best))
+    ]
+    curves = {"step": log.best, f"moving mean ({window})": smooth}
+    plot_curves(curves, path, ylabel, x=log.evaluations)
 
 
 def run(args: argparse.Namespace) -> int:
