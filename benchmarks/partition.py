@@ -21,13 +21,19 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import multiprocessing
+import os
+import signal
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import suppress
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +86,7 @@ class Config:
     transfer_cases: tuple[tuple[str, int], ...] = (("wavenet", 4), ("gru", 4))
     transfer_seeds: tuple[int, ...] = (1, 2)
     transfer_budget: int = 1000
+    seeded_budget: int = 100  # RL as shipped (seeded by CP-SAT) in the solver-gap rows
     workers: int = 2  # sections run in this many processes (1: in this one)
 
     @classmethod
@@ -100,6 +107,7 @@ class Config:
             transfer_cases=(("unet", 4),),
             transfer_seeds=(1,),
             transfer_budget=16,
+            seeded_budget=8,
             workers=1,
         )
 
@@ -159,7 +167,14 @@ def _bert(count: int, cfg: Config, policy: Policy, log: list[str]) -> list[Row]:
         runs = 1 if method in ("dp", "solver") else cfg.seeds
         parts = [
             search(
-                g, chips, method, cfg.budget, copy.deepcopy(policy), seed, time_limit_s=cfg.solver_s
+                g,
+                chips,
+                method,
+                cfg.budget,
+                copy.deepcopy(policy),
+                seed,
+                time_limit_s=cfg.solver_s,
+                rl_solver_s=0.0,  # as in the held-out rows: no CP-SAT seed for RL
             )
             for seed in range(runs)
         ]
@@ -236,10 +251,11 @@ def _heldout_pair(
     if count != cfg.heldout_top_chiplets:
         budgets = budgets[:-1]
     top, case = max(budgets), f"heldout_{name}_c{count}"
-    # random search and RL do not depend on their budget: one long run, read at each budget
+    # random search and RL do not depend on their budget: one long run, read at each budget;
+    # RL without the solver's seed (a short CP-SAT run the baselines do not get)
     long = {
         "random": search(g, chips, "random", top, seed=0),
-        "rl": search(g, chips, "rl", top, copy.deepcopy(policy), seed=0),
+        "rl": search(g, chips, "rl", top, copy.deepcopy(policy), seed=0, rl_solver_s=0.0),
     }
     for b in budgets:
         sa = search(g, chips, "sa", b, seed=0)
@@ -272,22 +288,28 @@ def _solver_gap(
     name: str, count: int, rl_part: Partition, cfg: Config, policy: Policy, log: list[str]
 ) -> list[Row]:
     """CP-SAT alone, the DP, and CP-SAT hinted (with the policy's greedy assignment,
-    and with RL's best partition), against RL at its largest budget."""
+    and with RL's best partition), against RL at its largest budget (unseeded) and
+    RL as shipped (seeded by a short CP-SAT run) at ``seeded_budget``."""
     g = heldout_graph(name)
     chips = Chiplets.default_for(g, count)
     solved = search(g, chips, "solver", time_limit_s=cfg.heldout_solver_s)
     dp = search(g, chips, "dp")
+    seeded = search(g, chips, "rl", cfg.seeded_budget, copy.deepcopy(policy), seed=0)
     case, rl = f"heldout_{name}_c{count}", rl_part.throughput
     log.append(
         f"  {case}: solver {solved.throughput:.1f} in {solved.wall_s:.1f} s "
         f"(optimal: {solved.extra['optimal']}), dp {dp.throughput:.1f}, rl/solver "
-        f"{rl / solved.throughput:.3f}"
+        f"{rl / solved.throughput:.3f}, seeded rl (budget {cfg.seeded_budget}, "
+        f"{seeded.wall_s:.1f} s)/solver {seeded.throughput / solved.throughput:.3f}"
     )
     return [
         _row(f"{case}_solver", solved.throughput, "1/s"),
         _row(f"{case}_solver_optimal", float(bool(solved.extra["optimal"])), "bool"),
         _row(f"{case}_dp", dp.throughput, "1/s"),
         _row(f"{case}_rl_of_solver", rl / solved.throughput, "fraction"),
+        _row(f"{case}_rl_seeded", seeded.throughput, "1/s"),
+        _row(f"{case}_rl_seeded_wall_s", seeded.wall_s, "s"),
+        _row(f"{case}_rl_seeded_of_solver", seeded.throughput / solved.throughput, "fraction"),
         *_hinted_solver(g, chips, case, policy, solved, cfg.heldout_solver_s, log),
         *_rl_hinted_solver(g, chips, case, rl_part, cfg.heldout_solver_s, log),
     ]
@@ -322,14 +344,14 @@ def _transfer(
     Scratch (a fresh ``Policy(seed)``) trains for ``transfer_budget`` evaluations;
     its time is when it *first* reached its final best. The fine-tuned shipped
     policy then runs with the same budget until it reaches that value. Neither
-    gets the DP hint or the local moves: this measures the policy. Returns
+    gets the DP hint, the solver's seed or the local moves: this measures the policy. Returns
     the rows and both curves, relative to scratch's final best.
     """
     g = heldout_graph(name)
     chips = Chiplets.default_for(g, count)
     # the policy alone: no DP hint (it would hand both the same partition at once)
     # and no local moves beside it
-    alone: dict[str, Any] = {"rl_hint": False, "rl_local": 0}
+    alone: dict[str, Any] = {"rl_hint": False, "rl_local": 0, "rl_solver_s": 0.0}
     search(g, chips, "rl", 9, Policy(seed=99), seed=99, **alone)  # compile for neither
     budget = cfg.transfer_budget
     scratch = search(g, chips, "rl", budget, Policy(seed=seed), seed=seed, **alone)
@@ -460,12 +482,49 @@ def _run_jobs(jobs: Sequence[Job], workers: int, log: list[str]) -> list[Section
             out.append(_timed(*job))
             done(out[-1])
         return out
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_timed, *job) for job in jobs]
-        for fut in as_completed(futures):
-            done(fut.result())
+    with _pool(workers) as pool:
+        try:
+            futures = [pool.submit(_timed, *job) for job in jobs]
+            for fut in as_completed(futures):
+                done(fut.result())
+        except BaseException:  # Ctrl-C, a failed section: end the others now, not at their end
+            for proc in list(pool._processes.values()):
+                proc.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
         return [f.result() for f in futures]
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """``workers`` spawned processes, each of which ends when this one does, however.
+
+    Submit from a thread that outlives the pool: the kernel's parent-death
+    signal follows the *thread* that started a worker (started on submit).
+    """
+    ctx = multiprocessing.get_context("spawn")
+    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=_exit_with_parent)
+
+
+def _exit_with_parent() -> None:
+    """In a pool worker: end as soon as the parent process ends (even by SIGKILL).
+
+    Linux: the kernel kills it (``PR_SET_PDEATHSIG``), even inside C code that
+    holds the GIL. Everywhere: a daemon thread waits on the parent's sentinel (a
+    pipe that only the parent holds open) and exits, which also covers a parent
+    gone before the ``prctl``.
+    """
+    with suppress(OSError, AttributeError):  # not Linux: the thread alone
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    parent = multiprocessing.parent_process()
+    if parent is None:  # not a spawned child
+        return
+    sentinel = parent.sentinel
+
+    def watch() -> None:
+        wait([sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def _policy(cfg: Config, policy_path: Path | None, log: list[str]) -> Policy:
