@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._cost import IntArray, valid_throughput
+from ._cost import IntArray, _stage_parts, is_valid_array, valid_throughput
 from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._repair import Repairer, RepairTimeout
@@ -114,6 +114,106 @@ def _neighbour(a: IntArray, c: int, rng: np.random.Generator) -> IntArray:
     if len(idx) > 1:
         b[idx[: int(rng.integers(1, max(2, len(idx) // 3) + 1))]] = to
     return b
+
+
+class _Pusher:
+    """Moves one node to an adjacent chip and drags along whatever must follow
+    for the flow constraint (and on a chain the hop limit) to hold again."""
+
+    def __init__(self, graph: OpGraph, chiplets: Chiplets) -> None:
+        n = len(graph)
+        self.succ: list[list[int]] = [[] for _ in range(n)]
+        self.pred: list[list[int]] = [[] for _ in range(n)]
+        for s, d in zip(graph.array("src").tolist(), graph.array("dst").tolist(), strict=True):
+            self.succ[s].append(d)
+            self.pred[d].append(s)
+        # on a ring an edge may wrap round instead: only flow is propagated there
+        self.hop = chiplets.hop_limit if chiplets.topology != "ring" else None
+
+    def push(self, b: IntArray, v: int, to: int) -> dict[int, int]:
+        """Set ``b[v] = to`` (one chip up or down) and propagate in place;
+        returns the old chip of every node changed, for :meth:`undo`."""
+        old = {v: int(b[v])}
+        b[v] = to
+        up, h, stack = to > old[v], self.hop, [v]
+        sign = 1 if up else -1  # compare as if pushing up: sign * chip
+        while stack:
+            u = stack.pop()
+            bu = int(b[u])
+            # up: consumers may not sit below u, producers not more than h below;
+            # down: producers may not sit above u, consumers not more than h above
+            follow = [(w, bu) for w in (self.succ[u] if up else self.pred[u])]
+            if h is not None:
+                follow += [(w, bu - sign * h) for w in (self.pred[u] if up else self.succ[u])]
+            for w, lim in follow:
+                if sign * int(b[w]) < sign * lim:
+                    old.setdefault(w, int(b[w]))
+                    b[w] = lim
+                    stack.append(w)
+        return old
+
+    @staticmethod
+    def undo(b: IntArray, old: dict[int, int]) -> None:
+        for u, k in old.items():
+            b[u] = k
+
+
+def _bottleneck_moves(
+    graph: OpGraph, chiplets: Chiplets, a: IntArray, cap: int, rng: np.random.Generator
+) -> list[tuple[int, int]]:
+    """Moves that touch the slowest stage: a node of it to either neighbour
+    chip, or a node of a neighbour chip into it (at most ``cap``, a random
+    subset when there are more)."""
+    compute, comm = _stage_parts(graph, chiplets, a)
+    s, c = int((compute + comm).argmax()), chiplets.count
+    on = np.flatnonzero(a == s).tolist()
+    moves = [(v, s - 1) for v in on if s > 0] + [(v, s + 1) for v in on if s < c - 1]
+    moves += [(int(v), s) for v in np.flatnonzero((a == s - 1) | (a == s + 1))]
+    if len(moves) > cap:
+        moves = [moves[i] for i in sorted(rng.choice(len(moves), cap, replace=False).tolist())]
+    return moves
+
+
+def _bottleneck_neighbour(
+    graph: OpGraph,
+    chiplets: Chiplets,
+    a: IntArray,
+    rng: np.random.Generator,
+    cap: int = 48,
+) -> IntArray:
+    """A neighbour of a valid ``a`` that touches its slowest stage, found without
+    the solver and without scoring any candidate.
+
+    One move, drawn at random among those that touch the slowest stage of
+    ``a`` (one node of it to an adjacent chip, or one node of an adjacent chip
+    into it), dragging along the nodes the flow constraint and the hop limit
+    then force to follow, so the result stays valid (checked; the first valid
+    move in a random order is taken, ``a`` itself when none is). Moves follow
+    the dataflow graph, not the node order, so parallel branches can be split
+    between chips. Only ``a``'s own stage times, already known, choose where
+    to move: the candidate is scored once, by the caller, like any other, so
+    a search that uses this move stays within its budget of evaluations.
+    """
+    b, pusher = a.copy(), _Pusher(graph, chiplets)
+    moves = _bottleneck_moves(graph, chiplets, b, cap, rng)
+    for i in rng.permutation(len(moves)).tolist():
+        v, to = moves[i]
+        old = pusher.push(b, v, to)
+        if is_valid_array(graph, chiplets, b):
+            return b
+        pusher.undo(b, old)
+    return b
+
+
+def _local_neighbour(
+    graph: OpGraph, chiplets: Chiplets, a: IntArray, rng: np.random.Generator, mix: float = 0.5
+) -> IntArray:
+    """RL's local move: :func:`_bottleneck_neighbour`, or with probability
+    ``mix`` SA's boundary shift (:func:`_neighbour`, repaired later), which can
+    move whole runs of nodes at once."""
+    if rng.random() < mix:
+        return _neighbour(a, chiplets.count, rng)
+    return _bottleneck_neighbour(graph, chiplets, a, rng)
 
 
 def simulated_annealing(

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._baselines import Tracker, _neighbour, score
+from ._baselines import Tracker, _local_neighbour, score
 from ._cost import IntArray
 from ._graph import OpGraph
 from ._hardware import Chiplets
@@ -174,9 +174,10 @@ def finetune(
     with its reward (self-imitation; tried, no better, off by default).
     Sampling heats up while a batch's rewards are all equal (see
     :func:`_next_temperature`). With ``local`` each batch is followed by that
-    many neighbours of the best partition so far (one stage boundary shifted,
-    as in simulated annealing), counted in the budget and left out of the
-    policy's update: a local search beside the policy.
+    many neighbours of the best partition so far (:func:`._baselines._local_neighbour`:
+    one move off its slowest stage along the dataflow edges, or SA's boundary
+    shift), each counted in the budget and left out of the policy's update: a
+    local search beside the policy.
     """
     enc, adam, log = encode(tracker.graph, tracker.chiplets), Adam(lr), TrainLog()
     start = time.perf_counter()
@@ -195,7 +196,7 @@ def finetune(
         temp = _next_temperature(temp, rewards)
         for _ in range(min(local, tracker.left)):
             assert tracker.best is not None  # the greedy evaluation above was valid
-            tracker.evaluate(_neighbour(tracker.best, tracker.chiplets.count, rng))
+            tracker.evaluate(_local_neighbour(tracker.graph, tracker.chiplets, tracker.best, rng))
         log.add(len(tracker.history), tracker.best_tp, rewards, start)
     return log
 
