@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -53,12 +55,13 @@ def search(
     ``rl_local`` each batch of 8 samples is followed by that many neighbours of
     the best partition so far (a local search beside the policy). With
     ``rl_solver_s`` (deterministic seconds, see :func:`solver_seed`; 0 turns it
-    off) a short CP-SAT run seeds the search: its partition is the first
-    evaluation. With ``solver_hint`` the ``solver`` starts from the policy's greedy assignment,
-    repaired (:func:`policy_hint`). ``stop_at`` ends a budgeted search as soon as
-    its best reaches that throughput. A bare
-    chiplet count means :meth:`Chiplets.default_for` the graph. Raises
-    :class:`InfeasibleError` when no valid partition exists.
+    off) a short CP-SAT run seeds the search (its partition is the first
+    evaluation) and another, started from the best partition RL found,
+    polishes it (the last evaluation): see :func:`_rl_search`. With ``solver_hint`` the ``solver``
+    starts from the policy's greedy assignment, repaired (:func:`policy_hint`).
+    ``stop_at`` ends a budgeted search as soon as its best reaches that
+    throughput. A bare chiplet count means :meth:`Chiplets.default_for` the
+    graph. Raises :class:`InfeasibleError` when no valid partition exists.
     """
     chips = Chiplets.default_for(graph, chiplets) if isinstance(chiplets, int) else chiplets
     if method not in METHODS:
@@ -77,11 +80,8 @@ def search(
         simulated_annealing(tracker, rng)
     elif method == "rl":
         pol = policy if policy is not None else Policy.pretrained()
-        if rl_solver_s > 0:
-            seed_assignment = solver_seed(graph, chips, rl_solver_s, hint, seed)
-            if seed_assignment is not None:
-                tracker.evaluate(seed_assignment)
-        finetune(pol, tracker, rng, hint=hint, imitate=rl_imitate, local=rl_local)
+        tune = functools.partial(finetune, pol, rng=rng, hint=hint, imitate=rl_imitate)
+        _rl_search(tracker, functools.partial(tune, local=rl_local), rl_solver_s, seed)
     elif method == "solver":
         start_from = policy_hint(policy, repairer) if solver_hint else None
         assignment, extra = solve_bottleneck(graph, chips, time_limit_s, seed, start_from)
@@ -106,6 +106,32 @@ def search(
         history=tuple(tracker.history),
         extra=extra,
     )
+
+
+def _rl_search(
+    tracker: Tracker, tune: Callable[[Tracker], Any], solver_s: float, seed: int
+) -> None:
+    """RL as shipped: the solver's seed, fine-tuning (``tune``), then the solver's
+    polish, each solver run ``solver_s`` deterministic seconds and one evaluation.
+
+    The polish is CP-SAT started from the best partition fine-tuning found (the
+    policy's result as the solver's hint); fine-tuning stops one evaluation
+    short of the budget to leave room for it. ``solver_s = 0``: fine-tuning alone.
+    """
+    solver = solver_s > 0 and tracker.budget > 2  # greedy and the DP's split come too
+    if solver:
+        start = solver_seed(tracker.graph, tracker.chiplets, solver_s, seed=seed)
+        if start is not None:
+            tracker.evaluate(start)
+        tracker.budget -= 1  # room for the polish
+    tune(tracker)
+    if not solver:
+        return
+    tracker.budget += 1
+    if tracker.left > 0 and tracker.best is not None:
+        best = tracker.best
+        polished = solver_seed(tracker.graph, tracker.chiplets, solver_s, best, seed)
+        tracker.evaluate(polished if polished is not None else best)
 
 
 def solver_seed(

@@ -50,6 +50,12 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("--topology", choices=("chain", "ring"), default="chain")
     p.add_argument("--time-limit", type=float, default=30.0, help="solver seconds")
     p.add_argument(
+        "--solver-seed",
+        type=float,
+        default=2.0,
+        help="rl: CP-SAT deterministic seconds that seed the search (0: none)",
+    )
+    p.add_argument(
         "--policy", type=Path, help="load this .npz policy (default: the shipped pre-trained one)"
     )
     p.add_argument("--save-policy", type=Path, help="save the fine-tuned policy (.npz)")
@@ -146,6 +152,7 @@ def _partition(args: argparse.Namespace) -> int:
             args.seed,
             progress=bar,
             time_limit_s=args.time_limit,
+            rl_solver_s=args.solver_seed,
         )
     except InfeasibleError as e:
         print(f"atoll partition: infeasible: {e}", file=sys.stderr)
