@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
@@ -413,6 +413,8 @@ def _transfer_summary(
         if r.case.startswith("transfer_")
     }
     cases = [f"transfer_{n}_c{c}_s{s}" for n, c in cfg.transfer_cases for s in cfg.transfer_seeds]
+    if not cases:
+        return []
     speedups = [got[f"{c}_speedup"] for c in cases]
     near = [got[f"{c}_speedup_99"] for c in cases]
     rising = sum(got[f"{c}_scratch_at_1s"] < got[f"{c}_scratch_best"] for c in cases)
@@ -613,8 +615,21 @@ def format_table(rows: Sequence[Row]) -> str:
     return table(rows, COLUMNS, keep=lambda group: "atoll" in group)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``python benchmarks/partition.py [--small] [--json]``."""
+def _configure(cfg: Config, args: argparse.Namespace) -> Config:
+    """``cfg`` with the command line's choices of sections applied. For example
+    the held-out rows at 8 chiplets and budget 1000, which the full run leaves
+    out for its wall time: ``--heldout-only --heldout-chiplets 8 --top-chiplets 8``."""
+    if args.heldout_only:
+        cfg = replace(cfg, chiplets=(), transfer_cases=(), validity_chiplets=())
+    if args.heldout_chiplets:
+        cfg = replace(cfg, heldout_chiplets=tuple(args.heldout_chiplets))
+    if args.top_chiplets:
+        cfg = replace(cfg, heldout_top_chiplets=args.top_chiplets)
+    return cfg
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``atoll bench partition``."""
     parser = argparse.ArgumentParser(prog="atoll bench partition", description=__doc__)
     parser.add_argument("--small", action="store_true", help="the quick configuration")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -622,8 +637,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--curves", type=Path, default=Path("partition_transfer.png"), help="transfer curves (PNG)"
     )
-    args = parser.parse_args(argv)
-    cfg = Config.small() if args.small else Config()
+    parser.add_argument(
+        "--heldout-only", action="store_true", help="only the held-out graphs (no BERT, transfer)"
+    )
+    parser.add_argument(
+        "--heldout-chiplets", type=int, nargs="+", help="held-out chiplet counts (default 4 8)"
+    )
+    parser.add_argument(
+        "--top-chiplets", type=int, help="run the largest budget at this count (default 4)"
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: ``python benchmarks/partition.py [--small] [--json]``."""
+    args = _parser().parse_args(argv)
+    cfg = _configure(Config.small() if args.small else Config(), args)
     rows, _ = run_bench(cfg, args.policy, echo=True, curves=args.curves)
     emit(rows, args.json, format_table)
     return 0

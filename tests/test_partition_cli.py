@@ -189,3 +189,17 @@ def test_benchmark_sections_run_in_worker_processes() -> None:
     assert [s.name for s in there] == ["validity0", "validity1"]
     assert [s.rows for s in there] == [s.rows for s in here]
     assert all(s.wall_s > 0 for s in there) and "[validity1: " in " ".join(log)
+
+
+def test_benchmark_sections_can_be_chosen() -> None:
+    """The held-out rows at 8 chiplets and the largest budget, which the full run
+    leaves out for its wall time, run on their own from the command line."""
+    parser = bench._parser()
+    args = parser.parse_args(["--heldout-only", "--heldout-chiplets", "8", "--top-chiplets", "8"])
+    cfg = bench._configure(bench.Config(), args)
+    assert cfg.chiplets == () and cfg.transfer_cases == () and cfg.validity_chiplets == ()
+    assert cfg.heldout_chiplets == (8,) and cfg.heldout_top_chiplets == 8
+    jobs = [name for name, _, _ in bench._jobs(cfg, P.Policy())]
+    assert all(n.startswith("heldout_") and n.endswith("_c8") for n in jobs if n != "validity")
+    assert bench._transfer_summary([], cfg, None, []) == []
+    assert bench._configure(bench.Config(), parser.parse_args([])) == bench.Config()
