@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._cost import IntArray, valid_throughput
+from ._cost import IntArray
 from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._policy import Params, Policy, encode, logits
@@ -60,14 +60,17 @@ def solver_labels(
     return labels
 
 
-def _ce_loss(p: Params, enc: tuple[Any, ...], label: Any) -> Any:
+def _ce_loss(p: Params, enc: tuple[Any, ...], label: Any) -> tuple[Any, Any]:
+    """The mean cross-entropy over real nodes, and (aux) the share of them
+    whose argmax chiplet is the label's."""
     import jax
     import jax.numpy as jnp
 
     nodes, pairs, a_in, a_out, mask = enc
     logp = jax.nn.log_softmax(logits(p, nodes, pairs, a_in, a_out, mask), axis=-1)
     chosen = jnp.take_along_axis(logp, label[:, None], axis=-1)[:, 0]
-    return -(chosen * mask).sum() / mask.sum()
+    agree = ((jnp.argmax(logp, axis=-1) == label) * mask).sum() / mask.sum()
+    return -(chosen * mask).sum() / mask.sum(), agree
 
 
 _GRAD: dict[str, Callable[..., Any]] = {}
@@ -77,7 +80,7 @@ def _grad() -> Callable[..., Any]:
     if "g" not in _GRAD:
         import jax
 
-        _GRAD["g"] = jax.jit(jax.value_and_grad(_ce_loss))
+        _GRAD["g"] = jax.jit(jax.value_and_grad(_ce_loss, has_aux=True))
     return _GRAD["g"]
 
 
@@ -93,8 +96,9 @@ def imitate(
     """Train ``policy`` in place for ``steps`` gradient steps, one case each
     (drawn at random), towards ``labels`` (one chiplet per node per case).
 
-    The log's "best" is the step's agreement: the share of nodes whose argmax
-    chiplet is the label's, and its "mean reward" the negative loss.
+    The log's "best" is the step's agreement (before its update): the share
+    of nodes whose argmax chiplet is the label's, and its "mean reward" the
+    negative loss.
     """
     if len(cases) != len(labels):
         raise ValueError(f"{len(cases)} cases but {len(labels)} labels")
@@ -106,9 +110,9 @@ def imitate(
         i = int(rng.integers(len(cases)))
         enc = encs[i]
         arrays = (enc.nodes, enc.pairs, enc.a_in, enc.a_out, enc.mask)
-        loss, grads = _grad()(policy.params, arrays, padded[i])
+        (loss, agreed), grads = _grad()(policy.params, arrays, padded[i])
         policy.params = adam.step(policy.params, grads)
-        agree = float(np.mean(np.argmax(policy.logits(enc), axis=-1) == labels[i]))
+        agree = float(agreed)
         log.add(step + 1, agree, np.array([-float(loss)]), start)
         if progress is not None:
             progress(step + 1, steps, agree)
@@ -119,15 +123,3 @@ def _pad(label: IntArray, size: int) -> NDArray[np.int32]:
     out = np.zeros(size, np.int32)
     out[: len(label)] = label
     return out
-
-
-def greedy_ratio(
-    policy: Policy,
-    graph: OpGraph,
-    chips: Chiplets,
-    best: float,
-    repair: Callable[[IntArray], IntArray],
-) -> float:
-    """The policy's greedy assignment, repaired, as a share of ``best`` throughput."""
-    greedy = np.argmax(policy.logits(encode(graph, chips)), axis=-1).astype(np.int64)
-    return valid_throughput(graph, chips, repair(greedy)) / best
