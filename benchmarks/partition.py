@@ -295,12 +295,16 @@ def _solver_gap(
     solved = search(g, chips, "solver", time_limit_s=cfg.heldout_solver_s)
     dp = search(g, chips, "dp")
     seeded = search(g, chips, "rl", cfg.seeded_budget, copy.deepcopy(policy), seed=0)
+    # the ablation: the same solver steps with the policy's greedy assignment only
+    windows = search(g, chips, "rl", cfg.seeded_budget, copy.deepcopy(policy), seed=0, rl_lns=1.0)
     case, rl = f"heldout_{name}_c{count}", rl_part.throughput
     log.append(
         f"  {case}: solver {solved.throughput:.1f} in {solved.wall_s:.1f} s "
         f"(optimal: {solved.extra['optimal']}), dp {dp.throughput:.1f}, rl/solver "
         f"{rl / solved.throughput:.3f}, seeded rl (budget {cfg.seeded_budget}, "
-        f"{seeded.wall_s:.1f} s)/solver {seeded.throughput / solved.throughput:.3f}"
+        f"{seeded.wall_s:.1f} s)/solver {seeded.throughput / solved.throughput:.3f}, "
+        f"solver steps alone ({windows.wall_s:.1f} s)/solver "
+        f"{windows.throughput / solved.throughput:.3f}"
     )
     return [
         _row(f"{case}_solver", solved.throughput, "1/s"),
@@ -310,6 +314,8 @@ def _solver_gap(
         _row(f"{case}_rl_seeded", seeded.throughput, "1/s"),
         _row(f"{case}_rl_seeded_wall_s", seeded.wall_s, "s"),
         _row(f"{case}_rl_seeded_of_solver", seeded.throughput / solved.throughput, "fraction"),
+        _row(f"{case}_windows_alone", windows.throughput, "1/s"),
+        _row(f"{case}_windows_alone_wall_s", windows.wall_s, "s"),
         *_hinted_solver(g, chips, case, policy, solved, cfg.heldout_solver_s, log),
         *_rl_hinted_solver(g, chips, case, rl_part, cfg.heldout_solver_s, log),
     ]

@@ -92,6 +92,8 @@ def test_pretrain_save_load_finetune_from_cli(
             str(tuned),
             "--sram-mib",
             "1e6",
+            "--lns-share",  # the whole budget fine-tunes: no CP-SAT windows
+            "0",
             "--json",
         ]
     )
@@ -99,6 +101,12 @@ def test_pretrain_save_load_finetune_from_cli(
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["valid"] and result["method"] == "rl"
     assert P.Policy.load(tuned).trained_evaluations > P.Policy.load(ckpt).trained_evaluations
+
+
+def test_bad_share_is_an_error_from_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = run_cli(["partition", "mlp", "--chiplets", "2", "--lns-share", "1.5"])
+    assert rc == 2
+    assert "share of the budget" in capsys.readouterr().err
 
 
 def test_infeasible_from_cli(capsys: pytest.CaptureFixture[str]) -> None:

@@ -100,6 +100,6 @@ def test_rl_seeded_by_the_solver_is_at_least_the_seed() -> None:
     seed, again = _search.solver_seed(g, chips, 0.5), _search.solver_seed(g, chips, 0.5)
     assert seed is not None and again is not None
     np.testing.assert_array_equal(seed, again)  # deterministic time: the same however busy
-    rl = P.search(g, chips, "rl", budget=12, seed=0, rl_solver_s=0.5)
+    rl = P.search(g, chips, "rl", budget=12, seed=0, rl_solver_s=0.5, rl_lns=0.0)
     assert rl.valid and rl.throughput >= P.throughput(g, chips, seed)
     assert rl.evaluations == 12  # the seed counts in the budget

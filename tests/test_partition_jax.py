@@ -63,7 +63,7 @@ def test_checkpoint_save_load_and_finetune(tmp_path: Path) -> None:
         np.testing.assert_allclose(loaded.params[k], v)
     g, chips = P.synthetic_cases(1, seed=5)[0]
     before = {k: v.copy() for k, v in loaded.params.items()}
-    part = P.search(g, chips, "rl", budget=12, policy=loaded, seed=1)
+    part = P.search(g, chips, "rl", budget=12, policy=loaded, seed=1, rl_lns=0.0)
     assert part.valid and part.evaluations == 12
     assert any(not np.allclose(before[k], loaded.params[k]) for k in before)
 

@@ -14,6 +14,7 @@ from ._cost import IntArray, Partition, evaluate, valid_throughput
 from ._dp import dp_split
 from ._graph import OpGraph
 from ._hardware import Chiplets
+from ._lns import lns_polish
 from ._policy import Policy, encode
 from ._repair import InfeasibleError, Repairer, RepairTimeout
 from ._rl import finetune
@@ -39,6 +40,7 @@ def search(
     rl_imitate: bool = False,
     rl_local: int = 2,
     rl_solver_s: float = 2.0,
+    rl_lns: float = 0.5,
     solver_hint: bool = False,
     stop_at: float | None = None,
 ) -> Partition:
@@ -57,7 +59,9 @@ def search(
     ``rl_solver_s`` (deterministic seconds, see :func:`solver_seed`; 0 turns it
     off) a short CP-SAT run seeds the search (its partition is the first
     evaluation) and another, started from the best partition RL found,
-    polishes it (the last evaluation): see :func:`_rl_search`. With ``solver_hint`` the ``solver``
+    polishes it; then CP-SAT re-solves windows of a few chiplets around the
+    slowest stage, one evaluation each, on ``rl_lns`` of the budget
+    (:mod:`._lns`; 0 turns it off): see :func:`_rl_search`. With ``solver_hint`` the ``solver``
     starts from the policy's greedy assignment, repaired (:func:`policy_hint`).
     ``stop_at`` ends a budgeted search as soon as its best reaches that
     throughput. A bare chiplet count means :meth:`Chiplets.default_for` the
@@ -68,6 +72,8 @@ def search(
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
     if budget < 1:
         raise ValueError(f"budget must be at least 1, got {budget}")
+    if not 0.0 <= rl_lns <= 1.0:
+        raise ValueError(f"rl_lns is a share of the budget, in [0, 1]; got {rl_lns}")
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     repairer = Repairer(graph, chips, repair_time_limit_s)
@@ -81,7 +87,7 @@ def search(
     elif method == "rl":
         pol = policy if policy is not None else Policy.pretrained()
         tune = functools.partial(finetune, pol, rng=rng, hint=hint, imitate=rl_imitate)
-        _rl_search(tracker, functools.partial(tune, local=rl_local), rl_solver_s, seed)
+        _rl_search(tracker, functools.partial(tune, local=rl_local), rl_solver_s, seed, rl_lns)
     elif method == "solver":
         start_from = policy_hint(policy, repairer) if solver_hint else None
         assignment, extra = solve_bottleneck(graph, chips, time_limit_s, seed, start_from)
@@ -109,29 +115,37 @@ def search(
 
 
 def _rl_search(
-    tracker: Tracker, tune: Callable[[Tracker], Any], solver_s: float, seed: int
+    tracker: Tracker,
+    tune: Callable[[Tracker], Any],
+    solver_s: float,
+    seed: int,
+    lns_share: float = 0.0,
 ) -> None:
     """RL as shipped: the solver's seed, fine-tuning (``tune``), then the solver's
-    polish, each solver run ``solver_s`` deterministic seconds and one evaluation.
+    polish, each solver run ``solver_s`` deterministic seconds and one evaluation,
+    then the large-neighbourhood polish (:func:`._lns.lns_polish`) on
+    ``lns_share`` of the budget.
 
     The polish is CP-SAT started from the best partition fine-tuning found (the
-    policy's result as the solver's hint); fine-tuning stops one evaluation
-    short of the budget to leave room for it. ``solver_s = 0``: fine-tuning alone.
+    policy's result as the solver's hint); fine-tuning stops short of the
+    budget to leave room for the polishes. ``solver_s = 0``: fine-tuning alone.
     """
     solver = solver_s > 0 and tracker.budget > 2  # greedy and the DP's split come too
+    reserve = 1 + int(lns_share * tracker.budget) if solver else 0
+    reserve = min(reserve, tracker.budget - 2)  # seed and greedy before it
     if solver:
         start = solver_seed(tracker.graph, tracker.chiplets, solver_s, seed=seed)
         if start is not None:
             tracker.evaluate(start)
-        tracker.budget -= 1  # room for the polish
+    tracker.budget -= reserve
     tune(tracker)
-    if not solver:
+    tracker.budget += reserve
+    if not solver or tracker.left <= 0 or tracker.best is None:
         return
-    tracker.budget += 1
-    if tracker.left > 0 and tracker.best is not None:
-        best = tracker.best
-        polished = solver_seed(tracker.graph, tracker.chiplets, solver_s, best, seed)
-        tracker.evaluate(polished if polished is not None else best)
+    best = tracker.best
+    polished = solver_seed(tracker.graph, tracker.chiplets, solver_s, best, seed)
+    tracker.evaluate(polished if polished is not None else best)
+    lns_polish(tracker, np.random.default_rng(seed), seed)
 
 
 def solver_seed(

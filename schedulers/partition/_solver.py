@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
 from ._cost import IntArray, node_times
 from ._graph import OpGraph
 from ._hardware import Chiplets
@@ -32,6 +35,7 @@ def solve_bottleneck(
     seed: int = 0,
     hint: IntArray | None = None,
     deterministic_s: float | None = None,
+    keep: NDArray[np.bool_] | None = None,
 ) -> tuple[IntArray, dict[str, Any]]:
     """The best assignment CP-SAT finds within ``time_limit_s``, and solve statistics.
 
@@ -40,11 +44,15 @@ def solve_bottleneck(
     ``deterministic_s`` also stops the search after that much of CP-SAT's
     deterministic time (work units of roughly a second each, which do not
     depend on the machine's load), so a short solve gives the same result
-    however busy the machine is. Raises :class:`RepairTimeout` when no
+    however busy the machine is. ``keep`` (with a ``hint``) pins every node
+    where it is true to its chiplet in the hint, so CP-SAT re-solves only the
+    others (a large-neighbourhood step, :mod:`._lns`). Raises :class:`RepairTimeout` when no
     partition was found in time, :class:`InfeasibleError` when none exists.
     """
     from ortools.sat.python import cp_model
 
+    if keep is not None and hint is None:
+        raise ValueError("keep pins nodes to the hint's chiplets: give a hint too")
     ring = chiplets.topology == "ring"
     sm = build_model(graph, chiplets)
     model, x, c = sm.model, sm.x, chiplets.count
@@ -74,6 +82,9 @@ def solve_bottleneck(
     model.minimize(bottleneck)
     if hint is not None:
         _add_hint(sm, hint)
+    if keep is not None and hint is not None:
+        for i in np.flatnonzero(keep).tolist():
+            model.add(x[i][int(hint[i])] == 1)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1

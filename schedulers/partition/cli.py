@@ -56,6 +56,12 @@ def add_commands(subparsers: Any) -> None:
         help="rl: CP-SAT deterministic seconds that seed the search (0: none)",
     )
     p.add_argument(
+        "--lns-share",
+        type=float,
+        default=0.5,
+        help="rl: share of the budget for CP-SAT's window-by-window polish (0: none)",
+    )
+    p.add_argument(
         "--policy", type=Path, help="load this .npz policy (default: the shipped pre-trained one)"
     )
     p.add_argument("--save-policy", type=Path, help="save the fine-tuned policy (.npz)")
@@ -153,10 +159,14 @@ def _partition(args: argparse.Namespace) -> int:
             progress=bar,
             time_limit_s=args.time_limit,
             rl_solver_s=args.solver_seed,
+            rl_lns=args.lns_share,
         )
     except InfeasibleError as e:
         print(f"atoll partition: infeasible: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # bad arguments (a budget below 1, a share outside [0, 1])
+        print(f"atoll partition: error: {e}", file=sys.stderr)
+        return 2
     if args.save_policy and policy is not None:
         policy.save(args.save_policy)
     if args.json:

@@ -1,0 +1,76 @@
+"""The solver's large-neighbourhood polish: RL as shipped's last phase.
+
+Fine-tuning hands over the best partition it found. Each step here frees the
+nodes on a window of a few adjacent chiplets next to the slowest stage, pins
+every other node where it is, and lets CP-SAT re-solve the bottleneck over
+the freed nodes for a short, fixed *deterministic* time, starting from the
+current partition (so a step never gets worse, and a step gives the same
+result however busy the machine is). A window of 3 or 4 chiplets of a
+160-node graph is a problem CP-SAT usually proves optimal in a fraction of
+a second, where the whole graph at 8 chiplets is not proved in 10 minutes.
+
+Every step is one evaluation of the search's budget. When every window next
+to the slowest stage has been tried since the last improvement, the windows
+grow by one chiplet; a window of every chiplet is the whole problem, and
+once that is tried too the partition is a local optimum of every
+neighbourhood and the polish stops early (the rest of the budget is left).
+Nothing here is asynchronous: each step is one blocking CP-SAT call.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._baselines import Tracker
+from ._cost import stage_times
+from ._repair import RepairTimeout
+from ._solver import solve_bottleneck
+
+__all__ = ["WINDOW_S", "lns_polish", "windows"]
+
+WINDOW_S = 0.5  # deterministic seconds of CP-SAT per window
+FIRST_WINDOW = 3  # chiplets freed by the first windows
+
+
+def windows(count: int, slow: int, size: int) -> list[tuple[int, int]]:
+    """Every window ``(lo, hi)`` of ``size`` adjacent chiplets (clipped to
+    ``count``) that holds the slowest stage ``slow`` or a neighbour of it:
+    only those can make the slowest stage faster (a neighbour's nodes set the
+    traffic on its links)."""
+    size = min(size, count)
+    return [
+        (lo, lo + size - 1)
+        for lo in range(count - size + 1)
+        if lo <= slow + 1 and lo + size - 1 >= slow - 1
+    ]
+
+
+def lns_polish(
+    tracker: Tracker, rng: np.random.Generator, seed: int = 0, window_s: float = WINDOW_S
+) -> None:
+    """Improve ``tracker.best`` window by window until the budget is spent or no
+    window of any size improves it (see the module's docstring)."""
+    graph, chips, count = tracker.graph, tracker.chiplets, tracker.chiplets.count
+    size, tried = min(FIRST_WINDOW, count), set[tuple[int, int]]()
+    while tracker.left > 0 and tracker.best is not None:
+        best = tracker.best
+        slow = int(np.argmax(stage_times(graph, chips, best)))
+        todo = [w for w in windows(count, slow, size) if w not in tried]
+        if not todo:
+            if size >= count:
+                return  # a local optimum of every window, the whole problem included
+            size, tried = size + 1, set()
+            continue
+        lo, hi = todo[int(rng.integers(len(todo)))]
+        tried.add((lo, hi))
+        keep = (best < lo) | (best > hi)
+        try:
+            new, _ = solve_bottleneck(
+                graph, chips, 3600.0, seed, best, deterministic_s=window_s, keep=keep
+            )
+        except RepairTimeout:
+            continue  # nothing found in the window's time: the window counts as tried
+        before = tracker.best_tp
+        tracker.evaluate(new)
+        if tracker.best_tp > before:
+            size, tried = min(FIRST_WINDOW, count), set()

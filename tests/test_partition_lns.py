@@ -1,0 +1,81 @@
+"""The solver's large-neighbourhood polish: windows of chiplets re-solved by CP-SAT."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from atoll.schedulers import partition as P
+from atoll.schedulers.partition import _heldout, _lns, _solver
+from atoll.schedulers.partition._baselines import Tracker
+from atoll.schedulers.partition._repair import Repairer
+
+
+def test_windows_touch_the_slowest_stage_or_a_neighbour() -> None:
+    assert _lns.windows(8, 0, 3) == [(0, 2), (1, 3)]
+    assert _lns.windows(8, 5, 3) == [(2, 4), (3, 5), (4, 6), (5, 7)]
+    assert _lns.windows(8, 7, 4) == [(3, 6), (4, 7)]
+    assert _lns.windows(3, 1, 5) == [(0, 2)]  # clipped: the whole chain
+
+
+def test_keep_pins_nodes_and_needs_a_hint() -> None:
+    g = _heldout.heldout_graph("mixer")
+    chips = P.Chiplets.default_for(g, 4)
+    start = _solver.solve_bottleneck(g, chips, 60.0, deterministic_s=0.2)[0]
+    keep = start != 1  # only the nodes on chiplet 1 may move
+    new, _ = _solver.solve_bottleneck(g, chips, 60.0, hint=start, deterministic_s=0.5, keep=keep)
+    np.testing.assert_array_equal(new[keep], start[keep])
+    assert set(new[~keep].tolist()) <= {0, 1, 2}  # hop limit 1 and forward flow
+    with pytest.raises(ValueError, match="hint"):
+        _solver.solve_bottleneck(g, chips, 1.0, keep=keep)
+
+
+def _chain(n: int = 60) -> P.OpGraph:
+    """A chain of matmuls of uneven cost, with skip edges two ahead."""
+    rng = np.random.default_rng(1)
+    nodes = [P.Op(f"n{i}", "matmul", float(rng.uniform(1e9, 8e9)), 0.0, 1e6) for i in range(n)]
+    edges = [(i, i + 1, 1e6) for i in range(n - 1)] + [(i, i + 2, 5e5) for i in range(n - 2)]
+    return P.OpGraph.build("chain", nodes, edges)
+
+
+def test_polish_reaches_the_proved_optimum_from_a_poor_start() -> None:
+    g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
+    best, stats = _solver.solve_bottleneck(g, chips, 60.0)
+    assert stats["optimal"]
+    optimum = P.throughput(g, chips, best)
+    poor = np.minimum(np.arange(len(g)) // 6, 5)  # 6 nodes each, the rest on the last
+    assert P.is_valid(g, chips, poor) and P.throughput(g, chips, poor) < 0.6 * optimum
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=60)
+    tracker.evaluate(poor)
+    _lns.lns_polish(tracker, np.random.default_rng(0))
+    assert tracker.best is not None and P.is_valid(g, chips, tracker.best)
+    assert tracker.best_tp == pytest.approx(optimum, rel=1e-4)
+    assert np.all(np.diff(tracker.history) >= 0) and len(tracker.history) <= 60
+
+
+def test_polish_stops_within_its_budget_and_at_a_local_optimum() -> None:
+    g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
+    best, _ = _solver.solve_bottleneck(g, chips, 60.0)
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=1000)
+    tracker.evaluate(best)
+    _lns.lns_polish(tracker, np.random.default_rng(0))
+    # nothing improves an optimum: every window of every size once, then it stops
+    sizes = range(_lns.FIRST_WINDOW, chips.count + 1)
+    slow = int(np.argmax(P.stage_times(g, chips, best)))
+    assert len(tracker.history) - 1 <= sum(len(_lns.windows(6, slow, s)) for s in sizes)
+    small = Tracker(g, chips, Repairer(g, chips), budget=3)
+    small.evaluate(np.minimum(np.arange(len(g)) // 6, 5))
+    _lns.lns_polish(small, np.random.default_rng(0))
+    assert len(small.history) == 3
+
+
+@pytest.mark.timeout(120)
+def test_rl_as_shipped_spends_a_share_on_windows() -> None:
+    g = _heldout.heldout_graph("mixer")
+    chips = P.Chiplets.default_for(g, 4)
+    solved = P.search(g, chips, "solver", time_limit_s=30.0)
+    rl = P.search(g, chips, "rl", budget=24, seed=0, rl_solver_s=0.5, rl_lns=0.5)
+    assert rl.valid and rl.evaluations <= 24
+    assert rl.throughput >= 0.99 * solved.throughput
+    with pytest.raises(ValueError, match="share"):
+        P.search(g, chips, "rl", budget=24, rl_lns=1.5)
