@@ -12,10 +12,19 @@ from atoll.schedulers.partition._repair import Repairer
 
 
 def test_windows_touch_the_slowest_stage_or_a_neighbour() -> None:
-    assert _lns.windows(8, 0, 3) == [(0, 2), (1, 3)]
-    assert _lns.windows(8, 5, 3) == [(2, 4), (3, 5), (4, 6), (5, 7)]
-    assert _lns.windows(8, 7, 4) == [(3, 6), (4, 7)]
-    assert _lns.windows(3, 1, 5) == [(0, 2)]  # clipped: the whole chain
+    assert _lns.windows(8, 0, 3) == [(0, 1, 2), (1, 2, 3)]
+    assert _lns.windows(8, 5, 3) == [(2, 3, 4), (3, 4, 5), (4, 5, 6), (5, 6, 7)]
+    assert _lns.windows(8, 7, 4) == [(3, 4, 5, 6), (4, 5, 6, 7)]
+    assert _lns.windows(3, 1, 5) == [(0, 1, 2)]  # clipped: the whole chain
+    # on a ring they wrap round: chiplet 0's neighbours are 7 and 1
+    assert _lns.windows(8, 0, 3, ring=True) == [
+        (0, 1, 2),
+        (1, 2, 3),
+        (5, 6, 7),
+        (6, 7, 0),
+        (7, 0, 1),
+    ]
+    assert _lns.windows(4, 2, 4, ring=True) == [(0, 1, 2, 3)]
 
 
 def test_keep_pins_nodes_and_needs_a_hint() -> None:
@@ -79,3 +88,18 @@ def test_rl_as_shipped_spends_a_share_on_windows() -> None:
     assert rl.throughput >= 0.99 * solved.throughput
     with pytest.raises(ValueError, match="share"):
         P.search(g, chips, "rl", budget=24, rl_lns=1.5)
+
+
+def test_polish_on_a_ring_stays_valid_and_reaches_the_optimum() -> None:
+    g = _chain(30)
+    chips = P.Chiplets(5, link_bytes_per_s=5e10, topology="ring")
+    best, stats = _solver.solve_bottleneck(g, chips, 60.0)
+    assert stats["optimal"]
+    poor = np.minimum(np.arange(len(g)) // 4, 4)
+    assert P.is_valid(g, chips, poor)
+    assert P.throughput(g, chips, poor) < 0.8 * P.throughput(g, chips, best)
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=60)
+    tracker.evaluate(poor)
+    _lns.lns_polish(tracker, np.random.default_rng(0))
+    assert tracker.best is not None and P.is_valid(g, chips, tracker.best)
+    assert tracker.best_tp == pytest.approx(P.throughput(g, chips, best), rel=1e-4)

@@ -32,14 +32,18 @@ WINDOW_S = 0.5  # deterministic seconds of CP-SAT per window
 FIRST_WINDOW = 3  # chiplets freed by the first windows
 
 
-def windows(count: int, slow: int, size: int) -> list[tuple[int, int]]:
-    """Every window ``(lo, hi)`` of ``size`` adjacent chiplets (clipped to
-    ``count``) that holds the slowest stage ``slow`` or a neighbour of it:
+def windows(count: int, slow: int, size: int, ring: bool = False) -> list[tuple[int, ...]]:
+    """Every window of ``size`` adjacent chiplets (clipped to ``count``) that holds
+    the slowest stage ``slow`` or a neighbour of it, as a tuple of chiplets:
     only those can make the slowest stage faster (a neighbour's nodes set the
-    traffic on its links)."""
+    traffic on its links). On a ``ring`` windows and neighbours wrap round."""
     size = min(size, count)
+    if ring and size < count:
+        near = {(slow + d) % count for d in (-1, 0, 1)}
+        spans = [tuple((lo + j) % count for j in range(size)) for lo in range(count)]
+        return [w for w in spans if near & set(w)]
     return [
-        (lo, lo + size - 1)
+        tuple(range(lo, lo + size))
         for lo in range(count - size + 1)
         if lo <= slow + 1 and lo + size - 1 >= slow - 1
     ]
@@ -51,19 +55,20 @@ def lns_polish(
     """Improve ``tracker.best`` window by window until the budget is spent or no
     window of any size improves it (see the module's docstring)."""
     graph, chips, count = tracker.graph, tracker.chiplets, tracker.chiplets.count
-    size, tried = min(FIRST_WINDOW, count), set[tuple[int, int]]()
+    ring = chips.topology == "ring"
+    size, tried = min(FIRST_WINDOW, count), set[tuple[int, ...]]()
     while tracker.left > 0 and tracker.best is not None:
         best = tracker.best
         slow = int(np.argmax(stage_times(graph, chips, best)))
-        todo = [w for w in windows(count, slow, size) if w not in tried]
+        todo = [w for w in windows(count, slow, size, ring) if w not in tried]
         if not todo:
             if size >= count:
                 return  # a local optimum of every window, the whole problem included
             size, tried = size + 1, set()
             continue
-        lo, hi = todo[int(rng.integers(len(todo)))]
-        tried.add((lo, hi))
-        keep = (best < lo) | (best > hi)
+        window = todo[int(rng.integers(len(todo)))]
+        tried.add(window)
+        keep = ~np.isin(best, window)
         try:
             new, _ = solve_bottleneck(
                 graph, chips, 3600.0, seed, best, deterministic_s=window_s, keep=keep
