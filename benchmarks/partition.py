@@ -83,6 +83,7 @@ class Config:
     heldout_budgets: tuple[int, ...] = (100, 300, 1000)
     heldout_top_chiplets: int = 4  # the largest budget runs at this count only (wall time)
     heldout_solver_s: float = 10.0
+    heldout_topology: str = "chain"  # "ring": the held-out rows on a ring of chiplets
     transfer_cases: tuple[tuple[str, int], ...] = (("wavenet", 4), ("gru", 4))
     transfer_seeds: tuple[int, ...] = (1, 2)
     transfer_budget: int = 1000
@@ -246,11 +247,11 @@ def _heldout_pair(
     """RL, random search and SA on one held-out graph at every budget; returns the
     rows and RL's best at the largest budget (for the solver gap)."""
     g, rows = heldout_graph(name), []
-    chips = Chiplets.default_for(g, count)
+    chips = Chiplets.default_for(g, count, topology=cfg.heldout_topology)
     budgets = cfg.heldout_budgets
     if count != cfg.heldout_top_chiplets:
         budgets = budgets[:-1]
-    top, case = max(budgets), f"heldout_{name}_c{count}"
+    top, case = max(budgets), _heldout_case(name, count, cfg)
     # random search and RL do not depend on their budget: one long run, read at each budget;
     # RL without the solver's seed (a short CP-SAT run the baselines do not get)
     long = {
@@ -278,6 +279,13 @@ def _heldout_pair(
     return rows, long["rl"]
 
 
+def _heldout_case(name: str, count: int, cfg: Config) -> str:
+    """The prefix of a held-out section's rows: ``heldout_<graph>_c<k>``, with
+    ``_ring`` after ``heldout`` on a ring."""
+    ring = "_ring" if cfg.heldout_topology == "ring" else ""
+    return f"heldout{ring}_{name}_c{count}"
+
+
 def _heldout(name: str, count: int, cfg: Config, policy: Policy, log: list[str]) -> list[Row]:
     """One held-out graph at one chiplet count: every budget, then the gap to the solver."""
     rows, rl = _heldout_pair(name, count, cfg, policy, log)
@@ -291,13 +299,13 @@ def _solver_gap(
     and with RL's best partition), against RL at its largest budget (unseeded) and
     RL as shipped (seeded by a short CP-SAT run) at ``seeded_budget``."""
     g = heldout_graph(name)
-    chips = Chiplets.default_for(g, count)
+    chips = Chiplets.default_for(g, count, topology=cfg.heldout_topology)
     solved = search(g, chips, "solver", time_limit_s=cfg.heldout_solver_s)
     dp = search(g, chips, "dp")
     seeded = search(g, chips, "rl", cfg.seeded_budget, copy.deepcopy(policy), seed=0)
     # the ablation: the same solver steps with the policy's greedy assignment only
     windows = search(g, chips, "rl", cfg.seeded_budget, copy.deepcopy(policy), seed=0, rl_lns=1.0)
-    case, rl = f"heldout_{name}_c{count}", rl_part.throughput
+    case, rl = _heldout_case(name, count, cfg), rl_part.throughput
     log.append(
         f"  {case}: solver {solved.throughput:.1f} in {solved.wall_s:.1f} s "
         f"(optimal: {solved.extra['optimal']}), dp {dp.throughput:.1f}, rl/solver "
@@ -485,7 +493,7 @@ def _jobs(cfg: Config, policy: Policy) -> list[Job]:
         key=lambda nc: -len(heldout_graph(nc[0])) * nc[1] * (2 if nc[1] == 8 else 1),
     )
     jobs: list[Job] = [(f"bert_c{c}", _bert, (c, cfg, policy)) for c in sorted(cfg.chiplets)[::-1]]
-    jobs += [(f"heldout_{n}_c{c}", _heldout, (n, c, cfg, policy)) for n, c in heldout]
+    jobs += [(_heldout_case(n, c, cfg), _heldout, (n, c, cfg, policy)) for n, c in heldout]
     jobs += [
         (f"transfer_{n}_c{c}_s{s}", _transfer, (n, c, s, cfg, policy))
         for n, c in cfg.transfer_cases
@@ -631,7 +639,14 @@ def _configure(cfg: Config, args: argparse.Namespace) -> Config:
         cfg = replace(cfg, heldout_chiplets=tuple(args.heldout_chiplets))
     if args.top_chiplets:
         cfg = replace(cfg, heldout_top_chiplets=args.top_chiplets)
-    return cfg
+    if args.heldout:
+        unknown = sorted(set(args.heldout) - set(heldout_names()))
+        if unknown:
+            raise SystemExit(
+                f"atoll bench partition: no held-out graph {unknown}; choose from {heldout_names()}"
+            )
+        cfg = replace(cfg, heldout=tuple(args.heldout))
+    return replace(cfg, heldout_topology=args.topology)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -651,6 +666,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--top-chiplets", type=int, help="run the largest budget at this count (default 4)"
+    )
+    parser.add_argument("--heldout", nargs="+", help="only these held-out graphs (default all)")
+    parser.add_argument(
+        "--topology",
+        choices=("chain", "ring"),
+        default="chain",
+        help="the held-out graphs' chiplets: a chain (default) or a ring (rows heldout_ring_...)",
     )
     return parser
 

@@ -211,3 +211,18 @@ def test_benchmark_sections_can_be_chosen() -> None:
     assert all(n.startswith("heldout_") and n.endswith("_c8") for n in jobs if n != "validity")
     assert bench._transfer_summary([], cfg, None, []) == []
     assert bench._configure(bench.Config(), parser.parse_args([])) == bench.Config()
+
+
+def test_benchmark_heldout_rows_on_a_ring() -> None:
+    parser = bench._parser()
+    args = parser.parse_args(["--heldout-only", "--heldout", "unet", "--topology", "ring"])
+    cfg = bench._configure(bench.Config.small(), args)
+    assert cfg.heldout == ("unet",) and cfg.heldout_topology == "ring"
+    assert [n for n, _, _ in bench._jobs(cfg, P.Policy())] == ["heldout_ring_unet_c4", "validity"]
+    with pytest.raises(SystemExit, match="no held-out graph"):
+        bench._configure(cfg, parser.parse_args(["--heldout", "bert"]))
+    log: list[str] = []
+    rows = {r.case: r.value for r in bench._heldout("unet", 4, cfg, P.Policy.pretrained(), log)}
+    assert rows and all(case.startswith("heldout_ring_unet_c4_") for case in rows)
+    seeded, solver = rows["heldout_ring_unet_c4_rl_seeded"], rows["heldout_ring_unet_c4_solver"]
+    assert seeded is not None and solver is not None and seeded >= 0.99 * solver

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 
 from atoll.schedulers import partition as P
 from atoll.schedulers.partition import _heldout, _lns, _solver
 from atoll.schedulers.partition._baselines import Tracker
+from atoll.schedulers.partition._progress import ProgressBar
 from atoll.schedulers.partition._repair import Repairer
 
 
@@ -83,8 +86,20 @@ def test_rl_as_shipped_spends_a_share_on_windows() -> None:
     g = _heldout.heldout_graph("mixer")
     chips = P.Chiplets.default_for(g, 4)
     solved = P.search(g, chips, "solver", time_limit_s=30.0)
-    rl = P.search(g, chips, "rl", budget=24, seed=0, rl_solver_s=0.5, rl_lns=0.5)
+    shown: list[tuple[int, int]] = []
+    rl = P.search(
+        g,
+        chips,
+        "rl",
+        budget=24,
+        seed=0,
+        rl_solver_s=0.5,
+        rl_lns=0.5,
+        progress=lambda done, total, _: shown.append((done, total)),
+    )
     assert rl.valid and rl.evaluations <= 24
+    # progress counts against the whole budget, also while fine-tuning leaves room
+    assert shown == [(i + 1, 24) for i in range(rl.evaluations)]
     assert rl.throughput >= 0.99 * solved.throughput
     with pytest.raises(ValueError, match="share"):
         P.search(g, chips, "rl", budget=24, rl_lns=1.5)
@@ -103,3 +118,16 @@ def test_polish_on_a_ring_stays_valid_and_reaches_the_optimum() -> None:
     _lns.lns_polish(tracker, np.random.default_rng(0))
     assert tracker.best is not None and P.is_valid(g, chips, tracker.best)
     assert tracker.best_tp == pytest.approx(P.throughput(g, chips, best), rel=1e-4)
+
+
+def test_a_progress_bar_that_stops_short_ends_its_line() -> None:
+    out = io.StringIO()
+    bar = ProgressBar("rl", stream=out)
+    bar(3, 10, 1.0)
+    assert not out.getvalue().endswith("\n")
+    bar.finish()
+    bar.finish()  # once only
+    assert out.getvalue().endswith("\n") and out.getvalue().count("\n") == 1
+    bar(10, 10, 2.0)  # a finished bar ends its own line
+    bar.finish()
+    assert out.getvalue().count("\n") == 2

@@ -47,7 +47,9 @@ class Tracker:
     """Counts evaluations, keeps the best valid assignment and its history.
 
     With ``stop_at`` the search ends early, as soon as its best reaches that
-    throughput (the transfer benchmark's "time to reach" runs).
+    throughput (the transfer benchmark's "time to reach" runs). A search may
+    lower ``budget`` for a while to keep evaluations for a later phase; the
+    progress shown counts against ``total``, the budget it was built with.
     """
 
     graph: OpGraph
@@ -60,6 +62,10 @@ class Tracker:
     history: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
+    total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.total = self.budget
 
     @property
     def left(self) -> int:
@@ -91,7 +97,7 @@ class Tracker:
         self.history.append(max(tp, self.best_tp))
         self.times.append(time.perf_counter() - self.started)
         if self.progress is not None:
-            self.progress(len(self.history), self.budget, self.best_tp)
+            self.progress(len(self.history), self.total, self.best_tp)
         return fixed, tp
 
 

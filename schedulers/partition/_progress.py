@@ -29,6 +29,7 @@ class ProgressBar:
         self.stream = stream if stream is not None else sys.stderr
         self.start = time.perf_counter()
         self._last = -1.0
+        self._open = False  # a line drawn and not yet ended
 
     def __call__(self, done: int, total: int, best: float) -> None:
         now = time.perf_counter()
@@ -41,6 +42,15 @@ class ProgressBar:
             f"\r{self.label} [{bar}] {done}/{total} {self.name} {best:{self.fmt}}{self.unit} "
             f"{now - self.start:5.1f}s"
         )
-        if done >= total:
+        self._open = done < total
+        if not self._open:
             self.stream.write("\n")
         self.stream.flush()
+
+    def finish(self) -> None:
+        """End the line when the work stopped short of its total (a search that
+        ended early), so that what is printed next starts on a line of its own."""
+        if self._open:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open = False

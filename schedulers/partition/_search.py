@@ -61,8 +61,9 @@ def search(
     evaluation) and another, started from the best partition RL found,
     polishes it; then CP-SAT re-solves windows of a few chiplets around the
     slowest stage, one evaluation each, on ``rl_lns`` of the budget
-    (:mod:`._lns`; 0 turns it off): see :func:`_rl_search`. With ``solver_hint`` the ``solver``
-    starts from the policy's greedy assignment, repaired (:func:`policy_hint`).
+    (:mod:`._lns`; 0 turns it off): see :func:`_rl_search`. With
+    ``solver_hint`` the ``solver`` starts from the policy's greedy assignment,
+    repaired (:func:`policy_hint`).
     ``stop_at`` ends a budgeted search as soon as its best reaches that
     throughput. A bare chiplet count means :meth:`Chiplets.default_for` the
     graph. Raises :class:`InfeasibleError` when no valid partition exists.

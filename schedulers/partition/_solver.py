@@ -46,8 +46,9 @@ def solve_bottleneck(
     depend on the machine's load), so a short solve gives the same result
     however busy the machine is. ``keep`` (with a ``hint``) pins every node
     where it is true to its chiplet in the hint, so CP-SAT re-solves only the
-    others (a large-neighbourhood step, :mod:`._lns`). Raises :class:`RepairTimeout` when no
-    partition was found in time, :class:`InfeasibleError` when none exists.
+    others (a large-neighbourhood step, :mod:`._lns`). Raises
+    :class:`RepairTimeout` when no partition was found in time,
+    :class:`InfeasibleError` when none exists.
     """
     from ortools.sat.python import cp_model
 

@@ -137,6 +137,31 @@ def _chiplets(graph: OpGraph, args: argparse.Namespace) -> Chiplets:
     return Chiplets.default_for(graph, args.chiplets, args.hop_limit, args.topology)
 
 
+def _run_search(
+    graph: OpGraph,
+    chips: Chiplets,
+    policy: Policy | None,
+    args: argparse.Namespace,
+    bar: ProgressBar,
+) -> Partition:
+    """``search`` as the command line asks for it; the bar's line ends however it ends."""
+    try:
+        return search(
+            graph,
+            chips,
+            args.method,
+            args.budget,
+            policy,
+            args.seed,
+            progress=bar,
+            time_limit_s=args.time_limit,
+            rl_solver_s=args.solver_seed,
+            rl_lns=args.lns_share,
+        )
+    finally:
+        bar.finish()
+
+
 def _partition(args: argparse.Namespace) -> int:
     graph = load_graph_arg(args.graph)
     if args.save_graph:
@@ -149,18 +174,7 @@ def _partition(args: argparse.Namespace) -> int:
         policy = Policy.pretrained()
     bar = ProgressBar(f"{args.method:>6}")
     try:
-        part = search(
-            graph,
-            chips,
-            args.method,
-            args.budget,
-            policy,
-            args.seed,
-            progress=bar,
-            time_limit_s=args.time_limit,
-            rl_solver_s=args.solver_seed,
-            rl_lns=args.lns_share,
-        )
+        part = _run_search(graph, chips, policy, args, bar)
     except InfeasibleError as e:
         print(f"atoll partition: infeasible: {e}", file=sys.stderr)
         return 1
