@@ -374,9 +374,9 @@ def _transfer(
     wall_scratch = _first_reach(scratch, target)
     assert wall_scratch is not None  # its history ends at its throughput
     wall_tuned = _first_reach(tuned, target)
-    speedup = wall_scratch / max(wall_tuned, 1e-6) if wall_tuned is not None else 0.0
+    speedup = _speedup(scratch, tuned, target)
     at_1s = _best_by(scratch, 1.0)
-    near = _near_speedup(scratch, tuned, NEAR * target)
+    near = _speedup(scratch, tuned, NEAR * target)
     case = f"transfer_{name}_c{count}_s{seed}"
     log.append(
         f"  {case}: scratch reaches {target:.1f}/s in {wall_scratch:.2f} s "
@@ -408,7 +408,7 @@ def _transfer(
 NEAR = 0.99  # the secondary transfer rows: time to within 1% of scratch's final best
 
 
-def _near_speedup(scratch: Partition, tuned: Partition, level: float) -> float:
+def _speedup(scratch: Partition, tuned: Partition, level: float) -> float:
     """Scratch's time to ``level`` over the fine-tuned policy's (0: it never got there)."""
     wall_scratch, wall_tuned = _first_reach(scratch, level), _first_reach(tuned, level)
     if wall_scratch is None or wall_tuned is None:
@@ -433,12 +433,12 @@ def _transfer_summary(
     near = [got[f"{c}_speedup_99"] for c in cases]
     rising = sum(got[f"{c}_scratch_at_1s"] < got[f"{c}_scratch_best"] for c in cases)
     tuned = [got[f"{c}_tuned_s"] for c in cases]
-    median = statistics.median(speedups)
+    median, median_near = statistics.median(speedups), statistics.median(near)
     log.append(
         f"  transfer: speedups {', '.join(f'{x:.1f}x' for x in speedups)}; median {median:.1f}x; "
         f"scratch still rising after 1 s in {rising} of {len(cases)}; to {NEAR:.0%} of "
         f"scratch's best: {', '.join(f'{x:.1f}x' for x in near)}, "
-        f"median {statistics.median(near):.1f}x"
+        f"median {median_near:.1f}x"
     )
     if curves is not None:
         drawn = {k: v for sec in sections for k, v in sec.curves.items()}
@@ -452,7 +452,7 @@ def _transfer_summary(
         _row("transfer_cases_reached", float(sum(t >= 0 for t in tuned)), "cases"),
         _row("transfer_speedup_min", min(speedups), "x"),
         _row("finetune_speedup", median, "x"),
-        _row("finetune_speedup_99", statistics.median(near), "x"),
+        _row("finetune_speedup_99", median_near, "x"),
         _row("finetune_speedup", PAPER["finetune_speedup"], "x", "paper"),
     ]
 

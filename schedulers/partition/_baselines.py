@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ._cost import IntArray, _stage_parts, is_valid_array, valid_throughput
+from ._cost import IntArray, is_valid_array, stage_times, valid_throughput
 from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._repair import Repairer, RepairTimeout
@@ -47,9 +47,9 @@ class Tracker:
     """Counts evaluations, keeps the best valid assignment and its history.
 
     With ``stop_at`` the search ends early, as soon as its best reaches that
-    throughput (the transfer benchmark's "time to reach" runs). A search may
-    lower ``budget`` for a while to keep evaluations for a later phase; the
-    progress shown counts against ``total``, the budget it was built with.
+    throughput (the transfer benchmark's "time to reach" runs). ``held``
+    evaluations are kept back from :attr:`left` for a later phase of the
+    search (RL as shipped keeps its solver's polish and windows that way).
     """
 
     graph: OpGraph
@@ -62,17 +62,14 @@ class Tracker:
     history: list[float] = field(default_factory=list)
     times: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
-    total: int = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.total = self.budget
+    held: int = 0
 
     @property
     def left(self) -> int:
         """Evaluations still allowed (none once the best reaches ``stop_at``)."""
         if self.stop_at is not None and self.history and self.best_tp >= self.stop_at:
             return 0
-        return self.budget - len(self.history)
+        return self.budget - self.held - len(self.history)
 
     @property
     def best_tp(self) -> float:
@@ -97,7 +94,7 @@ class Tracker:
         self.history.append(max(tp, self.best_tp))
         self.times.append(time.perf_counter() - self.started)
         if self.progress is not None:
-            self.progress(len(self.history), self.total, self.best_tp)
+            self.progress(len(self.history), self.budget, self.best_tp)
         return fixed, tp
 
 
@@ -170,8 +167,7 @@ def _bottleneck_moves(
     """Moves that touch the slowest stage: a node of it to either neighbour
     chip, or a node of a neighbour chip into it (at most ``cap``, a random
     subset when there are more)."""
-    compute, comm = _stage_parts(graph, chiplets, a)
-    s, c = int((compute + comm).argmax()), chiplets.count
+    s, c = int(stage_times(graph, chiplets, a).argmax()), chiplets.count
     on = np.flatnonzero(a == s).tolist()
     moves = [(v, s - 1) for v in on if s > 0] + [(v, s + 1) for v in on if s < c - 1]
     moves += [(int(v), s) for v in np.flatnonzero((a == s - 1) | (a == s + 1))]

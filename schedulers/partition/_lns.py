@@ -23,8 +23,7 @@ import numpy as np
 
 from ._baselines import Tracker
 from ._cost import stage_times
-from ._repair import RepairTimeout
-from ._solver import solve_bottleneck
+from ._solver import solver_seed
 
 __all__ = ["WINDOW_S", "lns_polish", "windows"]
 
@@ -69,11 +68,8 @@ def lns_polish(
         window = todo[int(rng.integers(len(todo)))]
         tried.add(window)
         keep = ~np.isin(best, window)
-        try:
-            new, _ = solve_bottleneck(
-                graph, chips, 3600.0, seed, best, deterministic_s=window_s, keep=keep
-            )
-        except RepairTimeout:
+        new = solver_seed(graph, chips, window_s, best, seed, keep)
+        if new is None:
             continue  # nothing found in the window's time: the window counts as tried
         before = tracker.best_tp
         tracker.evaluate(new)

@@ -18,9 +18,9 @@ from ._lns import lns_polish
 from ._policy import Policy, encode
 from ._repair import InfeasibleError, Repairer, RepairTimeout
 from ._rl import finetune
-from ._solver import solve_bottleneck
+from ._solver import solve_bottleneck, solver_seed
 
-__all__ = ["METHODS", "policy_hint", "search", "solver_seed"]
+__all__ = ["METHODS", "policy_hint", "search"]
 
 METHODS = ("rl", "sa", "random", "solver", "dp")
 
@@ -138,39 +138,15 @@ def _rl_search(
         start = solver_seed(tracker.graph, tracker.chiplets, solver_s, seed=seed)
         if start is not None:
             tracker.evaluate(start)
-    tracker.budget -= reserve
+    tracker.held = reserve
     tune(tracker)
-    tracker.budget += reserve
+    tracker.held = 0
     if not solver or tracker.left <= 0 or tracker.best is None:
         return
     best = tracker.best
     polished = solver_seed(tracker.graph, tracker.chiplets, solver_s, best, seed)
     tracker.evaluate(polished if polished is not None else best)
     lns_polish(tracker, np.random.default_rng(seed), seed)
-
-
-def solver_seed(
-    graph: OpGraph,
-    chips: Chiplets,
-    deterministic_s: float,
-    hint: IntArray | None = None,
-    seed: int = 0,
-) -> IntArray | None:
-    """The best partition a short CP-SAT run on the bottleneck finds (the
-    "solver's hint" that seeds RL), or None when it finds none in time.
-
-    The run stops after ``deterministic_s`` of CP-SAT's deterministic time, so
-    the seed does not depend on the machine's load (wall time: about that many
-    seconds on an idle core, more on a busy one). ``hint`` (e.g. the DP's
-    split) is the solver's own starting point.
-    """
-    try:
-        assignment, _ = solve_bottleneck(
-            graph, chips, 3600.0, seed, hint, deterministic_s=deterministic_s
-        )
-    except RepairTimeout:
-        return None
-    return assignment
 
 
 def policy_hint(policy: Policy | None, repairer: Repairer) -> IntArray | None:

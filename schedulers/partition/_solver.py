@@ -23,7 +23,7 @@ from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._repair import InfeasibleError, RepairTimeout, SolverModel, build_model, describe_infeasible
 
-__all__ = ["solve_bottleneck"]
+__all__ = ["solve_bottleneck", "solver_seed"]
 
 RESOLUTION = 200_000
 
@@ -105,6 +105,32 @@ def solve_bottleneck(
         "deterministic_s": solver.deterministic_time,
     }
     return sm.chips(solver), stats
+
+
+def solver_seed(
+    graph: OpGraph,
+    chips: Chiplets,
+    deterministic_s: float,
+    hint: IntArray | None = None,
+    seed: int = 0,
+    keep: NDArray[np.bool_] | None = None,
+) -> IntArray | None:
+    """The best partition a short CP-SAT run on the bottleneck finds (RL's seed,
+    polish and windows), or None when it finds none in time.
+
+    The run stops after ``deterministic_s`` of CP-SAT's deterministic time, so
+    its result does not depend on the machine's load (wall time: about that
+    many seconds on an idle core, more on a busy one). ``hint`` is the
+    solver's own starting point and ``keep`` pins nodes to it, as in
+    :func:`solve_bottleneck`.
+    """
+    try:
+        assignment, _ = solve_bottleneck(
+            graph, chips, 3600.0, seed, hint, deterministic_s=deterministic_s, keep=keep
+        )
+    except RepairTimeout:
+        return None
+    return assignment
 
 
 def _chain_crossings(sm: SolverModel, u: int, vs: list[int], c: int) -> list[Any]:

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +238,9 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _imitate(policy: Policy, cases: Any, args: argparse.Namespace) -> TrainLog:
+def _imitate(
+    policy: Policy, cases: Sequence[tuple[OpGraph, Chiplets]], args: argparse.Namespace
+) -> TrainLog:
     from ._imitate import imitate, solver_labels
 
     bar = ProgressBar("label", unit="", fmt=".2f", name="proved")
