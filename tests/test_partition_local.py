@@ -66,6 +66,10 @@ def test_ring_stays_valid() -> None:
     a = np.array([0] * 8 + [1, 1, 2, 2, 3, 3], dtype=np.int64)
     assert P.is_valid(g, chips, a)
     rng = np.random.default_rng(0)
+    moved = 0
     for _ in range(10):
-        a = _bottleneck_neighbour(g, chips, a, rng)
-        assert P.is_valid(g, chips, a)
+        b = _bottleneck_neighbour(g, chips, a, rng)
+        assert P.is_valid(g, chips, b)
+        moved += b.tolist() != a.tolist()
+        a = b
+    assert moved >= 5  # it moves (returning ``a`` unchanged would also be valid)
