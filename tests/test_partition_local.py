@@ -1,11 +1,21 @@
-"""RL's local move: the bottleneck-aware neighbour beside SA's boundary shift."""
+"""RL's local move (the bottleneck-aware neighbour beside SA's boundary shift) and
+the annealed walk of such moves that RL runs beside its policy."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from atoll.schedulers import partition as P
-from atoll.schedulers.partition._baselines import _bottleneck_neighbour, _local_neighbour
+from atoll.schedulers.partition._baselines import (
+    Tracker,
+    _bottleneck_neighbour,
+    _local_neighbour,
+    accept,
+    anneal_temperature,
+)
+from atoll.schedulers.partition._repair import Repairer
+from atoll.schedulers.partition._rl import LocalWalk
 
 
 def branches_graph(length: int = 6) -> P.OpGraph:
@@ -73,3 +83,43 @@ def test_ring_stays_valid() -> None:
         moved += b.tolist() != a.tolist()
         a = b
     assert moved >= 5  # it moves (returning ``a`` unchanged would also be valid)
+
+
+def test_acceptance_follows_the_temperature() -> None:
+    rng = np.random.default_rng(0)
+    assert all(accept(100.0, 100.0, 1e-9, rng) for _ in range(20))  # no loss: always
+    assert not any(accept(90.0, 100.0, 1e-3, rng) for _ in range(200))  # cold: never
+    hot = sum(accept(90.0, 100.0, 1.0, rng) for _ in range(200))  # exp(-0.105): ~90%
+    assert 160 <= hot <= 200
+    assert anneal_temperature(0.0) == pytest.approx(0.05)
+    assert anneal_temperature(1.0) == pytest.approx(0.002)
+    assert anneal_temperature(0.5) == pytest.approx((0.05 * 0.002) ** 0.5)
+
+
+def test_the_walk_lengthens_while_it_pays_and_shortens_when_samples_pay() -> None:
+    walk = LocalWalk(floor=2)
+    assert walk.moves == 2
+    for want in (4, 8, 16, 32, 64, 64):
+        walk.adapt(sampled=0.0, walked=0.01)
+        assert walk.moves == want
+    walk.adapt(sampled=0.01, walked=0.01)  # a tie keeps it
+    assert walk.moves == 64
+    for want in (32, 16, 8, 4, 2, 2):
+        walk.adapt(sampled=0.02, walked=0.0)
+        assert walk.moves == want
+
+
+def test_a_walk_spends_its_moves_from_the_best_and_keeps_the_best() -> None:
+    g, chips = branches_graph(), P.Chiplets(2)
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=40)
+    start = np.array([0] * 13 + [1], dtype=np.int64)  # the slowest stage: 13 of 14 nodes
+    tracker.evaluate(start)
+    walk = LocalWalk(floor=8, steps=39)
+    rng = np.random.default_rng(0)
+    gain = walk.walk(tracker, rng)
+    assert len(tracker.history) == 9  # the start and eight moves, each one evaluation
+    assert gain > 0 and tracker.best_tp == pytest.approx(tracker.history[0] * np.exp(8 * gain))
+    assert tracker.best_tp == max(tracker.history)
+    while tracker.left > 0:  # it stops at the budget, mid-walk if need be
+        walk.walk(tracker, rng)
+    assert len(tracker.history) == 40 and tracker.best_tp > 1.5 * tracker.history[0]

@@ -19,7 +19,15 @@ from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._repair import Repairer, RepairTimeout
 
-__all__ = ["Progress", "Tracker", "random_search", "score", "simulated_annealing"]
+__all__ = [
+    "Progress",
+    "Tracker",
+    "accept",
+    "anneal_temperature",
+    "random_search",
+    "score",
+    "simulated_annealing",
+]
 
 Progress = Callable[[int, int, float], None]
 
@@ -218,8 +226,24 @@ def _local_neighbour(
     return _bottleneck_neighbour(graph, chiplets, a, rng)
 
 
+T0, T1 = 0.05, 0.002  # SA's temperatures (on log-throughput) at its start and end
+
+
+def anneal_temperature(done: float, t0: float = T0, t1: float = T1) -> float:
+    """SA's schedule: ``t0`` with none of the budget spent, falling geometrically
+    to ``t1`` as the share spent, ``done``, reaches 1."""
+    return float(t0 * (t1 / t0) ** min(max(done, 0.0), 1.0))
+
+
+def accept(new_tp: float, cur_tp: float, temp: float, rng: np.random.Generator) -> bool:
+    """Metropolis on log-throughput: always take a move that does not lose, and
+    one that loses ``g`` (in log-throughput) with probability ``exp(-g / temp)``."""
+    gain = math.log(max(new_tp, 1e-30)) - math.log(max(cur_tp, 1e-30))
+    return gain >= 0 or rng.random() < math.exp(gain / temp)
+
+
 def simulated_annealing(
-    t: Tracker, rng: np.random.Generator, t0: float = 0.05, t1: float = 0.002
+    t: Tracker, rng: np.random.Generator, t0: float = T0, t1: float = T1
 ) -> None:
     """Metropolis on log-throughput, temperature falling geometrically from t0 to t1."""
     c = t.chiplets.count
@@ -228,8 +252,6 @@ def simulated_annealing(
     for step in range(steps):
         if t.left <= 0:  # reached ``stop_at``
             break
-        temp = t0 * (t1 / t0) ** (step / steps)
         cand, tp = t.evaluate(_neighbour(cur, c, rng))
-        gain = math.log(max(tp, 1e-30)) - math.log(max(cur_tp, 1e-30))
-        if gain >= 0 or rng.random() < math.exp(gain / temp):
+        if accept(tp, cur_tp, anneal_temperature(step / steps, t0, t1), rng):
             cur, cur_tp = cand, tp

@@ -13,6 +13,7 @@ entropy bonus keeps the policy exploring.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,17 +22,18 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._baselines import Tracker, _local_neighbour, score
+from ._baselines import Tracker, _local_neighbour, accept, anneal_temperature, score
 from ._cost import IntArray
 from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._policy import Encoded, Params, Policy, encode, logits
 from ._repair import Repairer
 
-__all__ = ["Adam", "TrainLog", "finetune", "pretrain"]
+__all__ = ["Adam", "LocalWalk", "TrainLog", "finetune", "pretrain"]
 
 ENTROPY = 1e-3  # weight of the entropy bonus (1e-2 was tried: no better on BERT)
 MAX_TEMPERATURE = 16.0  # sampling temperature cap while fine-tuning is stuck
+MAX_LOCAL = 64  # the most local moves after one batch (see LocalWalk)
 
 
 @dataclass
@@ -155,6 +157,56 @@ def _train_step(
     return tps, rewards
 
 
+@dataclass
+class LocalWalk:
+    """RL's local search beside the policy: after each batch of samples, a short
+    annealed walk of ``moves`` local moves from the best partition so far.
+
+    Each move is :func:`._baselines._local_neighbour` of the walk's current
+    partition; a move that loses is still taken with SA's probability, at SA's
+    temperature for the share of the search's budget spent (falling from 0.05
+    to 0.002 in log-throughput), so a walk can cross a ridge that climbing
+    from the best cannot. Every walk starts again from the best partition
+    found, by the walk or by the samples. After each batch the length adapts,
+    a bandit between the two ways of spending evaluations: it doubles (up to
+    :data:`MAX_LOCAL`) when the walk raised the best more per evaluation than
+    the batch's samples did, and halves (down to ``floor``) when the samples
+    did better. Every move is one evaluation of the tracker's budget; none
+    enters the policy's update.
+    """
+
+    floor: int
+    moves: int = 0
+    steps: int = 1  # evaluations the schedule spans (fine-tuning's share of the budget)
+
+    def __post_init__(self) -> None:
+        self.moves = max(self.moves, self.floor)
+
+    def walk(self, tracker: Tracker, rng: np.random.Generator) -> float:
+        """Take up to ``moves`` moves; returns the best's log-gain per evaluation."""
+        assert tracker.best is not None  # the greedy evaluation came first
+        cur, cur_tp, before, taken = tracker.best, tracker.best_tp, tracker.best_tp, 0
+        while taken < self.moves and tracker.left > 0:
+            temp = anneal_temperature(1.0 - tracker.left / self.steps)
+            cand, tp = tracker.evaluate(_local_neighbour(tracker.graph, tracker.chiplets, cur, rng))
+            if accept(tp, cur_tp, temp, rng):
+                cur, cur_tp = cand, tp
+            taken += 1
+        return _log_gain(before, tracker.best_tp) / max(taken, 1)
+
+    def adapt(self, sampled: float, walked: float) -> None:
+        """Lengthen the next walk when it paid better per evaluation than the
+        samples (``sampled``, ``walked``: the best's log-gain per evaluation)."""
+        if walked > sampled:
+            self.moves = min(2 * self.moves, MAX_LOCAL)
+        elif sampled > walked:
+            self.moves = max(self.moves // 2, self.floor)
+
+
+def _log_gain(before: float, after: float) -> float:
+    return math.log(max(after, 1e-30)) - math.log(max(before, 1e-30))
+
+
 def finetune(
     policy: Policy,
     tracker: Tracker,
@@ -173,11 +225,10 @@ def finetune(
     ``imitate`` each update also credits the best valid assignment found so far
     with its reward (self-imitation; tried, no better, off by default).
     Sampling heats up while a batch's rewards are all equal (see
-    :func:`_next_temperature`). With ``local`` each batch is followed by that
-    many neighbours of the best partition so far (:func:`._baselines._local_neighbour`:
-    one move off its slowest stage along the dataflow edges, or SA's boundary
-    shift), each counted in the budget and left out of the policy's update: a
-    local search beside the policy.
+    :func:`_next_temperature`). With ``local`` each batch is followed by an
+    annealed walk of at least that many local moves from the best partition
+    so far, whose length adapts to how well it pays (:class:`LocalWalk`): a
+    local search beside the policy, within the same budget.
     """
     enc, adam, log = encode(tracker.graph, tracker.chiplets), Adam(lr), TrainLog()
     start = time.perf_counter()
@@ -188,15 +239,15 @@ def finetune(
     def score_fn(candidate: IntArray) -> float:
         return tracker.evaluate(candidate)[1]
 
-    temp = 1.0
+    temp, walker = 1.0, LocalWalk(floor=local, steps=max(tracker.left, 1))
     while tracker.left > 0:
         best = (tracker.best, tracker.best_tp) if imitate and tracker.best is not None else None
-        k = min(batch, tracker.left)
+        k, before = min(batch, tracker.left), tracker.best_tp
         _, rewards = _train_step(policy, adam, enc, k, rng, score_fn, best, temp)
         temp = _next_temperature(temp, rewards)
-        for _ in range(min(local, tracker.left)):
-            assert tracker.best is not None  # the greedy evaluation above was valid
-            tracker.evaluate(_local_neighbour(tracker.graph, tracker.chiplets, tracker.best, rng))
+        if local > 0 and tracker.left > 0:
+            sampled = _log_gain(before, tracker.best_tp) / k
+            walker.adapt(sampled, walker.walk(tracker, rng))
         log.add(len(tracker.history), tracker.best_tp, rewards, start)
     return log
 
