@@ -24,6 +24,7 @@ __all__ = [
     "Tracker",
     "accept",
     "anneal_temperature",
+    "log_gain",
     "random_search",
     "score",
     "simulated_annealing",
@@ -235,10 +236,15 @@ def anneal_temperature(done: float, t0: float = T0, t1: float = T1) -> float:
     return float(t0 * (t1 / t0) ** min(max(done, 0.0), 1.0))
 
 
+def log_gain(before: float, after: float) -> float:
+    """``log(after / before)``, a throughput of 0 counted as 1e-30."""
+    return math.log(max(after, 1e-30)) - math.log(max(before, 1e-30))
+
+
 def accept(new_tp: float, cur_tp: float, temp: float, rng: np.random.Generator) -> bool:
     """Metropolis on log-throughput: always take a move that does not lose, and
     one that loses ``g`` (in log-throughput) with probability ``exp(-g / temp)``."""
-    gain = math.log(max(new_tp, 1e-30)) - math.log(max(cur_tp, 1e-30))
+    gain = log_gain(cur_tp, new_tp)
     return gain >= 0 or rng.random() < math.exp(gain / temp)
 
 

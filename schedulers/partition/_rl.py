@@ -13,7 +13,6 @@ entropy bonus keeps the policy exploring.
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,7 +21,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._baselines import Tracker, _local_neighbour, accept, anneal_temperature, score
+from ._baselines import (
+    Tracker,
+    _local_neighbour,
+    accept,
+    anneal_temperature,
+    log_gain,
+    score,
+)
 from ._cost import IntArray
 from ._graph import OpGraph
 from ._hardware import Chiplets
@@ -192,7 +198,7 @@ class LocalWalk:
             if accept(tp, cur_tp, temp, rng):
                 cur, cur_tp = cand, tp
             taken += 1
-        return _log_gain(before, tracker.best_tp) / max(taken, 1)
+        return log_gain(before, tracker.best_tp) / max(taken, 1)
 
     def adapt(self, sampled: float, walked: float) -> None:
         """Lengthen the next walk when it paid better per evaluation than the
@@ -201,10 +207,6 @@ class LocalWalk:
             self.moves = min(2 * self.moves, MAX_LOCAL)
         elif sampled > walked:
             self.moves = max(self.moves // 2, self.floor)
-
-
-def _log_gain(before: float, after: float) -> float:
-    return math.log(max(after, 1e-30)) - math.log(max(before, 1e-30))
 
 
 def finetune(
@@ -246,7 +248,7 @@ def finetune(
         _, rewards = _train_step(policy, adam, enc, k, rng, score_fn, best, temp)
         temp = _next_temperature(temp, rewards)
         if local > 0 and tracker.left > 0:
-            sampled = _log_gain(before, tracker.best_tp) / k
+            sampled = log_gain(before, tracker.best_tp) / k
             walker.adapt(sampled, walker.walk(tracker, rng))
         log.add(len(tracker.history), tracker.best_tp, rewards, start)
     return log
