@@ -170,6 +170,12 @@ def test_small_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             rl = ours[f"{case}_b{max(small.heldout_budgets)}_rl"]  # started from RL's best
             assert ours[f"{case}_solver_rlhinted"] >= rl * 0.99
             assert ours[f"section_heldout_{name}_c{count}_wall_s"] > 0
+            for shipped in (f"{case}_rl_seeded", f"{case}_windows_alone"):  # over seeds
+                per_seed = [ours[f"{shipped}_s{s}"] for s in small.seeded_seeds]
+                assert ours[f"{shipped}_min"] == min(per_seed) <= ours[shipped] <= max(per_seed)
+                assert ours[f"{shipped}_of_solver"] == pytest.approx(
+                    ours[shipped] / ours[f"{case}_solver"]
+                )
     assert ours["transfer_scratch_s"] > 0 and ours["transfer_scratch_rises_after_1s"] in (0.0, 1.0)
     for name, count in small.transfer_cases:  # one row set per case and seed, then medians
         for seed in small.transfer_seeds:

@@ -81,6 +81,40 @@ def test_polish_stops_within_its_budget_and_at_a_local_optimum() -> None:
     assert len(small.history) == 3
 
 
+def test_stuck_windows_get_more_time_then_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """When no window of any size improves, every window is tried again with
+    twice the solver time, up to MAX_WINDOW_S; a proof of the whole ends it."""
+    g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
+    start = np.minimum(np.arange(len(g)) // 10, 5)
+    asked: list[tuple[float, int]] = []
+
+    def stuck(graph, chiplets, step_s, hint, seed, keep):  # type: ignore[no-untyped-def]
+        asked.append((step_s, int((~keep).sum())))
+        return hint.copy(), False  # the same partition: nothing improves
+
+    monkeypatch.setattr(_lns, "solver_step", stuck)
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=1000)
+    tracker.evaluate(start)
+    _lns.lns_polish(tracker, np.random.default_rng(0))
+    times = sorted({t for t, _ in asked})
+    assert times == [0.5, 1.0, 2.0, 4.0] and _lns.MAX_WINDOW_S == 4.0
+    per_round = len(asked) // len(times)
+    assert len(asked) == 4 * per_round and len(tracker.history) == 1 + len(asked) < 1000
+    assert [t for t, _ in asked] == [t for t in times for _ in range(per_round)]
+
+    proved: list[float] = []
+
+    def optimal(graph, chiplets, step_s, hint, seed, keep):  # type: ignore[no-untyped-def]
+        proved.append(step_s)
+        return hint.copy(), bool(keep.sum() == 0)  # the whole problem: proved
+
+    monkeypatch.setattr(_lns, "solver_step", optimal)
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=1000)
+    tracker.evaluate(start)
+    _lns.lns_polish(tracker, np.random.default_rng(0))
+    assert set(proved) == {0.5} and len(proved) == per_round  # no second round
+
+
 @pytest.mark.timeout(120)
 def test_rl_as_shipped_spends_a_share_on_windows() -> None:
     g = _heldout.heldout_graph("mixer")

@@ -11,9 +11,12 @@ a second, where the whole graph at 8 chiplets is not proved in 10 minutes.
 
 Every step is one evaluation of the search's budget. When every window next
 to the slowest stage has been tried since the last improvement, the windows
-grow by one chiplet; a window of every chiplet is the whole problem, and
-once that is tried too the partition is a local optimum of every
-neighbourhood and the polish stops early (the rest of the budget is left).
+grow by one chiplet; a window of every chiplet is the whole problem. Once
+that is tried too, the partition is a local optimum of every window at this
+much solver time: the windows start again at 3 chiplets with twice the time
+each, up to 4 deterministic seconds (back to 0.5 after an improvement).
+The polish stops early, leaving the rest of the budget, when the whole
+problem is proved optimal or no window improves even at 4 seconds.
 Nothing here is asynchronous: each step is one blocking CP-SAT call.
 """
 
@@ -23,11 +26,12 @@ import numpy as np
 
 from ._baselines import Tracker
 from ._cost import stage_times
-from ._solver import solver_seed
+from ._solver import solver_step
 
-__all__ = ["WINDOW_S", "lns_polish", "windows"]
+__all__ = ["MAX_WINDOW_S", "WINDOW_S", "lns_polish", "windows"]
 
 WINDOW_S = 0.5  # deterministic seconds of CP-SAT per window
+MAX_WINDOW_S = 4.0  # doubled up to this when every window is stuck
 FIRST_WINDOW = 3  # chiplets freed by the first windows
 
 
@@ -51,27 +55,33 @@ def windows(count: int, slow: int, size: int, ring: bool = False) -> list[tuple[
 def lns_polish(
     tracker: Tracker, rng: np.random.Generator, seed: int = 0, window_s: float = WINDOW_S
 ) -> None:
-    """Improve ``tracker.best`` window by window until the budget is spent or no
-    window of any size improves it (see the module's docstring)."""
+    """Improve ``tracker.best`` window by window until the budget is spent, the
+    whole problem is proved optimal, or no window of any size improves it even
+    at :data:`MAX_WINDOW_S` per window (see the module's docstring)."""
     graph, chips, count = tracker.graph, tracker.chiplets, tracker.chiplets.count
     ring = chips.topology == "ring"
-    size, tried = min(FIRST_WINDOW, count), set[tuple[int, ...]]()
+    size, tried, step_s = min(FIRST_WINDOW, count), set[tuple[int, ...]](), window_s
     while tracker.left > 0 and tracker.best is not None:
         best = tracker.best
         slow = int(np.argmax(stage_times(graph, chips, best)))
         todo = [w for w in windows(count, slow, size, ring) if w not in tried]
         if not todo:
-            if size >= count:
+            if size < count:
+                size, tried = size + 1, set()
+            elif step_s * 2 <= MAX_WINDOW_S * (1 + 1e-9):
+                size, tried, step_s = min(FIRST_WINDOW, count), set(), step_s * 2
+            else:
                 return  # a local optimum of every window, the whole problem included
-            size, tried = size + 1, set()
             continue
         window = todo[int(rng.integers(len(todo)))]
         tried.add(window)
         keep = ~np.isin(best, window)
-        new = solver_seed(graph, chips, window_s, best, seed, keep)
+        new, proved = solver_step(graph, chips, step_s, best, seed, keep)
         if new is None:
             continue  # nothing found in the window's time: the window counts as tried
         before = tracker.best_tp
         tracker.evaluate(new)
         if tracker.best_tp > before:
-            size, tried = min(FIRST_WINDOW, count), set()
+            size, tried, step_s = min(FIRST_WINDOW, count), set(), window_s
+        elif proved and len(window) == count:
+            return  # the whole problem, proved optimal

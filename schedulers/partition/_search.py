@@ -54,8 +54,10 @@ def search(
     policy object is trained in place. With ``rl_hint`` its second evaluation
     is the DP's split (the solver's hint); with ``rl_imitate`` every update
     also credits the best partition found so far (self-imitation); with
-    ``rl_local`` each batch of 8 samples is followed by that many neighbours of
-    the best partition so far (a local search beside the policy). With
+    ``rl_local`` each batch of 8 samples is followed by an annealed walk of at
+    least that many local moves from the best partition so far, longer while
+    the walk pays better than the samples (a local search beside the policy,
+    :class:`._rl.LocalWalk`). With
     ``rl_solver_s`` (deterministic seconds, see :func:`solver_seed`; 0 turns it
     off) a short CP-SAT run seeds the search (its partition is the first
     evaluation) and another, started from the best partition RL found,

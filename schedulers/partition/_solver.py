@@ -23,7 +23,7 @@ from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._repair import InfeasibleError, RepairTimeout, SolverModel, build_model, describe_infeasible
 
-__all__ = ["solve_bottleneck", "solver_seed"]
+__all__ = ["solve_bottleneck", "solver_seed", "solver_step"]
 
 RESOLUTION = 200_000
 
@@ -124,13 +124,26 @@ def solver_seed(
     solver's own starting point and ``keep`` pins nodes to it, as in
     :func:`solve_bottleneck`.
     """
+    return solver_step(graph, chips, deterministic_s, hint, seed, keep)[0]
+
+
+def solver_step(
+    graph: OpGraph,
+    chips: Chiplets,
+    deterministic_s: float,
+    hint: IntArray | None = None,
+    seed: int = 0,
+    keep: NDArray[np.bool_] | None = None,
+) -> tuple[IntArray | None, bool]:
+    """:func:`solver_seed`, and whether CP-SAT proved its partition optimal (for
+    the nodes it was free to move)."""
     try:
-        assignment, _ = solve_bottleneck(
+        assignment, stats = solve_bottleneck(
             graph, chips, 3600.0, seed, hint, deterministic_s=deterministic_s, keep=keep
         )
     except RepairTimeout:
-        return None
-    return assignment
+        return None, False
+    return assignment, bool(stats["optimal"])
 
 
 def _chain_crossings(sm: SolverModel, u: int, vs: list[int], c: int) -> list[Any]:
