@@ -81,7 +81,7 @@ def lns_polish(
             continue  # nothing found in the window's time: the window counts as tried
         before = tracker.best_tp
         tracker.evaluate(new)
+        if proved and len(window) == count:
+            return  # the whole problem, proved optimal
         if tracker.best_tp > before:
             size, tried, step_s = min(FIRST_WINDOW, count), set(), window_s
-        elif proved and len(window) == count:
-            return  # the whole problem, proved optimal
