@@ -18,7 +18,7 @@ from ._lns import lns_polish
 from ._policy import Policy, encode
 from ._repair import InfeasibleError, Repairer, RepairTimeout
 from ._rl import finetune
-from ._solver import solve_bottleneck, solver_seed
+from ._solver import solve_bottleneck, solver_step
 
 __all__ = ["METHODS", "policy_hint", "search"]
 
@@ -58,7 +58,7 @@ def search(
     least that many local moves from the best partition so far, longer while
     the walk pays better than the samples (a local search beside the policy,
     :class:`._rl.LocalWalk`). With
-    ``rl_solver_s`` (deterministic seconds, see :func:`solver_seed`; 0 turns it
+    ``rl_solver_s`` (deterministic seconds, see :func:`._solver.solver_step`; 0 turns it
     off) a short CP-SAT run seeds the search (its partition is the first
     evaluation) and another, started from the best partition RL found,
     polishes it; then CP-SAT re-solves windows of a few chiplets around the
@@ -137,7 +137,7 @@ def _rl_search(
     reserve = 1 + int(lns_share * tracker.budget) if solver else 0
     reserve = min(reserve, tracker.budget - 2)  # seed and greedy before it
     if solver:
-        start = solver_seed(tracker.graph, tracker.chiplets, solver_s, seed=seed)
+        start, _ = solver_step(tracker.graph, tracker.chiplets, solver_s, seed=seed)
         if start is not None:
             tracker.evaluate(start)
     tracker.held = reserve
@@ -146,7 +146,7 @@ def _rl_search(
     if not solver or tracker.left <= 0 or tracker.best is None:
         return
     best = tracker.best
-    polished = solver_seed(tracker.graph, tracker.chiplets, solver_s, best, seed)
+    polished, _ = solver_step(tracker.graph, tracker.chiplets, solver_s, best, seed)
     tracker.evaluate(polished if polished is not None else best)
     lns_polish(tracker, np.random.default_rng(seed), seed)
 

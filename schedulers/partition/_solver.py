@@ -23,7 +23,7 @@ from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._repair import InfeasibleError, RepairTimeout, SolverModel, build_model, describe_infeasible
 
-__all__ = ["solve_bottleneck", "solver_seed", "solver_step"]
+__all__ = ["solve_bottleneck", "solver_step"]
 
 RESOLUTION = 200_000
 
@@ -107,26 +107,6 @@ def solve_bottleneck(
     return sm.chips(solver), stats
 
 
-def solver_seed(
-    graph: OpGraph,
-    chips: Chiplets,
-    deterministic_s: float,
-    hint: IntArray | None = None,
-    seed: int = 0,
-    keep: NDArray[np.bool_] | None = None,
-) -> IntArray | None:
-    """The best partition a short CP-SAT run on the bottleneck finds (RL's seed,
-    polish and windows), or None when it finds none in time.
-
-    The run stops after ``deterministic_s`` of CP-SAT's deterministic time, so
-    its result does not depend on the machine's load (wall time: about that
-    many seconds on an idle core, more on a busy one). ``hint`` is the
-    solver's own starting point and ``keep`` pins nodes to it, as in
-    :func:`solve_bottleneck`.
-    """
-    return solver_step(graph, chips, deterministic_s, hint, seed, keep)[0]
-
-
 def solver_step(
     graph: OpGraph,
     chips: Chiplets,
@@ -135,8 +115,16 @@ def solver_step(
     seed: int = 0,
     keep: NDArray[np.bool_] | None = None,
 ) -> tuple[IntArray | None, bool]:
-    """:func:`solver_seed`, and whether CP-SAT proved its partition optimal (for
-    the nodes it was free to move)."""
+    """The best partition a short CP-SAT run on the bottleneck finds (RL's seed,
+    polish and windows), or None when it finds none in time; and whether
+    CP-SAT proved it optimal (over the nodes it was free to move).
+
+    The run stops after ``deterministic_s`` of CP-SAT's deterministic time, so
+    its result does not depend on the machine's load (wall time: about that
+    many seconds on an idle core, more on a busy one). ``hint`` is the
+    solver's own starting point and ``keep`` pins nodes to it, as in
+    :func:`solve_bottleneck`.
+    """
     try:
         assignment, stats = solve_bottleneck(
             graph, chips, 3600.0, seed, hint, deterministic_s=deterministic_s, keep=keep
