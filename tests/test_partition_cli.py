@@ -170,8 +170,11 @@ def test_small_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
             rl = ours[f"{case}_b{max(small.heldout_budgets)}_rl"]  # started from RL's best
             assert ours[f"{case}_solver_rlhinted"] >= rl * 0.99
             assert ours[f"section_heldout_{name}_c{count}_wall_s"] > 0
-            for shipped in (f"{case}_rl_seeded", f"{case}_windows_alone"):  # over seeds
-                per_seed = [ours[f"{shipped}_s{s}"] for s in small.seeded_seeds]
+            for shipped, seeds in (
+                (f"{case}_rl_seeded", small.seeded_seeds),  # over seeds
+                (f"{case}_windows_alone", small.seeded_seeds[:1]),
+            ):
+                per_seed = [ours[f"{shipped}_s{s}"] for s in seeds]
                 assert ours[f"{shipped}_min"] == min(per_seed) <= ours[shipped] <= max(per_seed)
                 assert ours[f"{shipped}_of_solver"] == pytest.approx(
                     ours[shipped] / ours[f"{case}_solver"]
