@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import math
+import types
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,26 @@ def test_benchmark_heldout_rows_on_a_ring() -> None:
     assert rows and all(case.startswith("heldout_ring_unet_c4_") for case in rows)
     seeded, solver = rows["heldout_ring_unet_c4_rl_seeded"], rows["heldout_ring_unet_c4_solver"]
     assert seeded is not None and solver is not None and seeded >= 0.99 * solver
+
+
+def test_rl_as_shipped_over_seeds_gives_median_worst_and_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    got = {0: 30.0, 1: 10.0, 2: 11.0, 3: 40.0}  # median 11, mean 17, worst 10
+
+    def fake(*args: object, seed: int, **kwargs: object) -> object:
+        return types.SimpleNamespace(throughput=got[seed], wall_s=float(seed))
+
+    monkeypatch.setattr(bench, "search", fake)
+    cfg = bench.Config.small()
+    rows = bench._over_seeds(P.bert_graph(), P.Chiplets(4), (0, 1, 2), cfg, P.Policy(), "x", 40.0)
+    values = {r.case: r.value for r in rows}
+    assert values == {
+        "x": 11.0,
+        "x_min": 10.0,
+        "x_wall_s": 1.0,
+        "x_of_solver": 11.0 / 40.0,
+        "x_s0": 30.0,
+        "x_s1": 10.0,
+        "x_s2": 11.0,
+    }
