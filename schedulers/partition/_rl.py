@@ -182,11 +182,11 @@ class LocalWalk:
     """
 
     floor: int
-    moves: int = 0
     steps: int = 1  # evaluations the schedule spans (fine-tuning's share of the budget)
+    moves: int = field(init=False)  # the next walk's length: ``floor`` at first
 
     def __post_init__(self) -> None:
-        self.moves = max(self.moves, self.floor)
+        self.moves = self.floor
 
     def walk(self, tracker: Tracker, rng: np.random.Generator) -> float:
         """Take up to ``moves`` moves; returns the best's log-gain per evaluation."""
