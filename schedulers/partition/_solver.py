@@ -13,6 +13,8 @@ the shorter way (:func:`._repair.build_model`), so the ring is solved exactly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,9 +25,70 @@ from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._repair import InfeasibleError, RepairTimeout, SolverModel, build_model, describe_infeasible
 
-__all__ = ["solve_bottleneck", "solver_step"]
+__all__ = ["BottleneckModel", "bottleneck_model", "solve_bottleneck", "solver_step"]
 
 RESOLUTION = 200_000
+
+
+@dataclass
+class BottleneckModel:
+    """The constraint model of :mod:`._repair` plus the cost model: ``stages[k]``
+    is stage ``k``'s time as a linear expression in integer ``unit``s (seconds),
+    ``bottleneck`` an integer variable at least every stage's time, and
+    ``hinted[k]`` stage ``k``'s time under the hint (empty without one);
+    ``top`` bounds every stage's time."""
+
+    sm: SolverModel
+    stages: list[Any]
+    bottleneck: Any
+    unit: float
+    hinted: list[int]
+    top: int
+
+
+def bottleneck_model(
+    graph: OpGraph, chiplets: Chiplets, hint: IntArray | None = None
+) -> BottleneckModel:
+    """Build the bottleneck model (see the module's docstring), every variable
+    hinted at ``hint`` when given (a complete hint: CP-SAT can start from it)."""
+    ring, c = chiplets.topology == "ring", chiplets.count
+    sm = build_model(graph, chiplets)
+    times = node_times(graph, chiplets)
+    unit = max(float(times.sum()), 1e-30) / RESOLUTION
+    tc = [round(float(t) / unit) for t in times]
+    consumers: dict[int, list[int]] = {}
+    for e in graph.edges:
+        consumers.setdefault(e.src, []).append(e.dst)
+    link: list[list[tuple[int, Any]]] = [[] for _ in range(chiplets.links)]
+    on_link = [0] * len(link)  # the hint's bytes on each link, in time units
+    for u, vs in consumers.items():
+        cost = round(float(graph.nodes[u].output_bytes) / chiplets.link_bytes_per_s / unit)
+        if cost == 0:
+            continue
+        crossings = _ring_crossings(sm, u, vs, c) if ring else _chain_crossings(sm, u, vs, c)
+        crossed = _links_crossed(hint, u, vs, c, ring) if hint is not None else set()
+        for k, z in enumerate(crossings):
+            if hint is not None:
+                sm.model.add_hint(z, k in crossed)
+                on_link[k] += cost * (k in crossed)
+            link[k].append((cost, z))
+    top = sum(tc) + sum(w for lk in link for w, _ in lk)
+    bottleneck = sm.model.new_int_var(0, top, "T")
+    stages, hinted = [], []
+    for k in range(c):
+        stage = [t * sm.x[i][k] for i, t in enumerate(tc) if t]
+        sides = [s for s in ({(k - 1) % c, k} if ring else (k - 1, k)) if 0 <= s < len(link)]
+        for side in sides:  # stage k pays links k - 1 and k (mod count on a ring)
+            stage += [w * z for w, z in link[side]]
+        sm.model.add(bottleneck >= sum(stage))
+        stages.append(sum(stage))
+        if hint is not None:
+            own = sum(t for i, t in enumerate(tc) if int(hint[i]) == k)
+            hinted.append(own + sum(on_link[s] for s in sides))
+    if hint is not None:
+        _add_hint(sm, hint)
+        sm.model.add_hint(bottleneck, max(hinted))
+    return BottleneckModel(sm, stages, bottleneck, unit, hinted, top)
 
 
 def solve_bottleneck(
@@ -36,6 +99,7 @@ def solve_bottleneck(
     hint: IntArray | None = None,
     deterministic_s: float | None = None,
     keep: NDArray[np.bool_] | None = None,
+    focus: Sequence[int] = (),
 ) -> tuple[IntArray, dict[str, Any]]:
     """The best assignment CP-SAT finds within ``time_limit_s``, and solve statistics.
 
@@ -46,52 +110,40 @@ def solve_bottleneck(
     depend on the machine's load), so a short solve gives the same result
     however busy the machine is. ``keep`` (with a ``hint``) pins every node
     where it is true to its chiplet in the hint, so CP-SAT re-solves only the
-    others (a large-neighbourhood step, :mod:`._lns`). Raises
-    :class:`RepairTimeout` when no partition was found in time,
-    :class:`InfeasibleError` when none exists.
+    others (a large-neighbourhood step, :mod:`._lns`). ``focus`` (stages)
+    adds a second objective: after the slowest stage, the slowest of these
+    (a window's own stages: a step can then shorten one of two tied slowest
+    stages, which leaves the throughput as it is but lets the next step
+    shorten the other). Raises :class:`RepairTimeout` when no partition was
+    found in time, :class:`InfeasibleError` when none exists.
     """
     from ortools.sat.python import cp_model
 
     if keep is not None and hint is None:
         raise ValueError("keep pins nodes to the hint's chiplets: give a hint too")
-    ring = chiplets.topology == "ring"
-    sm = build_model(graph, chiplets)
-    model, x, c = sm.model, sm.x, chiplets.count
-    times = node_times(graph, chiplets)
-    unit = max(float(times.sum()), 1e-30) / RESOLUTION
-    tc = [round(float(t) / unit) for t in times]
-    consumers: dict[int, list[int]] = {}
-    for e in graph.edges:
-        consumers.setdefault(e.src, []).append(e.dst)
-    link: list[list[tuple[int, Any]]] = [[] for _ in range(chiplets.links)]
-    for u, vs in consumers.items():
-        cost = round(float(graph.nodes[u].output_bytes) / chiplets.link_bytes_per_s / unit)
-        if cost == 0:
-            continue
-        crossings = _ring_crossings(sm, u, vs, c) if ring else _chain_crossings(sm, u, vs, c)
-        for k, z in enumerate(crossings):
-            if hint is not None:
-                model.add_hint(z, k in _links_crossed(hint, u, vs, c, ring))
-            link[k].append((cost, z))
-    bottleneck = model.new_int_var(0, sum(tc) + sum(w for lk in link for w, _ in lk), "T")
-    for k in range(c):
-        stage = [t * x[i][k] for i, t in enumerate(tc) if t]
-        for side in {(k - 1) % c, k} if ring else (k - 1, k):
-            if 0 <= side < len(link):  # stage k pays links k - 1 and k (mod count on a ring)
-                stage += [w * z for w, z in link[side]]
-        model.add(bottleneck >= sum(stage))
-    model.minimize(bottleneck)
-    if hint is not None:
-        _add_hint(sm, hint)
+    bm = bottleneck_model(graph, chiplets, hint)
+    model, scale = bm.sm.model, 1
+    if focus:  # lexicographic: bottleneck first, then the focus stages' slowest
+        scale = bm.top + 1
+        local = model.new_int_var(0, scale - 1, "L")
+        for k in focus:
+            model.add(local >= bm.stages[k])
+        if hint is not None:
+            model.add_hint(local, max(bm.hinted[k] for k in focus))
+        model.minimize(scale * bm.bottleneck + local)
+    else:
+        model.minimize(bm.bottleneck)
     if keep is not None and hint is not None:
         for i in np.flatnonzero(keep).tolist():
-            model.add(x[i][int(hint[i])] == 1)
+            model.add(bm.sm.x[i][int(hint[i])] == 1)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = seed
     if deterministic_s is not None:
         solver.parameters.max_deterministic_time = deterministic_s
+    if keep is not None:  # pinned nodes leave little to probe; probing ate most of a window's time
+        solver.parameters.cp_model_probing_level = 0
     status = solver.solve(model)
     if status == cp_model.UNKNOWN:
         raise RepairTimeout(f"CP-SAT found no partition of {graph.name!r} in its time limit")
@@ -99,12 +151,12 @@ def solve_bottleneck(
         raise InfeasibleError(describe_infeasible(graph, chiplets))
     stats = {
         "optimal": status == cp_model.OPTIMAL,
-        "bound_s": solver.best_objective_bound * unit,
-        "objective_s": solver.objective_value * unit,
+        "bound_s": (solver.best_objective_bound // scale) * bm.unit,
+        "objective_s": solver.value(bm.bottleneck) * bm.unit,
         "solve_s": solver.wall_time,
         "deterministic_s": solver.deterministic_time,
     }
-    return sm.chips(solver), stats
+    return bm.sm.chips(solver), stats
 
 
 def solver_step(
@@ -114,6 +166,7 @@ def solver_step(
     hint: IntArray | None = None,
     seed: int = 0,
     keep: NDArray[np.bool_] | None = None,
+    focus: Sequence[int] = (),
 ) -> tuple[IntArray | None, bool]:
     """The best partition a short CP-SAT run on the bottleneck finds (RL's seed,
     polish and windows), or None when it finds none in time; and whether
@@ -122,12 +175,12 @@ def solver_step(
     The run stops after ``deterministic_s`` of CP-SAT's deterministic time, so
     its result does not depend on the machine's load (wall time: about that
     many seconds on an idle core, more on a busy one). ``hint`` is the
-    solver's own starting point and ``keep`` pins nodes to it, as in
-    :func:`solve_bottleneck`.
+    solver's own starting point; ``keep`` pins nodes to it and ``focus``
+    adds a second objective, as in :func:`solve_bottleneck`.
     """
     try:
         assignment, stats = solve_bottleneck(
-            graph, chips, 3600.0, seed, hint, deterministic_s=deterministic_s, keep=keep
+            graph, chips, 3600.0, seed, hint, deterministic_s, keep, focus
         )
     except RepairTimeout:
         return None, False
