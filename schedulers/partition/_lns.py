@@ -22,8 +22,12 @@ that is tried too, the partition is a local optimum of every window at this
 much solver time: the windows start again at 3 chiplets with twice the time
 each, up to 2 deterministic seconds (back to 0.5 after an improvement),
 skipping those CP-SAT proved optimal, which more time cannot improve.
-The polish stops early, leaving the rest of the budget, when the whole
-problem is proved optimal or no window improves even at 2 seconds.
+When no window improves even at 2 seconds, the rest of the budget goes to
+kicks (an iterated local search): a few random moves off the best
+partition's slowest stage, one evaluation, then a short descent from there
+with windows of 3 and 4 chiplets at 0.5 seconds; every kick starts again
+from the best. The polish stops early, leaving the rest of the budget,
+only when CP-SAT proves the whole problem optimal.
 Nothing here is asynchronous: each step is one blocking CP-SAT call.
 """
 
@@ -32,8 +36,8 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from ._baselines import Tracker
-from ._cost import stage_times
+from ._baselines import Tracker, _bottleneck_neighbour
+from ._cost import IntArray, stage_times
 from ._solver import solver_step
 
 __all__ = ["MAX_WINDOW_S", "WINDOW_S", "lns_polish", "windows"]
@@ -41,6 +45,7 @@ __all__ = ["MAX_WINDOW_S", "WINDOW_S", "lns_polish", "windows"]
 WINDOW_S = 0.5  # deterministic seconds of CP-SAT per window
 MAX_WINDOW_S = 2.0  # doubled up to this when every window is stuck
 FIRST_WINDOW = 3  # chiplets freed by the first windows
+KICK = (2, 6)  # the fewest and most random moves of a kick
 
 
 def windows(count: int, slow: int, size: int, ring: bool = False) -> list[tuple[int, ...]]:
@@ -63,27 +68,57 @@ def windows(count: int, slow: int, size: int, ring: bool = False) -> list[tuple[
 def lns_polish(
     tracker: Tracker, rng: np.random.Generator, seed: int = 0, window_s: float = WINDOW_S
 ) -> None:
-    """Improve ``tracker.best`` window by window until the budget is spent, the
-    whole problem is proved optimal, or no window of any size improves it even
-    at :data:`MAX_WINDOW_S` per window (see the module's docstring). Every
-    step's partition is evaluated; the walk goes on from the last one that
-    was :func:`_faster`, which may tie the best throughput."""
+    """Improve ``tracker.best`` window by window until the budget is spent or the
+    whole problem is proved optimal (see the module's docstring).
+
+    First a descent from the best, with windows of every size and, when
+    stuck, more time per window up to :data:`MAX_WINDOW_S`. Then, while
+    budget is left, kicks: a few random moves off the best partition's
+    slowest stage (:func:`._baselines._bottleneck_neighbour`, valid without
+    a repair), one evaluation, and a short descent from there (windows of
+    :data:`FIRST_WINDOW` and one more chiplet, at ``window_s``)."""
+    count = tracker.chiplets.count
+    if _descend(tracker, tracker.best, rng, seed, window_s, MAX_WINDOW_S, count):
+        return
+    while tracker.left > 0 and tracker.best is not None:
+        kicked = tracker.best
+        for _ in range(int(rng.integers(KICK[0], KICK[1] + 1))):
+            kicked = _bottleneck_neighbour(tracker.graph, tracker.chiplets, kicked, rng)
+        kicked, _ = tracker.evaluate(kicked)
+        if _descend(tracker, kicked, rng, seed, window_s, window_s, FIRST_WINDOW + 1):
+            return
+
+
+def _descend(
+    tracker: Tracker,
+    start: IntArray | None,
+    rng: np.random.Generator,
+    seed: int,
+    window_s: float,
+    max_s: float,
+    max_size: int,
+) -> bool:
+    """Window steps from ``start`` until no window of up to ``max_size`` chiplets
+    improves it at up to ``max_s`` per window, or the budget is spent. Every
+    step's partition is evaluated; the descent goes on from the last one that
+    was :func:`_faster`, which may tie the best throughput. Returns whether
+    CP-SAT proved the whole problem optimal."""
     graph, chips, count = tracker.graph, tracker.chiplets, tracker.chiplets.count
-    ring = chips.topology == "ring"
+    ring, top = chips.topology == "ring", min(max_size, count)
     size, step_s = min(FIRST_WINDOW, count), window_s
     tried, proved = set[tuple[int, ...]](), set[tuple[int, ...]]()  # since the last gain
-    current = tracker.best
+    current = start
     while tracker.left > 0 and current is not None:
         times = stage_times(graph, chips, current)
         slow = int(np.argmax(times))
         todo = [w for w in windows(count, slow, size, ring) if w not in tried | proved]
         if not todo:
-            if size < count:
+            if size < top:
                 size += 1
-            elif step_s * 2 <= MAX_WINDOW_S * (1 + 1e-9):
+            elif step_s * 2 <= max_s * (1 + 1e-9):
                 size, tried, step_s = min(FIRST_WINDOW, count), set(), step_s * 2
             else:
-                return  # a local optimum of every window, the whole problem included
+                return False  # a local optimum of every window up to this size and time
             continue
         window = todo[int(rng.integers(len(todo)))]
         tried.add(window)
@@ -95,12 +130,13 @@ def lns_polish(
             continue  # nothing found in the window's time: the window counts as tried
         tracker.evaluate(new)
         if optimal and len(window) == count:
-            return  # the whole problem, proved optimal
+            return True  # the whole problem, proved optimal
         if _faster(stage_times(graph, chips, new), times):
             current, size, step_s = new, min(FIRST_WINDOW, count), window_s
             tried, proved = set(), set()
         elif optimal:
             proved.add(window)  # no more time can improve it: skip it until the next gain
+    return False
 
 
 def _faster(new: NDArray[np.float64], old: NDArray[np.float64]) -> bool:
