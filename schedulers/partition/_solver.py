@@ -49,8 +49,10 @@ class BottleneckModel:
 def bottleneck_model(
     graph: OpGraph, chiplets: Chiplets, hint: IntArray | None = None
 ) -> BottleneckModel:
-    """Build the bottleneck model (see the module's docstring), every variable
-    hinted at ``hint`` when given (a complete hint: CP-SAT can start from it)."""
+    """Build the bottleneck model (see the module's docstring), hinted at ``hint``
+    when given: on a chain every variable, the bottleneck too (a complete
+    hint, which CP-SAT takes as a first solution); on a ring the routing
+    variables of :func:`_ring_crossings` and the wrap literals are left out."""
     ring, c = chiplets.topology == "ring", chiplets.count
     sm = build_model(graph, chiplets)
     times = node_times(graph, chiplets)
