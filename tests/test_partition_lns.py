@@ -173,7 +173,7 @@ def test_a_window_shortens_its_own_stages_when_another_ties_for_slowest() -> Non
     assert _lns._faster(after, before)
 
 
-def test_the_hint_is_complete_its_stage_times_are_the_cost_models() -> None:
+def test_the_hinted_stage_times_are_the_cost_models() -> None:
     g = _heldout.heldout_graph("wavenet")
     for topology in ("chain", "ring"):
         chips = P.Chiplets.default_for(g, 4, topology=topology)

@@ -107,9 +107,10 @@ def _descend(
     ring, top = chips.topology == "ring", min(max_size, count)
     size, step_s = min(FIRST_WINDOW, count), window_s
     tried, proved = set[tuple[int, ...]](), set[tuple[int, ...]]()  # since the last gain
-    current = start
-    while tracker.left > 0 and current is not None:
-        times = stage_times(graph, chips, current)
+    if start is None:
+        return False
+    current, times = start, stage_times(graph, chips, start)
+    while tracker.left > 0:
         slow = int(np.argmax(times))
         todo = [w for w in windows(count, slow, size, ring) if w not in tried | proved]
         if not todo:
@@ -131,8 +132,9 @@ def _descend(
         tracker.evaluate(new)
         if optimal and len(window) == count:
             return True  # the whole problem, proved optimal
-        if _faster(stage_times(graph, chips, new), times):
-            current, size, step_s = new, min(FIRST_WINDOW, count), window_s
+        new_times = stage_times(graph, chips, new)
+        if _faster(new_times, times):
+            current, times, size, step_s = new, new_times, min(FIRST_WINDOW, count), window_s
             tried, proved = set(), set()
         elif optimal:
             proved.add(window)  # no more time can improve it: skip it until the next gain
