@@ -183,6 +183,29 @@ def test_the_hinted_stage_times_are_the_cost_models() -> None:
         np.testing.assert_allclose(np.array(bm.hinted) * bm.unit, times, rtol=1e-3)
 
 
+@pytest.mark.parametrize("topology", ["chain", "ring"])
+def test_the_hint_is_complete_and_a_solution(topology: str) -> None:
+    from ortools.sat.python import cp_model
+
+    g = _heldout.heldout_graph("wavenet")
+    for count in (4, 8):
+        chips = P.Chiplets.default_for(g, count, topology=topology)
+        start = Repairer(g, chips)(np.arange(len(g)) * count // len(g))
+        bm = _solver.bottleneck_model(g, chips, start)
+        proto = bm.sm.model.proto
+        assert sorted(proto.solution_hint.vars) == list(range(len(proto.variables)))
+        if topology == "ring":
+            assert bm.sm.wraps  # hop limit 1 on 4 and 8 chiplets: edges may wrap
+        # every variable fixed at its hint: CP-SAT must find that one solution
+        bm.sm.model.minimize(bm.bottleneck)
+        solver = cp_model.CpSolver()
+        solver.parameters.fix_variables_to_their_hinted_value = True
+        solver.parameters.num_workers = 1
+        assert solver.solve(bm.sm.model) == cp_model.OPTIMAL
+        assert solver.value(bm.bottleneck) == max(bm.hinted)
+        np.testing.assert_array_equal(bm.sm.chips(solver), start)
+
+
 @pytest.mark.timeout(120)
 def test_rl_as_shipped_spends_a_share_on_windows() -> None:
     g = _heldout.heldout_graph("mixer")

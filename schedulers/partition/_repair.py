@@ -9,7 +9,7 @@ calling the solver.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,12 +41,16 @@ class SolverModel:
     ``ge[i][k]`` is "node i sits on chip k or later" (``ge[i][0]`` is the
     constant 1), ``x[i][k]`` is "node i sits on chip k". Forward flow and the
     hop limit become two-literal implications between ``ge`` variables, which
-    propagate (and relax) far better than integer differences.
+    propagate (and relax) far better than integer differences. On a ring,
+    ``wraps`` holds each edge's wrap literal as ``(u, v, span, literal)``:
+    true forces ``chip(v) - chip(u) >= span`` (the edge goes round the wrap
+    link); a hint sets it from the hinted chips.
     """
 
     model: cp_model.CpModel
     x: list[list[cp_model.IntVar]]
     ge: list[list[cp_model.IntVar | int]]
+    wraps: list[tuple[int, int, int, cp_model.IntVar]] = field(default_factory=list)
 
     def chips(self, solver: cp_model.CpSolver) -> IntArray:
         """The assignment in ``solver``'s solution."""
@@ -72,9 +76,12 @@ def build_model(graph: OpGraph, chiplets: Chiplets) -> SolverModel:
         for k in range(c):
             model.add(x[i][k] == ge[i][k] - ge[i][k + 1])
     ring = chiplets.topology == "ring"
+    wraps: list[tuple[int, int, int, cp_model.IntVar]] = []
     for e in graph.edges:
         # on a ring an edge may instead span c - h chips or more: it wraps round
         wrap = _wrap_literal(model, ge, e.src, e.dst, c, h) if ring and c - h > h else None
+        if wrap is not None:
+            wraps.append((e.src, e.dst, c - h, wrap))
         for k in range(1, c):  # forward: chip(dst) >= chip(src)
             model.add_implication(ge[e.src][k], ge[e.dst][k])
             if k + h < c and not (ring and c - h <= h):
@@ -87,7 +94,7 @@ def build_model(graph: OpGraph, chiplets: Chiplets) -> SolverModel:
         if heavy:  # the weights on a chiplet fit its SRAM
             model.add(sum(w * v for w, v in heavy) <= int(chiplets.sram_bytes))
         model.add_at_least_one([x[i][k] for i in range(n)])  # every chiplet used
-    return SolverModel(model, x, ge)
+    return SolverModel(model, x, ge, wraps)
 
 
 def _wrap_literal(

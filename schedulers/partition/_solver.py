@@ -50,9 +50,9 @@ def bottleneck_model(
     graph: OpGraph, chiplets: Chiplets, hint: IntArray | None = None
 ) -> BottleneckModel:
     """Build the bottleneck model (see the module's docstring), hinted at ``hint``
-    when given: on a chain every variable, the bottleneck too (a complete
-    hint, which CP-SAT takes as a first solution); on a ring the routing
-    variables of :func:`_ring_crossings` and the wrap literals are left out."""
+    when given: every variable, the bottleneck, the ring's routing and wrap
+    literals too (a complete hint, which CP-SAT takes as a first solution
+    when it is valid)."""
     ring, c = chiplets.topology == "ring", chiplets.count
     sm = build_model(graph, chiplets)
     times = node_times(graph, chiplets)
@@ -67,7 +67,7 @@ def bottleneck_model(
         cost = round(float(graph.nodes[u].output_bytes) / chiplets.link_bytes_per_s / unit)
         if cost == 0:
             continue
-        crossings = _ring_crossings(sm, u, vs, c) if ring else _chain_crossings(sm, u, vs, c)
+        crossings = _ring_crossings(sm, u, vs, c, hint) if ring else _chain_crossings(sm, u, vs, c)
         crossed = _links_crossed(hint, u, vs, c, ring) if hint is not None else set()
         for k, z in enumerate(crossings):
             if hint is not None:
@@ -206,14 +206,18 @@ def _chip(sm: SolverModel, i: int, c: int) -> Any:
     return sum(sm.ge[i][1:c])
 
 
-def _ring_crossings(sm: SolverModel, u: int, vs: list[int], c: int) -> list[Any]:
+def _ring_crossings(
+    sm: SolverModel, u: int, vs: list[int], c: int, hint: IntArray | None = None
+) -> list[Any]:
     """Per ring link ``k`` (``c - 1`` is the wrap link): a literal forced on when the
     tensor of ``u`` crosses it, routed as the cost model routes it.
 
     With ``s`` the chip of ``u``, ``hi`` its farthest consumer's and ``near`` its
     nearest consumer's on a later chip (``c`` if none), the tensor goes backwards
     (``back``) exactly when ``s + c - near < hi - s``. Forwards it crosses links
-    ``s .. hi - 1``; backwards links ``0 .. s - 1`` and ``near .. c - 1``.
+    ``s .. hi - 1``; backwards links ``0 .. s - 1`` and ``near .. c - 1``. With
+    a ``hint`` the routing variables are hinted at it (the caller hints the
+    returned literals).
     """
     m, s = sm.model, _chip(sm, u, c)
     chips = [m.new_int_var(0, c - 1, f"chip{u}_{v}") for v in vs]
@@ -231,6 +235,8 @@ def _ring_crossings(sm: SolverModel, u: int, vs: list[int], c: int) -> list[Any]
     back = m.new_bool_var(f"back{u}")
     m.add(2 * s + c <= hi + near - 1).only_enforce_if(back)
     m.add(2 * s + c >= hi + near).only_enforce_if(back.Not())
+    if hint is not None:
+        _hint_route(sm, hint, u, vs, (chips, later, ends, hi, near, back))
     out = []
     for k in range(c):
         z = m.new_bool_var(f"z{u}_{k}")
@@ -244,6 +250,24 @@ def _ring_crossings(sm: SolverModel, u: int, vs: list[int], c: int) -> list[Any]
     return out
 
 
+def _hint_route(
+    sm: SolverModel, hint: IntArray, u: int, vs: list[int], route: tuple[Any, ...]
+) -> None:
+    """Hint :func:`_ring_crossings`' routing variables ``route`` (the consumers'
+    chips, whether each is later, their ends, ``hi``, ``near``, ``back``) at ``hint``."""
+    chips, later, ends, hi, near, back = route
+    c, s = len(sm.x[u]), int(hint[u])
+    at = [int(hint[v]) for v in vs]
+    for chip, lat, end, h in zip(chips, later, ends, at, strict=True):
+        sm.model.add_hint(chip, h)
+        sm.model.add_hint(lat, h > s)
+        sm.model.add_hint(end, h if h > s else c)
+    top, first = max(at), min((h for h in at if h > s), default=c)
+    sm.model.add_hint(hi, top)
+    sm.model.add_hint(near, first)
+    sm.model.add_hint(back, 2 * s + c <= top + first - 1)
+
+
 def _links_crossed(hint: IntArray, u: int, vs: list[int], c: int, ring: bool) -> set[int]:
     """The links the tensor of ``u`` crosses under the assignment ``hint``."""
     s, hi = int(hint[u]), max(int(hint[v]) for v in vs)
@@ -254,10 +278,12 @@ def _links_crossed(hint: IntArray, u: int, vs: list[int], c: int, ring: bool) ->
 
 
 def _add_hint(sm: SolverModel, hint: IntArray) -> None:
-    """Hint every ``ge`` and ``x`` literal of the model at the assignment ``hint``."""
+    """Hint every ``ge``, ``x`` and wrap literal of the model at the assignment ``hint``."""
     for i, chip in enumerate(hint.tolist()):
         for k, var in enumerate(sm.ge[i]):
             if not isinstance(var, int):  # ge[i][0] and ge[i][count] are constants
                 sm.model.add_hint(var, k <= chip)
         for k, var in enumerate(sm.x[i]):
             sm.model.add_hint(var, k == chip)
+    for u, v, span, wrap in sm.wraps:
+        sm.model.add_hint(wrap, int(hint[v]) - int(hint[u]) >= span)
