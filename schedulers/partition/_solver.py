@@ -257,22 +257,29 @@ def _hint_route(
     chips, whether each is later, their ends, ``hi``, ``near``, ``back``) at ``hint``."""
     chips, later, ends, hi, near, back = route
     c, s = len(sm.x[u]), int(hint[u])
-    at = [int(hint[v]) for v in vs]
-    for chip, lat, end, h in zip(chips, later, ends, at, strict=True):
+    for chip, lat, end, v in zip(chips, later, ends, vs, strict=True):
+        h = int(hint[v])
         sm.model.add_hint(chip, h)
         sm.model.add_hint(lat, h > s)
         sm.model.add_hint(end, h if h > s else c)
-    top, first = max(at), min((h for h in at if h > s), default=c)
-    sm.model.add_hint(hi, top)
-    sm.model.add_hint(near, first)
-    sm.model.add_hint(back, 2 * s + c <= top + first - 1)
+    for var, value in zip((hi, near, back), _route(hint, u, vs, c), strict=True):
+        sm.model.add_hint(var, value)
+
+
+def _route(hint: IntArray, u: int, vs: list[int], c: int) -> tuple[int, int, bool]:
+    """Under ``hint``: the chip of ``u``'s farthest consumer (``hi``), of its nearest
+    consumer on a later chip (``near``, ``c`` if none), and whether on a ring
+    its tensor goes backwards (``back``: ``s + c - near < hi - s``)."""
+    s, at = int(hint[u]), [int(hint[v]) for v in vs]
+    hi, near = max(at), min((h for h in at if h > s), default=c)
+    return hi, near, near < c and s + c - near < hi - s
 
 
 def _links_crossed(hint: IntArray, u: int, vs: list[int], c: int, ring: bool) -> set[int]:
     """The links the tensor of ``u`` crosses under the assignment ``hint``."""
-    s, hi = int(hint[u]), max(int(hint[v]) for v in vs)
-    near = min((int(hint[v]) for v in vs if hint[v] > s), default=c)
-    if ring and near < c and s + c - near < hi - s:
+    s = int(hint[u])
+    hi, near, back = _route(hint, u, vs, c)
+    if ring and back:
         return set(range(s)) | set(range(near, c))
     return set(range(s, hi))
 
