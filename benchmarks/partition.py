@@ -89,6 +89,7 @@ class Config:
     transfer_budget: int = 1000
     seeded_budget: int = 100  # RL as shipped (seeded by CP-SAT) in the solver-gap rows
     seeded_seeds: tuple[int, ...] = (0, 1, 2)  # its seeds (median, worst); the ablation: the first
+    ablation: bool = False  # the solver steps without fine-tuning too (``--ablation``; wall time)
     workers: int = 2  # sections run in this many processes (1: in this one)
 
     @classmethod
@@ -111,6 +112,7 @@ class Config:
             transfer_budget=16,
             seeded_budget=8,
             seeded_seeds=(0,),
+            ablation=True,
             workers=1,
         )
 
@@ -301,25 +303,21 @@ def _solver_gap(
     """CP-SAT alone, the DP, and CP-SAT hinted (with the policy's greedy assignment,
     and with RL's best partition), against RL at its largest budget (unseeded) and
     RL as shipped (seeded by a short CP-SAT run) at ``seeded_budget``, over
-    ``seeded_seeds``, beside the same solver steps without fine-tuning (the first seed)."""
+    ``seeded_seeds``; with ``ablation`` also the same solver steps without fine-tuning."""
     g = heldout_graph(name)
     chips = Chiplets.default_for(g, count, topology=cfg.heldout_topology)
     solved = search(g, chips, "solver", time_limit_s=cfg.heldout_solver_s)
     dp = search(g, chips, "dp")
     case, rl = _heldout_case(name, count, cfg), rl_part.throughput
-    # RL as shipped, and the ablation: the same solver steps with the policy's greedy only
+    # RL as shipped
     seeds = cfg.seeded_seeds
     shipped = _over_seeds(g, chips, seeds, cfg, policy, f"{case}_rl_seeded", solved.throughput)
-    windows = _over_seeds(  # its first seed only, for the benchmark's wall time
-        g, chips, seeds[:1], cfg, policy, f"{case}_windows_alone", solved.throughput, rl_lns=1.0
-    )
     log.append(
         f"  {case}: solver {solved.throughput:.1f} in {solved.wall_s:.1f} s "
         f"(optimal: {solved.extra['optimal']}), dp {dp.throughput:.1f}, rl/solver "
         f"{rl / solved.throughput:.3f}; seeded rl (budget {cfg.seeded_budget}), median (worst) "
         f"over seeds {seeds}: {shipped[0].value:.1f} ({shipped[1].value:.1f}) in "
-        f"{shipped[2].value:.1f} s; solver steps alone, seed {seeds[0]}: "
-        f"{windows[0].value:.1f} in {windows[2].value:.1f} s"
+        f"{shipped[2].value:.1f} s"
     )
     return [
         _row(f"{case}_solver", solved.throughput, "1/s"),
@@ -327,10 +325,32 @@ def _solver_gap(
         _row(f"{case}_dp", dp.throughput, "1/s"),
         _row(f"{case}_rl_of_solver", rl / solved.throughput, "fraction"),
         *shipped,
-        *windows,
+        *(_ablation(g, chips, case, cfg, policy, solved.throughput, log) if cfg.ablation else []),
         *_hinted_solver(g, chips, case, policy, solved, cfg.heldout_solver_s, log),
         *_rl_hinted_solver(g, chips, case, rl_part, cfg.heldout_solver_s, log),
     ]
+
+
+def _ablation(
+    g: OpGraph,
+    chips: Chiplets,
+    case: str,
+    cfg: Config,
+    policy: Policy,
+    solver_tp: float,
+    log: list[str],
+) -> list[Row]:
+    """RL as shipped's solver steps with only the policy's greedy assignment
+    (``rl_lns=1.0``: no fine-tuning), on the first of ``seeded_seeds``: rows
+    ``<case>_windows_alone...``. Off in the full run (its wall time): ``--ablation``."""
+    seed = cfg.seeded_seeds[0]
+    rows = _over_seeds(
+        g, chips, (seed,), cfg, policy, f"{case}_windows_alone", solver_tp, rl_lns=1.0
+    )
+    log.append(
+        f"  {case}: solver steps alone, seed {seed}: {rows[0].value:.1f} in {rows[2].value:.1f} s"
+    )
+    return rows
 
 
 def _over_seeds(
@@ -677,6 +697,8 @@ def _configure(cfg: Config, args: argparse.Namespace) -> Config:
                 f"atoll bench partition: no held-out graph {unknown}; choose from {heldout_names()}"
             )
         cfg = replace(cfg, heldout=tuple(args.heldout))
+    if args.ablation:
+        cfg = replace(cfg, ablation=True)
     return replace(cfg, heldout_topology=args.topology)
 
 
@@ -699,6 +721,11 @@ def _parser() -> argparse.ArgumentParser:
         "--top-chiplets", type=int, help="run the largest budget at this count (default 4)"
     )
     parser.add_argument("--heldout", nargs="+", help="only these held-out graphs (default all)")
+    parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help="also RL as shipped without fine-tuning (rows ..._windows_alone)",
+    )
     parser.add_argument(
         "--topology",
         choices=("chain", "ring"),

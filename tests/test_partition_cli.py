@@ -221,6 +221,8 @@ def test_benchmark_sections_can_be_chosen() -> None:
     assert all(n.startswith("heldout_") and n.endswith("_c8") for n in jobs if n != "validity")
     assert bench._transfer_summary([], cfg, None, []) == []
     assert bench._configure(bench.Config(), parser.parse_args([])) == bench.Config()
+    assert not bench.Config().ablation  # the full run leaves the ablation out (wall time)
+    assert bench._configure(bench.Config(), parser.parse_args(["--ablation"])).ablation
 
 
 def test_benchmark_heldout_rows_on_a_ring() -> None:
