@@ -221,7 +221,8 @@ def test_benchmark_sections_can_be_chosen() -> None:
     assert all(n.startswith("heldout_") and n.endswith("_c8") for n in jobs if n != "validity")
     assert bench._transfer_summary([], cfg, None, []) == []
     assert bench._configure(bench.Config(), parser.parse_args([])) == bench.Config()
-    assert not bench.Config().ablation  # the full run leaves the ablation out (wall time)
+    full = bench.Config()  # the full run leaves out the ablations and budget 1000 (wall time)
+    assert not full.ablation and full.heldout_top_chiplets == 0
     assert bench._configure(bench.Config(), parser.parse_args(["--ablation"])).ablation
 
 
