@@ -726,7 +726,9 @@ def _parser() -> argparse.ArgumentParser:
         "--heldout-chiplets", type=int, nargs="+", help="held-out chiplet counts (default 4 8)"
     )
     parser.add_argument(
-        "--top-chiplets", type=int, help="run the largest budget at this count (default 4)"
+        "--top-chiplets",
+        type=int,
+        help="also run the largest budget (1000) at this count (default: at none)",
     )
     parser.add_argument("--heldout", nargs="+", help="only these held-out graphs (default all)")
     parser.add_argument(
