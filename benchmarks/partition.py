@@ -4,9 +4,9 @@ On BERT (4 and 8 chiplets) every method runs at one budget, beside the solver
 and the DP, and the benchmark counts how many random assignments are valid.
 On the held-out graphs (``_heldout.py``: architectures the shipped policy never
 trained on, each on ``Chiplets.default_for``) RL, random search and simulated
-annealing run at budgets of 100, 300 and 1000 evaluated partitions, with the
-comparison at equal wall time too; a long CP-SAT run gives the gap to the
-optimum. Transfer is the wall time a fine-tuned pre-trained policy needs to
+annealing run at budgets of 100 and 300 evaluated partitions (1000 too with
+``--top-chiplets K``), with the comparison at equal wall time too; a CP-SAT run
+gives the gap to the optimum. Transfer is the wall time a fine-tuned pre-trained policy needs to
 reach what training from scratch reaches, against the time scratch needs.
 
 Prints a table with the paper's figures beside ours, or with ``--json`` one
@@ -87,7 +87,7 @@ class Config:
     heldout_solver_s: float = 10.0
     heldout_topology: str = "chain"  # "ring": the held-out rows on a ring of chiplets
     transfer_cases: tuple[tuple[str, int], ...] = (("wavenet", 4), ("gru", 4))
-    transfer_seeds: tuple[int, ...] = (1,)  # seed 2 too once (wall time)
+    transfer_seeds: tuple[int, ...] = (1,)  # (1, 2) until the full run's wall time
     transfer_budget: int = 1000
     seeded_budget: int = 100  # RL as shipped (seeded by CP-SAT) in the solver-gap rows
     seeded_seeds: tuple[int, ...] = (0, 1, 2)  # its seeds (median, worst); the ablation: the first
@@ -734,7 +734,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--ablation",
         action="store_true",
-        help="also RL as shipped without fine-tuning (rows ..._windows_alone)",
+        help="also the ablations: RL as shipped without fine-tuning (rows ..._windows_alone)"
+        " and CP-SAT hinted by the policy or by RL (..._solver_hinted, ..._solver_rlhinted)",
     )
     parser.add_argument(
         "--topology",
