@@ -6,8 +6,9 @@ On the held-out graphs (``_heldout.py``: architectures the shipped policy never
 trained on, each on ``Chiplets.default_for``) RL, random search and simulated
 annealing run at budgets of 100 and 300 evaluated partitions (1000 too with
 ``--top-chiplets K``), with the comparison at equal wall time too; a CP-SAT run
-gives the gap to the optimum. Transfer is the wall time a fine-tuned pre-trained policy needs to
-reach what training from scratch reaches, against the time scratch needs.
+gives the gap to the optimum. Transfer is the wall time a fine-tuned
+pre-trained policy needs to reach what training from scratch reaches, against
+the time scratch needs.
 
 Prints a table with the paper's figures beside ours, or with ``--json`` one
 JSON object per line (``bench``, ``case``, ``system``, ``value``, ``unit``).
@@ -728,7 +729,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--top-chiplets",
         type=int,
-        help="also run the largest budget (1000) at this count (default: at none)",
+        help="also run the largest budget (1000 by default) at this count (default: at none)",
     )
     parser.add_argument("--heldout", nargs="+", help="only these held-out graphs (default all)")
     parser.add_argument(
