@@ -35,6 +35,7 @@ import numpy as np
 
 from ..kernel import AtollError, Promise
 from ..transports import shm
+from ..transports.dtypes import raw_bytes
 from ..transports.inproc import read_only
 from ._ledger import OwnerLedger, check_owner
 
@@ -326,8 +327,8 @@ class ObjectStore:
 
     def _placed(self, array: np.ndarray) -> tuple[np.ndarray, shm.Segment | None]:
         """``array`` as stored (read-only), and the segment it was copied into."""
-        plain = array.dtype.kind in "biufcmM" and not array.dtype.fields
-        if self.shared and plain and array.nbytes > shm.THRESHOLD and not shm.locate(array):
+        big = array.nbytes > shm.THRESHOLD and raw_bytes(array.dtype)
+        if self.shared and big and not shm.locate(array):
             moved = shm.share(array)
             if moved is not None:  # else /dev/shm is full: keep it private
                 return moved

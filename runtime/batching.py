@@ -193,5 +193,5 @@ def _aval(value: Any) -> Aval:
     """An input's aval in a batch's graph: a value's own; unknown for a handle
     or a promise (the graph only needs its inputs' count to be planned)."""
     if isinstance(value, np.ndarray):
-        return Aval(tuple(value.shape), value.dtype.str)
+        return Aval(tuple(value.shape), str(value.dtype))
     return UNKNOWN_AVAL

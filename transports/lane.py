@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import dtype_from_wire, raw_bytes, wire_dtype
+
 __all__ = [
     "MAX_BODY",
     "LaneMessage",
@@ -140,11 +142,10 @@ def send(address: str, message: LaneMessage, fallback: Fallback) -> bool:
 
 
 def fits(array: np.ndarray) -> bool:
-    """Whether ``array`` can take a lane: small, and of a dtype its string
-    names exactly (numbers, bools, dates; not bfloat16, records or objects,
-    whose ``dtype.str`` is a bare void or a pointer)."""
-    dtype = array.dtype
-    return array.nbytes <= MAX_BODY and dtype.kind in "biufcmM" and not dtype.fields
+    """Whether ``array`` can take a lane: small, and its bytes are all of it
+    (numbers, bools, dates, bfloat16 and the other ml_dtypes; not records or
+    objects)."""
+    return array.nbytes <= MAX_BODY and raw_bytes(array.dtype)
 
 
 async def aclose() -> None:
@@ -184,7 +185,7 @@ class _Link(asyncio.Protocol):
     def send(self, message: LaneMessage, fallback: Fallback) -> None:
         array = message.array  # tobytes() gives C order; 0-d stays 0-d
         fields = (message.host, message.keys, message.owner, message.island)
-        header = pickle.dumps((*fields, array.dtype.str, array.shape))
+        header = pickle.dumps((*fields, wire_dtype(array.dtype), array.shape))
         body = array.tobytes()
         assert self.transport is not None
         self.transport.write(_FRAME.pack(len(header), len(body)) + header + body)
@@ -285,7 +286,7 @@ class _Receiver(asyncio.Protocol):
     def _deliver(self, header: bytes, data: bytes) -> None:
         try:
             host, keys, owner, island, dtype, shape = pickle.loads(header)
-            array = np.frombuffer(data, np.dtype(dtype)).reshape(shape)
+            array = np.frombuffer(data, dtype_from_wire(dtype)).reshape(shape)
         except Exception as exc:  # a peer holding the token sent garbage
             _log.warning("lane closed: a frame that does not decode: %s", exc)
             self._drop()

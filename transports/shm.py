@@ -79,6 +79,8 @@ from typing import Any
 
 import numpy as np
 
+from .dtypes import dtype_from_wire
+
 __all__ = [
     "THRESHOLD",
     "Segment",
@@ -426,7 +428,7 @@ def attach(name: str, offset: int, nbytes: int, dtype: str, shape: tuple[int, ..
         raise FileNotFoundError(f"not an atoll segment: {name!r}")
     read = _reused(name, offset + nbytes) or _map(name, offset + nbytes)
     base = _view(read, name)
-    return base[offset : offset + nbytes].view(np.dtype(dtype)).reshape(shape)
+    return base[offset : offset + nbytes].view(dtype_from_wire(dtype)).reshape(shape)
 
 
 def _reused(name: str, needed: int) -> _Read | None:

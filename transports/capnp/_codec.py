@@ -40,6 +40,7 @@ from ...kernel import (
 )
 from ...kernel.lowlevel import channel_of
 from .. import shm
+from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
 from ._imports import find_class
 
 if TYPE_CHECKING:
@@ -83,7 +84,7 @@ def encode(peer: Peer, builder: Any, value: Any) -> None:
         for entry, (key, item) in zip(entries, value.items(), strict=True):
             encode(peer, entry.key, key)
             encode(peer, entry.value, item)
-    elif type(value) is np.ndarray and value.dtype.kind in "biufcmM" and not value.dtype.fields:
+    elif type(value) is np.ndarray and raw_bytes(value.dtype):
         _encode_array(peer, builder, value)
     elif isinstance(value, ActorRef):
         encode_actor(peer, builder.init("actor"), value)
@@ -97,12 +98,12 @@ def _encode_array(peer: Peer, builder: Any, array: np.ndarray) -> None:
     array = np.ascontiguousarray(array).reshape(array.shape)  # keeps 0-d arrays 0-d
     if array.nbytes <= INLINE_LIMIT:
         out = builder.init("array")
-        out.dtype = array.dtype.str
+        out.dtype = wire_dtype(array.dtype)
         out.shape = list(array.shape)
         out.data = array.tobytes()
         return
     out = builder.init("buffer")
-    out.dtype = array.dtype.str
+    out.dtype = wire_dtype(array.dtype)
     out.shape = list(array.shape)
     out.nbytes = array.nbytes
     out.source = peer.serve_buffer(array)
@@ -134,7 +135,7 @@ def _encode_promise(peer: Peer, builder: Any, promise: Promise[Any]) -> None:
 
 def _set_aside(obj: Any) -> bool:
     """Whether ``obj`` travels next to a pickle, as a capability (or a pulled buffer)."""
-    big_array = type(obj) is np.ndarray and obj.nbytes > INLINE_LIMIT
+    big_array = type(obj) is np.ndarray and raw_bytes(obj.dtype) and obj.nbytes > INLINE_LIMIT
     return isinstance(obj, ActorRef | Promise) or big_array
 
 
@@ -223,7 +224,7 @@ def decode(peer: Peer, reader: Any) -> Any:
 def _decode_array(reader: Any) -> np.ndarray:
     shape = tuple(int(n) for n in reader.shape)
     data = bytes(reader.data)  # copy: the message may not outlive the loop
-    array = np.frombuffer(data, dtype=np.dtype(reader.dtype)).reshape(shape)
+    array = np.frombuffer(data, dtype=dtype_from_wire(str(reader.dtype))).reshape(shape)
     array.flags.writeable = False
     return array
 

@@ -71,6 +71,7 @@ from ...kernel.lowlevel import (
     set_canceller,
 )
 from .. import bulk, shm
+from ..dtypes import dtype_from_wire
 from ._codec import (
     decode,
     decode_error,
@@ -410,7 +411,7 @@ def _buffer_layout(reader: Any) -> tuple[tuple[int, ...], int]:
     shape = tuple(int(n) for n in reader.shape)
     nbytes = int(reader.nbytes)
     try:
-        dtype = np.dtype(str(reader.dtype))
+        dtype = dtype_from_wire(str(reader.dtype))
     except TypeError as exc:
         raise TransportError(f"bad buffer dtype {str(reader.dtype)[:40]!r}: {exc}") from None
     if dtype.hasobject or math.prod(shape) * dtype.itemsize != nbytes:
@@ -447,7 +448,7 @@ async def _fetch(
         promise.set_exception(TransportError(f"buffer transfer failed: {exc!r}"))
         return
     try:
-        array = data.view(np.dtype(dtype)).reshape(shape)
+        array = data.view(dtype_from_wire(dtype)).reshape(shape)
     except (TypeError, ValueError) as exc:  # bytes that do not make the array: fail
         promise.set_exception(TransportError(f"buffer transfer failed: {exc}"))
         return
