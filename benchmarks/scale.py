@@ -30,7 +30,7 @@ another pauses the outer one, so no second is counted twice. The frames:
   tasks (mailbox, argument promises, answers: the machinery around the entry
   points), any other actor's to "other actors";
 * the host-side callbacks that run when a promise settles, possibly in
-  another actor's task (``HOST_SIDE``: ``Device._planned``, ``_pushed``,
+  another actor's task (``HOST_SIDE``: ``Device._planned``, ``Pusher._pushed``,
   ``Host._accept``...), to the host of the object they belong to.
 
 What no frame covers (the client's own task, the event loop, callbacks
@@ -79,6 +79,7 @@ import numpy as np
 from atoll.benchmarks._common import Row, emit, system_column, table, unit_column
 from atoll.benchmarks.dispatch import DEVICES_PER_HOST, chain_graph, step
 from atoll.devices import CostModel, Device, Host
+from atoll.devices._push import Pusher
 from atoll.kernel import Actor, WallClock
 from atoll.kernel.lowlevel import message_handler, set_message_handler
 from atoll.runtime import Controller, IslandScheduler, local_cluster
@@ -93,7 +94,8 @@ CONTROL_PLANE: dict[type[Any], tuple[str, ...]] = {
 }
 # synchronous host-side methods that promise callbacks call, maybe in another actor's task
 HOST_SIDE: dict[type[Any], tuple[str, ...]] = {
-    Device: ("_planned", "_pushed", "_drop"),
+    Device: ("_planned",),
+    Pusher: ("_pushed", "drop"),
     Host: ("_unhold", "_accept", "_land", "_from_lane"),
 }
 

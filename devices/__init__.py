@@ -9,18 +9,13 @@ imports JAX).
 """
 
 from ._aval import Aval as Aval
-from ._base import INLINE_VALUE_BYTES as INLINE_VALUE_BYTES
-from ._base import BufferHandle as BufferHandle
-from ._base import Computation as Computation
-from ._base import CostModel as CostModel
-from ._base import Device as Device
-from ._base import DeviceStats as DeviceStats
-from ._base import Host as Host
+from ._device import Device as Device
 from ._errors import DeviceError as DeviceError
 from ._errors import UnsupportedKernel as UnsupportedKernel
 from ._gang import GangTask as GangTask
 from ._gang import PushTarget as PushTarget
 from ._gang import Rendezvous as Rendezvous
+from ._host import Host as Host
 from ._jax_kernel import JaxKernel as JaxKernel
 from ._ledger import NotYours as NotYours
 from ._ledger import OwnerLedger as OwnerLedger
@@ -31,18 +26,29 @@ from ._plan import PlannedGang as PlannedGang
 from ._plan import RunReport as RunReport
 from ._plan import portable as portable
 from ._plan import run_key as run_key
+from ._plane import LOCAL as LOCAL
+from ._plane import DataPlane as DataPlane
+from ._plane import ProcessPlane as ProcessPlane
+from ._plane import use_plane as use_plane
 from ._store import BufferMissing as BufferMissing
 from ._store import ObjectStore as ObjectStore
 from ._store import StoreFull as StoreFull
+from ._values import INLINE_VALUE_BYTES as INLINE_VALUE_BYTES
+from ._values import BufferHandle as BufferHandle
+from ._values import Computation as Computation
+from ._values import CostModel as CostModel
+from ._values import DeviceStats as DeviceStats
 from .sim import SimDevice as SimDevice
 
 __all__ = [
     "INLINE_VALUE_BYTES",
+    "LOCAL",
     "Aval",
     "BufferHandle",
     "BufferMissing",
     "Computation",
     "CostModel",
+    "DataPlane",
     "Device",
     "DeviceError",
     "DeviceProgram",
@@ -54,6 +60,7 @@ __all__ = [
     "ObjectStore",
     "OwnerLedger",
     "PlannedGang",
+    "ProcessPlane",
     "PushTarget",
     "QuotaExceeded",
     "Rendezvous",
@@ -64,4 +71,5 @@ __all__ = [
     "UnsupportedKernel",
     "portable",
     "run_key",
+    "use_plane",
 ]

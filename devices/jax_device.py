@@ -42,9 +42,11 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..kernel import endpoint
 from . import _jax_multi
-from ._base import BufferHandle, Computation, Device, Host
+from ._device import Device
 from ._gang import GangTask
+from ._host import Host
 from ._jax_kernel import JaxKernel
+from ._values import BufferHandle, Computation
 
 __all__ = ["JaxDevice", "JaxHost", "JaxKernel"]
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._base import Computation, Device
+from ._device import Device
+from ._values import Computation
 
 __all__ = ["SimDevice"]
 

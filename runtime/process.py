@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..devices import Device, Host
+from ..devices import Device, Host, ProcessPlane, use_plane
 from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint, logs
 from ..transports import shm
 from ..transports.capnp import (
@@ -584,6 +584,7 @@ async def _serve_host(
         transport = CapnpTransport(token)
         listener = await transport.serve(system, listen)
         directory.announce(listener.address, token)
+        use_plane(ProcessPlane(listener.address, token))
         connection = await transport.connect(join, system)
         try:
             await _take_jax_runtime(connection.node.lookup("cluster"))

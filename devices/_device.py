@@ -1,0 +1,443 @@
+"""The device actor: runs gangs in its island's order, on its host's store.
+
+A *device actor* owns one accelerator (real or simulated). It runs
+computations strictly in the order its mailbox delivers them, which is the
+order its island scheduler decided. Outputs go into the *host's* object store;
+the device hands back a :class:`BufferHandle`, a small value that can travel
+anywhere and names the host that holds the bytes.
+
+A device reads an input on its own host straight from the store. An input
+held on another host is fetched from that host's actor, never through the
+controller. The host actor never blocks, so a device waiting for data cannot
+deadlock with a device whose data it needs. Outputs that readers elsewhere
+wait for are pushed to them (``devices/_push.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+
+from ..kernel import (
+    Actor,
+    ActorRef,
+    AtollError,
+    Clock,
+    Promise,
+    all_settled,
+    as_promise,
+    endpoint,
+    failed,
+    first_settled,
+    then,
+    value_of,
+)
+from . import timeline
+from ._errors import DeviceError, UnsupportedKernel
+from ._gang import GangTask, PushTarget
+from ._plan import DeviceProgram, PlannedGang, RunReport, portable
+from ._plane import LOCAL, DataPlane
+from ._push import Pusher
+from ._store import BufferMissing, ObjectStore
+from ._values import Arrival, BufferHandle, Computation, CostModel, DeviceStats
+
+if TYPE_CHECKING:
+    from ._host import Host
+
+__all__ = ["PLANS_KEPT", "Device"]
+
+_log = logging.getLogger(__name__)
+
+PLANS_KEPT = 256  # compiled plans a device keeps (the controller's plan cache size)
+_RECENT_GANGS = 64  # finished gangs whose outputs a late push_output can still find
+
+
+class Device(Actor):
+    """Base of device actors: stores, handles, transfers and accounting.
+
+    Subclasses implement :meth:`execute`, which runs one computation and
+    returns its output and the device seconds it took; they may override
+    :meth:`run_shard` for kernels of their own (see ``JaxDevice``).
+    ``host_cls`` names the host actor class that fits the device (None: Host).
+    """
+
+    host_cls: ClassVar[type[Host] | None] = None
+
+    @classmethod
+    def available(cls) -> int | None:
+        """How many devices of this kind exist (None: as many as asked for)."""
+        return None
+
+    def __init__(
+        self,
+        device_id: int,
+        host_id: int,
+        island: int,
+        store: ObjectStore,
+        host: ActorRef[Host],
+        cost: CostModel,
+        plane: DataPlane = LOCAL,
+    ) -> None:
+        self.plane = plane
+        self.pusher = Pusher(store, host_id, device_id, island, plane, lambda: self.ctx.system)
+        self.device_id = device_id
+        self.host_id = host_id
+        self.island = island
+        self.store = store
+        self.host = host
+        self.cost = cost
+        self.computations = 0
+        self.busy_s = 0.0
+        self.transfer_s = 0.0
+        self.started_at = 0.0
+        self._recent: dict[str, list[BufferHandle]] = {}  # gang id -> outputs, newest last
+        self._plans: dict[int, DeviceProgram] = {}  # installed compiled plans, newest last
+
+    @property
+    def clock(self) -> Clock:
+        return self.ctx.clock
+
+    async def on_start(self) -> None:
+        self.started_at = self.clock.now()
+
+    async def execute(self, computation: Computation, inputs: list[np.ndarray]) -> np.ndarray:
+        """Run ``computation``; must account its device time in ``busy_s``."""
+        raise NotImplementedError
+
+    @endpoint
+    async def put(self, array: np.ndarray, owner: str = "") -> BufferHandle:
+        """Place a host array on this device (its host's store)."""
+        return await self._stored(np.asarray(array), owner)
+
+    @endpoint
+    async def run(
+        self, computation: Computation, inputs: Sequence[BufferHandle], owner: str = ""
+    ) -> BufferHandle:
+        """Run after every input is here; returns the output's handle."""
+        handle = await self._compute(computation, inputs, owner)
+        self.computations += 1
+        return handle
+
+    @endpoint(resolve_args=False)
+    async def run_gang(
+        self, task: GangTask, inputs: Sequence[Any], owner: str = ""
+    ) -> list[BufferHandle] | Promise[list[BufferHandle]]:
+        """This device's shard of a gang, once the inputs it needs are here.
+
+        Inputs come as promises and are awaited here, in the device's own
+        order of work (see :meth:`_gather` for which shard waits for what). A
+        collective gang then waits at its barrier: the device takes no other
+        message until all shards of the gang arrived. The leader returns the
+        output handles, once it has pushed them to their readers (so the
+        handles reach anyone only after the pushes landed); the other shards
+        return an empty list.
+        """
+        return await self._run_gang(task, inputs, owner)
+
+    async def _run_gang(
+        self,
+        task: GangTask,
+        inputs: Sequence[Any],
+        owner: str,
+        remember: bool = True,
+        held: list[str] | None = None,
+    ) -> list[BufferHandle] | Promise[list[BufferHandle]]:
+        """The body of :meth:`run_gang`, also run per gang by :meth:`run_plan`
+        (which does not ``remember`` the outputs for ``push_output``, and
+        collects in ``held`` the outputs a reader elsewhere reads in place)."""
+        if len(task.devices) == 1:  # a gone session's gangs spend no device time (a
+            self.store.ledger.check_open(owner)  # wider gang runs: its partners wait)
+        leader = self.device_id == task.leader
+        taken: list[str] = []  # pushed copies this shard owns and frees
+        try:
+            try:
+                handles = await self._gather(task, inputs, leader, taken)
+            except Exception as exc:  # an input failed: so does this shard, as it is
+                await self.leave_barriers(task)
+                return failed(exc)
+            if task.collective:
+                await self.arrive(task, "in")
+            busy, began = self.busy_s, timeline.start()
+            outputs = await self.run_shard(task, handles, owner)
+            timeline.gang(self.host_id, self.device_id, task, owner, began, leader)
+            self.store.ledger.charge(owner, self.busy_s - busy)  # device time per session
+        finally:
+            for buffer_id in taken:
+                with suppress(BufferMissing):  # its owner's session may have ended
+                    self.store.decref(buffer_id)
+        self.computations += 1
+        if leader and remember:
+            self._remember(task.gang_id, outputs)
+        if leader and task.push:
+            return await self.pusher.push(task.push, outputs, owner, held)
+        return outputs
+
+    def _remember(self, gang_id: str, outputs: list[BufferHandle]) -> None:
+        """Keep a finished gang's output handles a little, for ``push_output``."""
+        self._recent[gang_id] = outputs
+        while len(self._recent) > _RECENT_GANGS:
+            del self._recent[next(iter(self._recent))]
+
+    @endpoint
+    async def push_output(
+        self, gang_id: str, target: PushTarget, owner: str = ""
+    ) -> Promise[list[BufferHandle]] | bool:
+        """Push an output of gang ``gang_id``, which ran here, to a reader that
+        appeared after it was dispatched (a ``cluster.run`` chain).
+
+        The island sends this right after the gang itself, so it is handled
+        once the gang finished. False: the gang failed, or ran too long ago to
+        be remembered (the controller then fails or redirects the reader's
+        inbox itself); otherwise it settles like a dispatch push.
+        """
+        outputs = self._recent.get(gang_id)  # kept: another reader may ask too
+        if outputs is None:  # failed, or no longer remembered: the controller redirects
+            return False
+        return await self.pusher.push((target,), outputs, owner)
+
+    @endpoint
+    def install_plan(self, program: DeviceProgram) -> None:
+        """Keep this device's part of a compiled plan, for :meth:`run_plan`.
+
+        The island installs it before the plan's first run, on the same link,
+        so it is here before any run asks for it. The oldest plans go first
+        beyond ``PLANS_KEPT`` (the controller's plan cache holds no more).
+        """
+        self._plans[program.plan_id] = program
+        while len(self._plans) > PLANS_KEPT:
+            del self._plans[next(iter(self._plans))]
+
+    @endpoint
+    def drop_plans(self, plan_ids: list[int]) -> None:
+        """Forget compiled plans (their slices were released, or they aged out)."""
+        for plan_id in plan_ids:
+            self._plans.pop(plan_id, None)
+
+    @endpoint(resolve_args=False)
+    async def run_plan(
+        self, plan_id: int, epoch: int, inputs: Sequence[Any], owner: str = ""
+    ) -> Promise[RunReport]:
+        """Run this device's gangs of an installed plan, as run ``epoch``.
+
+        One message per device per run: the gangs run in the installed order,
+        each as :meth:`run_gang` would run it (inputs awaited here, in order,
+        pushed ones taken from this host's inbox), and the answer is one
+        :class:`RunReport`, once every gang settled and its pushes were
+        answered. A gang that fails before it pushes fails its readers'
+        inboxes at once, here and on other hosts, so that no reader waits for
+        a run report that waits for it.
+        """
+        program = self._plans.get(plan_id)
+        if program is None:
+            raise AtollError(f"plan {plan_id} is not installed on device {self.device_id}")
+        report = RunReport()
+        values = dict(zip(program.inputs, inputs, strict=True))
+        settled: list[Promise[Any]] = []
+        for gang in program.gangs:
+            task = gang.task(epoch, self.host_id, self.device_id)
+            held: list[str] = []
+            try:
+                out = as_promise(await self._run_gang(task, gang.given(values), owner, False, held))
+            except Exception as exc:
+                out = failed(exc)
+            early = out.exception() if out.done() else None  # failed before pushing
+            if early is not None:
+                await self.pusher.fail(task.push, portable(early, task.gang_id))
+            out.add_done_callback(functools.partial(self._planned, gang, task, held, report))
+            settled.append(out)
+        return then(all_settled(settled), lambda _: report)
+
+    def _planned(
+        self,
+        gang: PlannedGang,
+        task: GangTask,
+        held: list[str],
+        report: RunReport,
+        out: Promise[Any],
+    ) -> None:
+        """A planned gang settled: report its kept outputs, free the others
+        (unless a reader elsewhere reads them in place), or report its error."""
+        if out.exception() is None and self.device_id != task.leader:
+            return  # only the leader holds outputs
+        for buffer_id in report.record(gang, task.gang_id, out, held):
+            with suppress(BufferMissing):
+                self.store.decref(buffer_id)
+
+    async def leave_barriers(self, task: GangTask) -> None:
+        """A shard that fails before running still passes its gang's barriers,
+        so that the shards that did start are not left waiting there."""
+        if task.collective:
+            await self.arrive(task, "in")
+
+    async def _gather(
+        self, task: GangTask, inputs: Sequence[Any], leader: bool, taken: list[str]
+    ) -> list[BufferHandle]:
+        """Await the inputs this shard needs; the leader gets every handle.
+
+        A non-leader shard skips *resident* inputs (its part is on this device
+        already), waits for the others' promises, and gets no handles: only
+        the leader reads data. The leader takes an input with an inbox key
+        from the push as soon as it lands, without waiting for the
+        controller's promise.
+        """
+        count = len(inputs)
+        keys = task.inbox if leader and self.host_id == task.inbox_host else ()
+        keys = keys or (None,) * count
+        resident = task.resident or (False,) * count
+        handles: list[BufferHandle] = []
+        for i, (value, key, local) in enumerate(zip(inputs, keys, resident, strict=True)):
+            if local and not leader:
+                continue
+            try:
+                handles.append(await self._input(value, key, taken))
+            except BaseException:
+                for later in keys[i + 1 :]:  # not waited on yet: free them when they land
+                    if later is not None:
+                        self.store.abandon(later)
+                raise
+        return handles if leader else []
+
+    async def _input(self, value: Any, key: str | None, taken: list[str]) -> Any:
+        """One input: its promise, or, with an inbox ``key``, what settles the
+        inbox (the island sends no promise for those: resolving it would only
+        cost messages). The producer pushes its output there, or redirects
+        its readers to its own handle when the push was declined; the
+        controller fails the inbox when the producer fails.
+        """
+        if key is None:
+            return await value_of(value)
+        arrival = self.store.arrival(key)
+        try:
+            await first_settled(arrival)
+        except BaseException:  # cancelled while waiting: free the copy when it lands
+            self.store.abandon(key)
+            raise
+        return await self._arrived(key, arrival, taken)
+
+    async def _arrived(self, key: str, arrival: Promise[Any], taken: list[str]) -> Any:
+        """What settled the inbox ``key``: a pushed copy (this shard now owns
+        it), the producer's own handle (a declined push), or its failure."""
+        self.store.take(key)
+        landed: Arrival = arrival.result()  # raises the producer's failure
+        if landed.local:
+            taken.append(landed.handle.id)
+            await self._charge_transfer(landed.transfer_s)
+        return landed.handle
+
+    async def _charge_transfer(self, seconds: float) -> None:
+        if seconds > 0:
+            await self.clock.sleep(seconds)
+            self.transfer_s += seconds
+
+    async def arrive(self, task: GangTask, stage: str) -> None:
+        """Wait at the gang's barrier ``stage`` until every shard got there."""
+        if task.rendezvous is None:
+            raise DeviceError(f"gang {task.gang_id} needs a rendezvous")
+        await task.rendezvous.arrive(f"{task.gang_id}/{stage}", len(task.devices))
+
+    async def run_shard(
+        self, task: GangTask, inputs: list[BufferHandle], owner: str
+    ) -> list[BufferHandle]:
+        """Default shard semantics for a :class:`Computation` kernel.
+
+        The leader reads the inputs, computes and stores the output; every
+        other shard does its part of the data (which lives on itself, so
+        nothing moves, see :meth:`spend`) and stores nothing.
+        """
+        computation = task.kernel
+        if not isinstance(computation, Computation):
+            kind = type(computation).__name__
+            raise UnsupportedKernel(f"{type(self).__name__} cannot run {kind}")
+        if self.device_id != task.leader:
+            await self.spend(computation)
+            return []
+        return [await self._compute(computation, inputs, owner)]
+
+    async def spend(self, computation: Computation) -> None:
+        """The device time of ``computation`` on a shard that only takes part
+        (not the leader, which runs the function). Real devices have nothing
+        to model here; simulated ones sleep the cost model's time."""
+
+    async def _compute(
+        self, computation: Computation, inputs: Sequence[BufferHandle], owner: str
+    ) -> BufferHandle:
+        """Read the inputs, run ``computation``, store its output here."""
+        arrays = [await self._read(handle, owner) for handle in inputs]
+        return await self._stored(np.asarray(await self.execute(computation, arrays)), owner)
+
+    async def _stored(self, array: Any, owner: str) -> BufferHandle:
+        """Store ``array`` once there is room (back-pressure); its handle."""
+        self.store.ledger.check(owner, array.nbytes)  # over its quota: fail, never stall
+        await self.store.reserve(array.nbytes)
+        return self._handle(self.store.put(array, owner, reserved=True), array)
+
+    async def _keep(
+        self, nbytes: int, owner: str, run: Callable[[], Awaitable[Sequence[Any]]]
+    ) -> list[BufferHandle]:
+        """Reserve ``nbytes`` *before* ``run``, then store the arrays it returns.
+
+        For work whose output size is known ahead (a gang's avals): a full
+        store stalls the device before it starts, not after.
+        """
+        await self.store.reserve(nbytes)
+        try:
+            outs = await run()
+            # over its quota: fail, never stall; checked after the run, which
+            # may be one part of a program over several processes
+            self.store.ledger.check(owner, nbytes)
+        except BaseException:
+            self.store.unreserve(nbytes)
+            raise
+        return [self._handle(self.store.put(out, owner, reserved=True), out) for out in outs]
+
+    @endpoint
+    def stats(self) -> DeviceStats:
+        return DeviceStats(
+            self.device_id,
+            self.host_id,
+            self.island,
+            self.computations,
+            self.busy_s,
+            self.transfer_s,
+            self.clock.now() - self.started_at,
+        )
+
+    async def _read(self, handle: BufferHandle, owner: str = "") -> Any:
+        """The input's array: from this host's store, carried in its handle
+        (small values), or fetched from its holder. A small array passed by
+        value in the call (``cluster.run(c, d, [array])``) is used as it is.
+        Session ``owner`` reads only its own buffers (``NotYours``)."""
+        if isinstance(handle, np.ndarray):
+            return handle
+        if handle.host_id == self.host_id:
+            self.store.check_owner(handle.id, owner)
+            return self.store.get(handle.id)
+        if handle.value is not None:
+            await self._charge_transfer(
+                self.cost.transfer_time(handle.nbytes, handle.island != self.island)
+            )
+            return handle.value
+        holder = await self.pusher.host_ref(handle.host_id, handle.address, handle.host)
+        began = timeline.start()
+        array: np.ndarray = await holder.fetch(handle.id, owner)
+        timeline.pulled(self.host_id, self.device_id, handle, began)
+        await self._charge_transfer(
+            self.cost.transfer_time(handle.nbytes, handle.island != self.island)
+        )
+        return array
+
+    def _handle(self, buffer_id: str, array: np.ndarray) -> BufferHandle:
+        return BufferHandle.of(
+            buffer_id,
+            array,
+            self.host,
+            self.host_id,
+            self.device_id,
+            self.island,
+            self.plane.address,
+        )

@@ -1,0 +1,281 @@
+"""The host actor: one machine's object store, its devices, and pushes landing.
+
+A :class:`Host` owns its host's :class:`~atoll.devices.ObjectStore` and
+spawns its device actors as children. Readers elsewhere fetch buffers from
+it; producers elsewhere push outputs to it (``receive``, or a lane for small
+values), and it delivers them to the inbox keys its devices wait on. Its
+endpoints never block, so a device waiting for data cannot deadlock with a
+device whose data it needs; what cannot be answered yet is answered with a
+promise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..kernel import Actor, ActorRef, Promise, endpoint, then
+from ..transports import bulk, lane, shm
+from ..transports.lane import LaneMessage
+from . import timeline
+from ._plan import portable
+from ._plane import DataPlane, process_plane
+from ._store import ObjectStore
+from ._values import Arrival, BufferHandle, CostModel
+
+if TYPE_CHECKING:
+    from ._device import Device
+
+__all__ = ["Host"]
+
+_log = logging.getLogger(__name__)
+
+
+class Host(Actor):
+    """One host: its object store and its device actors (as children).
+
+    Its endpoints never block, so remote devices can always fetch from it.
+    """
+
+    def __init__(
+        self,
+        host_id: int,
+        island: int,
+        device_ids: Sequence[int],
+        device_cls: type[Device],
+        cost: CostModel,
+        store_bytes: int | None = None,
+        plane: DataPlane | None = None,
+    ) -> None:
+        self.plane = plane if plane is not None else process_plane()
+        self.host_id = host_id
+        self.island = island
+        self.device_ids = list(device_ids)
+        self.device_cls = device_cls
+        self.cost = cost
+        # in a host process (one that serves at an address), large buffers
+        # live in shared memory, for the other processes of this machine
+        shared = bool(self.plane.address)
+        self.store = ObjectStore(f"host{host_id}", store_bytes, shared=shared)
+        self.device_refs: list[ActorRef[Device]] = []
+        self.pushes_in = 0  # pushes that landed here
+        self.pushes_declined = 0
+        self.lane_address = ""  # where other host processes push small values
+
+    async def on_start(self) -> None:
+        await self._serve_lane()
+        self.device_refs = [
+            self.ctx.spawn(
+                self.device_cls,
+                device_id,
+                self.host_id,
+                self.island,
+                self.store,
+                self.ctx.ref,
+                self.cost,
+                plane=self.plane,
+                name=f"device{device_id}",
+            )
+            for device_id in self.device_ids
+        ]
+
+    async def on_stop(self) -> None:
+        if self.lane_address:
+            lane.register(self.host_id, None)
+
+    async def _serve_lane(self) -> None:
+        """In a host process, take small pushes by lane (``transports.lane``)."""
+        if not self.plane.address:
+            return
+        try:
+            self.lane_address = await self.plane.serve_lanes()
+        except OSError as exc:  # lanes are an optimization: push by call instead
+            _log.warning("host %s takes no pushes by lane: %s", self.host_id, exc)
+            return
+        lane.register(self.host_id, self._from_lane)
+
+    @endpoint
+    def lane(self) -> str:
+        """Where this host takes pushes by lane ("" : it takes them by call only)."""
+        return self.lane_address
+
+    def _from_lane(self, message: LaneMessage) -> None:
+        """A small value pushed down a lane. Its sender did not wait for an
+        answer, so it cannot be declined: when the store has no room, the
+        readers get it as it came, outside the store (a small value, read
+        once; nothing here to free), instead of waiting for room that only
+        their own progress would make."""
+        keys, array = list(message.keys), message.array
+        timeline.received(self.host_id, keys, array.nbytes, timeline.start())
+        if self.store.fits(array.nbytes):
+            try:
+                self._land(keys, array, message.owner, message.island)
+            except Exception as exc:  # its session ended, or is over its quota
+                for key in keys:
+                    self.store.fail(key, portable(exc, f"push to {key}"))
+            return
+        self.pushes_declined += 1
+        value = BufferHandle.of("lane", array, self.ctx.ref, -1, -1, message.island)
+        seconds = self.cost.transfer_time(value.nbytes, message.island != self.island)
+        for key in keys:
+            self.store.redirect(key, Arrival(value, seconds, local=False))
+
+    @endpoint
+    def devices(self) -> list[ActorRef[Device]]:
+        return list(self.device_refs)
+
+    @endpoint
+    def fetch(self, buffer_id: str, owner: str = "") -> np.ndarray:
+        """The bytes of a buffer held here (read-only). A session passes its
+        ``owner`` label and gets ``NotYours`` for another session's buffer."""
+        self.store.check_owner(buffer_id, owner)
+        return np.asarray(self.store.get(buffer_id))
+
+    @endpoint
+    def timeline(self, record: bool) -> list[dict[str, Any]]:
+        """Switch this process's timeline recorder on or off; what it held
+        (``devices/timeline.py``; hosts sharing a process share one)."""
+        return timeline.RECORDER.switch(record)
+
+    @endpoint
+    def address(self) -> str:
+        """The capnp address of this host's process ('' in-process)."""
+        return self.plane.address
+
+    @endpoint
+    def hold(self, nbytes: int) -> int | None:
+        """Room for a push of ``nbytes`` that is yet to be sent: a hold's id,
+        or None if it does not fit now (the push is then declined before its
+        bytes move). A hold not used within ``HOLD_TTL_S`` lapses."""
+        hold_id = self.store.hold(nbytes)
+        if hold_id is None:
+            self.pushes_declined += 1
+        return hold_id
+
+    @endpoint(resolve_args=False)
+    def receive(
+        self, keys: list[str], array: Any, owner: str, island: int, hold: int | None = None
+    ) -> bool | Promise[bool]:
+        """A producer elsewhere pushes an output that devices here will read.
+
+        Never blocks the host: bulk bytes still on their way arrive as a
+        promise, and the answer follows it. The bytes are stored once, with
+        one reference per inbox key in ``keys``, and delivered to each. With
+        ``hold`` (from :meth:`hold`) they go into the room held for them;
+        else, if they do not fit now, the push is declined (False): the
+        readers then fetch the value when they run, under the store's
+        back-pressure.
+        """
+        if isinstance(array, Promise):
+            if hold is not None:  # a pull that fails gives its room back
+                array.add_done_callback(lambda done: self._unhold(done, hold))
+            return then(array, lambda value: self._accept(keys, value, owner, island, hold))
+        return self._accept(keys, array, owner, island, hold)
+
+    def _unhold(self, pulled: Promise[Any], hold: int) -> None:
+        if pulled.exception() is not None:
+            self.store.release_hold(hold)
+
+    def _accept(
+        self, keys: list[str], array: Any, owner: str, island: int, hold: int | None = None
+    ) -> bool:
+        array = np.asarray(array)
+        timeline.received(self.host_id, keys, array.nbytes, timeline.start())
+        if keys and hold is not None and self.store.take_hold(hold, array.nbytes):
+            self._land(keys, array, owner, island, reserved=True)
+            return True
+        if hold is not None:
+            self.store.release_hold(hold)
+        if not keys or not self.store.fits(array.nbytes):
+            self.pushes_declined += 1
+            return False
+        self._land(keys, array, owner, island)
+        return True
+
+    def _land(
+        self, keys: list[str], array: Any, owner: str, island: int, reserved: bool = False
+    ) -> None:
+        """Store a pushed value once, with one reference per reader's key."""
+        self.pushes_in += 1
+        buffer_id = self.store.put(array, owner, reserved=reserved)
+        for _ in keys[1:]:
+            self.store.incref(buffer_id)
+        handle = BufferHandle.of(
+            buffer_id, array, self.ctx.ref, self.host_id, -1, self.island, self.plane.address
+        )
+        seconds = self.cost.transfer_time(handle.nbytes, island != self.island)
+        for key in keys:
+            self.store.deliver(key, Arrival(handle, seconds), buffer_id)
+
+    @endpoint
+    def redirect_inbox(self, keys: list[str], handle: BufferHandle) -> None:
+        """A push to ``keys`` did not land here: their readers read ``handle``
+        (the producer's output, where it is) instead."""
+        for key in keys:
+            self.store.redirect(key, Arrival(handle, 0.0, local=False))
+
+    @endpoint
+    def fail_inbox(self, keys: list[str], error: BaseException) -> None:
+        """Nothing will land under ``keys``: their producer failed with ``error``."""
+        for key in keys:
+            self.store.fail(key, error)
+
+    @endpoint
+    def free(self, buffer_id: str, owner: str = "") -> bool:
+        """Drop one reference; True if the buffer was freed (``owner``: as in
+        :meth:`fetch`, a session may free only its own)."""
+        self.store.check_owner(buffer_id, owner)
+        return self.store.decref(buffer_id)
+
+    @endpoint
+    def free_owner(self, owner: str) -> int:
+        """Free everything ``owner`` holds here, and forget its quota and usage."""
+        self.store.ledger.forget(owner)
+        return self.store.free_owner(owner)
+
+    @endpoint
+    def set_quota(self, owner: str, max_bytes: int | None) -> None:
+        """At most ``max_bytes`` in this store for ``owner`` (None: no limit)."""
+        self.store.ledger.set_quota(owner, max_bytes)
+
+    @endpoint
+    def owner_usage(self) -> dict[str, dict[str, float]]:
+        """Per owner: bytes and buffers held here, device seconds used here."""
+        return self.store.ledger.usage()
+
+    @endpoint
+    def store_usage(self) -> dict[str, int]:
+        """The store's buffers and bytes, and how large arrays moved.
+
+        ``shm_buffers``/``shm_bytes``: buffers held in shared memory;
+        ``shm_in``, ``stream_in``, ``chunks_in``: large arrays this process
+        received by mapping, by bulk stream, by capnp chunks; ``lane_in``,
+        ``lane_out``: small pushes it took and sent by lane; ``stream_out``:
+        arrays it sent by bulk stream; ``tickets_refused``; ``maps_reused``,
+        ``recycled``: shared-memory reuse (``transports.shm``); ``pid``. Those
+        counters are the process's: hosts that share a process show the same.
+        """
+        shm_buffers, shm_bytes = self.store.shared_usage()
+        moved = {key: bulk.counts[key] for key in _DATA_PLANE}
+        moved.update({key: shm.counts[key] for key in _SHM_REUSE})
+        moved.update({"lane_in": lane.stats["delivered"], "lane_out": lane.stats["sent"]})
+        return {
+            "buffers": len(self.store),
+            "bytes": self.store.used_bytes,
+            "capacity": self.store.capacity_bytes or 0,  # 0: unbounded
+            "arrivals": self.store.pending_arrivals(),
+            "pushes_in": self.pushes_in,
+            "pushes_declined": self.pushes_declined,
+            "shm_buffers": shm_buffers,
+            "shm_bytes": shm_bytes,
+            **moved,
+            "pid": os.getpid(),
+        }
+
+
+_DATA_PLANE = ("shm_in", "stream_in", "chunks_in", "stream_out", "tickets_refused")
+_SHM_REUSE = ("maps_reused", "recycled")  # see atoll.transports.shm

@@ -1,0 +1,248 @@
+"""The sending half of a push: a producer's outputs to the hosts that read them.
+
+Parallel dispatch tells a gang's leader where its outputs go (its
+:class:`~atoll.devices.PushTarget` list). A :class:`Pusher` makes those
+pushes for one device: a reader on the same host gets the buffer itself
+(one more reference, delivered to its inbox key); a reader's host in
+another process gets the bytes, by lane when small (one way, no answer),
+else by a ``Host.receive`` call, after asking that host for room when the
+array is large. A push that is declined, or fails, points the reader's inbox
+at the producer's own handle instead, so the reader reads it in place.
+
+What is asynchronous about it: :meth:`Pusher.push` returns a promise that
+settles once every push was answered (landed, declined or failed); lanes
+count as answered when sent. The receiving half is ``Host.receive``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..kernel import (
+    ActorRef,
+    ActorSystem,
+    HostLost,
+    Promise,
+    all_settled,
+    as_promise,
+    flatten,
+    forward,
+    then,
+)
+from ..transports.lane import LaneMessage
+from . import timeline
+from ._errors import DeviceError
+from ._gang import PushTarget
+from ._plane import DataPlane
+from ._store import BufferMissing, ObjectStore
+from ._values import Arrival, BufferHandle
+
+if TYPE_CHECKING:
+    from ._host import Host
+
+__all__ = ["HOLD_ABOVE_BYTES", "Pusher", "log_unsent"]
+
+_log = logging.getLogger(__name__)
+
+# pushes above this size (what Cap'n Proto sends as a pulled buffer, not
+# inline) ask the reader's host for room first (Host.hold)
+HOLD_ABOVE_BYTES = 1 << 20
+
+
+class Pusher:
+    """Pushes one device's outputs (see the module docstring).
+
+    ``host_ref`` finds a reader's host actor over a direct link when there
+    can be one (the device's own, which knows its actor system).
+    """
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        host_id: int,
+        device_id: int,
+        island: int,
+        plane: DataPlane,
+        system: Callable[[], ActorSystem],
+    ) -> None:
+        self.store = store
+        self.host_id = host_id
+        self.device_id = device_id
+        self.island = island
+        self.plane = plane
+        self._system = system
+
+    async def host_ref(
+        self, host_id: int, address: str, known: ActorRef[Host] | None
+    ) -> ActorRef[Host]:
+        """Host ``host_id``'s actor, over a direct link when there can be one
+        (``known`` may be proxied by the controller; bytes must not take that
+        path; see ``atoll.transports.capnp.directory``)."""
+        return await self.plane.host_ref(host_id, address, known, self._system())
+
+    async def push(
+        self,
+        targets: Sequence[PushTarget],
+        outputs: list[BufferHandle],
+        owner: str,
+        held: list[str] | None = None,
+    ) -> Promise[list[BufferHandle]]:
+        """Send outputs to the hosts that read them; the promise of ``outputs``
+        settles when every push was answered (landed, declined or failed).
+        ``held`` collects the outputs whose push was declined: a reader reads
+        them where they are, so they must outlive the push."""
+        answers: list[Promise[Any]] = []
+        sent: list[str] = []
+        unreachable: list[Exception] = []
+        for target in targets:
+            handle = outputs[target.output]
+            if target.host_id == self.host_id:
+                self.deliver_here(target, handle)
+                continue
+            array = np.asarray(self.store.get(handle.id))
+            began = timeline.start()
+            if await self._by_lane(target, array, owner):
+                timeline.push(
+                    self.host_id, self.device_id, target.host_id, target.keys, array.nbytes, began
+                )
+                continue  # one way: it lands there without an answer
+            try:
+                host = await self.host_ref(target.host_id, target.address, target.host)
+            except Exception as exc:  # its reader waits on its inbox: fail, and say why
+                unreachable.append(exc)
+                continue
+            answer = self._offer(host, list(target.keys), array, owner)
+            timeline.pushing(answer, self.host_id, self.device_id, target, array.nbytes)
+            answers.append(_redirect_unless_landed(answer, host, target.keys, handle))
+            sent.append(handle.id)
+
+        def pushed(_: None) -> list[BufferHandle]:
+            if held is not None:
+                held.extend(i for a, i in zip(answers, sent, strict=True) if _declined(a))
+            return self._pushed(answers, unreachable, outputs)
+
+        return then(all_settled(answers), pushed)
+
+    def deliver_here(self, target: PushTarget, handle: BufferHandle) -> None:
+        """A reader on this host: one more reference per inbox key, delivered."""
+        for key in target.keys:
+            self.store.incref(handle.id)
+            self.store.deliver(key, Arrival(handle, 0.0), handle.id)
+
+    async def fail(self, targets: Sequence[PushTarget], error: BaseException) -> None:
+        """Fail the inboxes a failed gang's outputs were due in (no reply awaited)."""
+        for target in targets:
+            if target.host_id == self.host_id:
+                for key in target.keys:
+                    self.store.fail(key, error)
+                continue
+            try:
+                host = await self.host_ref(target.host_id, target.address, target.host)
+            except Exception as exc:  # unreachable: its readers fail with the host
+                _log.warning("cannot fail inboxes on host %s: %s", target.host_id, exc)
+                continue
+            host.fail_inbox(list(target.keys), error).add_done_callback(log_unsent)
+
+    def _offer(
+        self, host: ActorRef[Host], keys: list[str], array: np.ndarray, owner: str
+    ) -> Promise[Any]:
+        """``host.receive`` of a pushed output; True if it landed. An array
+        big enough to be pulled by its reader goes only after the reader's
+        host said it has room (``Host.hold``): a full store declines before
+        any byte moves, not after the whole array was pulled."""
+        if array.nbytes <= HOLD_ABOVE_BYTES:
+            return host.receive(keys, array, owner, self.island)
+
+        def send(hold_id: int | None) -> Promise[Any] | bool:
+            if hold_id is None:
+                return False  # no room there: its reader reads it here
+            return host.receive(keys, array, owner, self.island, hold_id)
+
+        return flatten(then(host.hold(int(array.nbytes)), send))
+
+    async def _by_lane(self, target: PushTarget, array: np.ndarray, owner: str) -> bool:
+        """Push a small value down the one-way lane to its reader's host process
+        (``transports.lane``), when there is one; False: push it by call."""
+        if not target.address:
+            return False
+        message = LaneMessage(target.host_id, target.keys, owner, self.island, array)
+        return await self.plane.send_by_lane(target, message, _push_by_call, self._system())
+
+    def _pushed(
+        self,
+        answers: list[Promise[Any]],
+        unreachable: list[Exception],
+        outputs: list[BufferHandle],
+    ) -> list[BufferHandle]:
+        """The outputs, once every push landed or was redirected. A reader left
+        with neither fails the producer (the controller then fails the reader's
+        inbox): with ``HostLost`` when every failed push lost its host, else
+        with ``DeviceError``; the outputs are dropped only now, after every
+        redirect that points at them was answered."""
+        errors = unreachable + [e for a in answers if (e := a.exception()) is not None]
+        if errors:
+            self.drop(outputs)
+            lost = all(isinstance(e, HostLost) for e in errors)
+            raise (HostLost if lost else DeviceError)(
+                "; ".join(f"a push failed: {e}" for e in errors)
+            )
+        return outputs
+
+    def drop(self, outputs: list[BufferHandle]) -> None:
+        """Drop this device's reference to each of ``outputs``."""
+        for handle in outputs:
+            with suppress(BufferMissing):
+                self.store.decref(handle.id)
+
+
+def log_unsent(notice: Promise[Any]) -> None:
+    if notice.exception() is not None:
+        _log.warning("could not fail a reader's inbox: %s", notice.exception())
+
+
+def _push_by_call(host: ActorRef[Host], message: LaneMessage) -> None:
+    """A lane closed before its receiver acknowledged ``message``: push it the
+    ordinary way (a copy that did land is ignored there). If that push is
+    declined, the readers take the value as it is, carried in a handle (the
+    producer may have freed its own copy by now)."""
+    keys = list(message.keys)
+    answer = host.receive(keys, message.array, message.owner, message.island)
+
+    def landed(done: Promise[Any]) -> None:
+        if done.exception() is None and done.result():
+            return
+        if done.exception() is not None:
+            _log.warning("a push sent again by call failed: %s", done.exception())
+        value = BufferHandle.of("lane", message.array, host, -1, -1, message.island)
+        host.redirect_inbox(keys, value).add_done_callback(log_unsent)
+
+    answer.add_done_callback(landed)
+
+
+def _declined(answer: Promise[Any]) -> bool:
+    """Whether a settled push was redirected (its reader reads in place)."""
+    return answer.exception() is None and answer.result() is not True
+
+
+def _redirect_unless_landed(
+    answer: Promise[Any], host: ActorRef[Host], keys: tuple[str, ...], handle: BufferHandle
+) -> Promise[Any]:
+    """Settles once the push to ``host`` landed, or, when it was declined or
+    failed, once the readers' inboxes there were pointed at ``handle``."""
+    out: Promise[Any] = Promise("push settled")
+
+    def done(pushed: Promise[Any]) -> None:
+        if pushed.exception() is None and pushed.result():
+            out.set_result(True)
+            return
+        if pushed.exception() is not None:
+            _log.warning("a push failed; redirecting its reader: %s", pushed.exception())
+        forward(as_promise(host.redirect_inbox(list(keys), handle)), out)
+
+    answer.add_done_callback(done)
+    return out
