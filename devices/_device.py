@@ -92,7 +92,8 @@ class Device(Actor):
         self.host = host
         self.cost = cost
         self.computations = 0
-        self.busy_s = 0.0
+        self.busy_s = 0.0  # device time of work the actor waited for
+        self.background_busy_s = 0.0  # device time of work that finished after it moved on
         self.transfer_s = 0.0
         self.started_at = 0.0
         self._recent: dict[str, list[BufferHandle]] = {}  # gang id -> outputs, newest last
@@ -164,8 +165,7 @@ class Device(Actor):
                 await self.arrive(task, "in")
             busy, began = self.busy_s, timeline.start()
             outputs = await self.run_shard(task, handles, owner)
-            timeline.gang(self.host_id, self.device_id, task, owner, began, leader)
-            self.store.ledger.charge(owner, self.busy_s - busy)  # device time per session
+            self.ran(task, owner, began, self.busy_s - busy, leader)
         finally:
             for buffer_id in taken:
                 with suppress(BufferMissing):  # its owner's session may have ended
@@ -174,8 +174,25 @@ class Device(Actor):
         if leader and remember:
             self._remember(task.gang_id, outputs)
         if leader and task.push:
-            return await self.pusher.push(task.push, outputs, owner, held)
+            return await self.push_outputs(task.push, outputs, owner, held)
         return outputs
+
+    def ran(self, task: GangTask, owner: str, began: float, busy_s: float, leader: bool) -> None:
+        """A shard of ``task`` ran here since ``began`` (``timeline.start()``),
+        busy for ``busy_s`` seconds: into the timeline and the session's ledger.
+        (A device whose gangs finish after it moved on reports them itself.)"""
+        timeline.gang(self.host_id, self.device_id, task, owner, began, leader)
+        self.store.ledger.charge(owner, busy_s)  # device time per session
+
+    async def push_outputs(
+        self,
+        targets: Sequence[PushTarget],
+        outputs: list[BufferHandle],
+        owner: str,
+        held: list[str] | None,
+    ) -> Promise[list[BufferHandle]]:
+        """Push a gang's outputs to their readers' hosts (``Pusher.push``)."""
+        return await self.pusher.push(targets, outputs, owner, held)
 
     def _remember(self, gang_id: str, outputs: list[BufferHandle]) -> None:
         """Keep a finished gang's output handles a little, for ``push_output``."""
@@ -402,10 +419,16 @@ class Device(Actor):
             self.host_id,
             self.island,
             self.computations,
-            self.busy_s,
+            self.busy_s + self.background_busy_s,
             self.transfer_s,
             self.clock.now() - self.started_at,
+            *self.in_flight(),
         )
+
+    def in_flight(self) -> tuple[int, int]:
+        """Gangs enqueued on the accelerator and not known finished: now, and
+        at most so far (devices that run each gang to its end: none)."""
+        return 0, 0
 
     async def _read(self, handle: BufferHandle, owner: str = "") -> Any:
         """The input's array: from this host's store, carried in its handle
@@ -416,6 +439,9 @@ class Device(Actor):
             return handle
         if handle.host_id == self.host_id:
             self.store.check_owner(handle.id, owner)
+            error = self.store.failure(handle.id)
+            if error is not None:  # its computation failed after it was enqueued
+                raise error
             return self.store.get(handle.id)
         if handle.value is not None:
             await self._charge_transfer(

@@ -129,11 +129,18 @@ class Host(Actor):
         return list(self.device_refs)
 
     @endpoint
-    def fetch(self, buffer_id: str, owner: str = "") -> np.ndarray:
+    def fetch(self, buffer_id: str, owner: str = "") -> np.ndarray | Promise[np.ndarray]:
         """The bytes of a buffer held here (read-only). A session passes its
-        ``owner`` label and gets ``NotYours`` for another session's buffer."""
+        ``owner`` label and gets ``NotYours`` for another session's buffer.
+        A buffer an accelerator is still computing is answered once it
+        exists (or with the error its computation failed with); the host
+        meanwhile answers other calls."""
         self.store.check_owner(buffer_id, owner)
-        return np.asarray(self.store.get(buffer_id))
+        array = self.store.get(buffer_id)  # held from now: a free meanwhile cannot lose it
+        pending = self.store.pending(buffer_id)
+        if pending is None:
+            return np.asarray(array)
+        return then(pending, lambda _: np.asarray(array))
 
     @endpoint
     def timeline(self, record: bool) -> list[dict[str, Any]]:

@@ -65,6 +65,7 @@ class _Entry:
     refs: int
     nbytes: int
     segment: shm.Segment | None = None  # the shared memory it lives in, if its own
+    ready: Promise[None] | None = None  # a device's future: settles once it exists
 
 
 class ObjectStore:
@@ -186,13 +187,23 @@ class ObjectStore:
             return True
         return not self._room and self.used_bytes + self.reserved_bytes + nbytes <= cap
 
-    def put(self, array: Any, owner: str = "", *, reserved: bool = False) -> str:
+    def put(
+        self,
+        array: Any,
+        owner: str = "",
+        *,
+        reserved: bool = False,
+        ready: Promise[None] | None = None,
+    ) -> str:
         """Store ``array`` and return its id.
 
         Any array with ``nbytes`` may be stored (a ``jax.Array`` stays on its
         device); numpy arrays are stored as read-only views, so no holder can
         change what others read. A shared store copies a large numpy array
         into a segment of its own first, unless it is in shared memory already.
+        ``ready``: the array is a future that an accelerator is still
+        computing; the promise settles once it exists (or fails with why it
+        never will). Readers that need its bytes wait for it (:meth:`pending`).
         """
         segment = None
         if isinstance(array, np.ndarray):
@@ -208,13 +219,24 @@ class ObjectStore:
             self._wake()
             raise
         buffer_id = f"{self.name}:{next(self._ids)}"
-        self._entries[buffer_id] = _Entry(array, owner, 1, nbytes, segment)
+        self._entries[buffer_id] = _Entry(array, owner, 1, nbytes, segment, ready)
         self.used_bytes += nbytes
         self.ledger.added(owner, nbytes)
         return buffer_id
 
     def get(self, buffer_id: str) -> Any:
         return self._entry(buffer_id).array
+
+    def pending(self, buffer_id: str) -> Promise[None] | None:
+        """The promise that buffer ``buffer_id`` exists, while an accelerator
+        still computes it (or after it failed); None once it is there."""
+        ready = self._entry(buffer_id).ready
+        return None if ready is None or (ready.done() and ready.exception() is None) else ready
+
+    def failure(self, buffer_id: str) -> BaseException | None:
+        """Why buffer ``buffer_id`` will never exist, once that is known."""
+        ready = self._entry(buffer_id).ready
+        return None if ready is None else ready.exception()
 
     def check_owner(self, buffer_id: str, asker: str) -> None:
         """Raise ``NotYours`` unless session ``asker`` ('' : the runtime) may

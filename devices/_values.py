@@ -143,6 +143,8 @@ class DeviceStats:
     busy_s: float
     transfer_s: float
     elapsed_s: float
+    in_flight: int = 0  # gangs enqueued on the accelerator, not known finished
+    peak_in_flight: int = 0  # the most that ever were at once
 
     @property
     def busy_fraction(self) -> float:

@@ -1,14 +1,14 @@
 """JAX device actors: compiled functions on a specific ``jax.devices()[i]``.
 
 A :class:`JaxDevice` with atoll id ``d`` owns ``jax.devices()[d]`` (8 fake CPU
-devices in tests, real GPUs when JAX sees them). It runs two kinds of work:
+devices in tests, real GPUs when JAX sees them). It runs three kinds of work:
 
 * a :class:`~atoll.devices.Computation` (``cluster.run``): the function is
-  jitted onto this one device;
+  jitted onto this one device, and its output stays there;
 * a :class:`JaxKernel` gang (a node of a ``@program``): the gang's leader
   runs it as ONE sharded JAX computation over a mesh of the gang's devices,
   so collectives inside it are real; the other shards wait at the gang's
-  barrier while it runs (they are busy with the same program).
+  barriers while it is enqueued (they take part in the same program);
 * a :class:`JaxKernel` gang whose devices span host *processes* (that joined
   one ``jax.distributed`` runtime, see ``_jax_multi``): on every host, the
   gang's first device there (its host leader) runs the same SPMD program
@@ -20,16 +20,31 @@ devices in tests, real GPUs when JAX sees them). It runs two kinds of work:
   after ``ATOLL_JAX_COLLECTIVE_TIMEOUT_S``), and the surviving hosts' devices
   go on with work that does not need it (``docs/reliability.md``).
 
+**The device runs ahead of its host.** A computation on this process's
+devices is *enqueued*: JAX dispatch returns at once, its outputs enter the
+host's store as ``jax.Array`` futures, and the next gang that reads them is
+enqueued behind it with no host wait (XLA orders dependent work by the
+buffers' definition events). Only what needs a finished value waits for one:
+a fetch, a push to another host, busy time, the timeline and the session's
+ledger, which the device's :class:`~atoll.devices._inflight.InFlight`
+watcher settles off the critical path. A computation that fails after it was
+enqueued fails its outputs with the real error: a fetch of them raises it,
+and so does every gang that reads them (an error known when a reader is
+enqueued fails that reader at once; XLA fails the ones already enqueued).
+At most ``WINDOW`` gangs are in flight per device, and each reserves its
+output bytes in the store before it is enqueued, so a host that outruns its
+accelerator stalls instead of running out of memory. Gangs over processes
+run synchronously, as collectives across hosts need.
+
 Compiled executables are cached by signature (function, devices, input
-shapes, dtypes and shardings). Outputs stay on the devices, as ``jax.Array``
-in the host's object store, reference-counted and owner-labelled; the store's
-byte budget is reserved *before* a computation runs, so a full store stalls
-the device (back-pressure) instead of overflowing. Running happens on a worker
-thread while the actor awaits it, so other actors keep dispatching.
+shapes, dtypes and shardings), and so are the meshes and shardings a gang
+needs. Outputs stay on the devices, as ``jax.Array`` in the host's object
+store, reference-counted and owner-labelled.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -40,12 +55,15 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..kernel import endpoint
-from . import _jax_multi
+from ..kernel import Promise, all_settled, endpoint, forward
+from . import _jax_multi, timeline
 from ._device import Device
-from ._gang import GangTask
+from ._gang import GangTask, PushTarget
 from ._host import Host
+from ._inflight import WINDOW, InFlight
 from ._jax_kernel import JaxKernel
+from ._plan import portable
+from ._store import BufferMissing
 from ._values import BufferHandle, Computation
 
 __all__ = ["JaxDevice", "JaxHost", "JaxKernel"]
@@ -76,7 +94,11 @@ class JaxDevice(Device):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._cache: dict[tuple[Any, ...], Any] = {}
+        self._meshes: dict[tuple[Any, ...], tuple[Mesh, list[NamedSharding]]] = {}
         self.compilations = 0
+        self.inflight = InFlight(jax.block_until_ready, WINDOW, f"device{self.device_id}")
+        self._last_done = 0.0  # perf_counter time the last gang in flight finished
+        self._enqueued: set[str] = set()  # gangs run_shard enqueued; the watcher reports them
 
     async def on_start(self) -> None:
         """Join the hosts' JAX runtime if there is one, then take the device.
@@ -90,13 +112,39 @@ class JaxDevice(Device):
         self.device = _jax_multi.jax_device(self.device_id)
         _jax_multi.register(self.device_id, self.device)
 
+    async def on_stop(self) -> None:
+        self.inflight.close()
+        await super().on_stop()
+
+    def in_flight(self) -> tuple[int, int]:
+        return self.inflight.count, self.inflight.peak
+
     async def execute(self, computation: Computation, inputs: list[np.ndarray]) -> np.ndarray:
-        """A plain computation, jitted onto this device; returns host bytes."""
-        arrays = [jax.device_put(x, self.device) for x in inputs]
-        key = (computation.fn, *((a.shape, str(a.dtype)) for a in arrays))
-        compiled = self._cached(key, lambda: jax.jit(computation.fn), arrays)
+        """A plain computation, jitted onto this device, run to its end; host
+        bytes (``cluster.run`` keeps its output on the device instead)."""
+        compiled, arrays = self._jitted(computation, inputs)
         out = await self._timed(compiled, arrays)
         return np.asarray(out)
+
+    async def _compute(
+        self, computation: Computation, inputs: Sequence[BufferHandle], owner: str
+    ) -> BufferHandle:
+        """Enqueue ``computation`` on this device; its output stays here."""
+        values = [await self._read(handle, owner) for handle in inputs]
+        compiled, arrays = self._jitted(computation, values)
+        [handle] = await self._enqueue(compiled, arrays, owner, computation.name)
+        return handle
+
+    def _jitted(self, computation: Computation, values: Sequence[Any]) -> tuple[Any, list[Any]]:
+        """``computation`` compiled for these inputs (cached), and the inputs on
+        this device."""
+        arrays = [self._on_device(x, self._single) for x in values]
+        key = (computation.fn, *((a.shape, str(a.dtype)) for a in arrays))
+        return self._cached(key, lambda: jax.jit(computation.fn), arrays), arrays
+
+    @property
+    def _single(self) -> Any:
+        return jax.sharding.SingleDeviceSharding(self.device)
 
     async def _gather(
         self, task: GangTask, inputs: Sequence[Any], leader: bool, taken: list[str]
@@ -147,8 +195,16 @@ class JaxDevice(Device):
             devices = await anyio.to_thread.run_sync(_jax_multi.resolve, task.devices)
         return devices
 
-    def _mesh(self, task: GangTask, devices: Sequence[jax.Device]) -> Mesh:
-        return Mesh(np.array(devices).reshape(task.mesh_shape), task.axis_names)
+    def _mesh(
+        self, task: GangTask, devices: Sequence[jax.Device], specs: Sequence[Any] = ()
+    ) -> tuple[Mesh, list[NamedSharding]]:
+        """The gang's mesh, and a sharding over it per spec in ``specs`` (cached)."""
+        key = (task.devices, task.mesh_shape, task.axis_names, tuple(specs))
+        found = self._meshes.get(key)
+        if found is None:
+            mesh = Mesh(np.array(devices).reshape(task.mesh_shape), task.axis_names)
+            found = self._meshes[key] = (mesh, [NamedSharding(mesh, s) for s in specs])
+        return found
 
     async def _lead(
         self,
@@ -157,16 +213,160 @@ class JaxDevice(Device):
         inputs: list[BufferHandle],
         owner: str,
     ) -> list[BufferHandle]:
-        """One process holds the whole gang: run it, keep the outputs as they come."""
+        """One process holds the whole gang: enqueue it, keep the outputs as futures."""
         kernel: JaxKernel = task.kernel
-        mesh = self._mesh(task, devices)
-        shardings = [NamedSharding(mesh, spec) for spec in kernel.in_specs]
+        mesh, shardings = self._mesh(task, devices, kernel.in_specs)
         arrays = [
-            jax.device_put(await self._read(handle, owner), sharding)
+            self._on_device(await self._read(handle, owner), sharding)
             for handle, sharding in zip(inputs, shardings, strict=True)
         ]
         compiled = self._compiled(kernel, mesh, arrays)
-        return await self._keep(task.output_bytes, owner, lambda: self._timed(compiled, arrays))
+        self._enqueued.add(task.gang_id)
+        try:
+            return await self._enqueue(compiled, arrays, owner, kernel.name, task)
+        except BaseException:
+            self._enqueued.discard(task.gang_id)
+            raise
+
+    def _on_device(self, value: Any, sharding: Any) -> Any:
+        """``value`` with ``sharding``: as it is when it already has it (an
+        output of an earlier gang here, maybe still being computed), else
+        copied there."""
+        if isinstance(value, jax.Array) and value.sharding == sharding:
+            return value
+        return jax.device_put(value, sharding)
+
+    async def _enqueue(
+        self,
+        compiled: Any,
+        arrays: Sequence[Any],
+        owner: str,
+        name: str,
+        task: GangTask | None = None,
+    ) -> list[BufferHandle]:
+        """Enqueue ``compiled(*arrays)`` and store its outputs as futures.
+
+        Waits for room in the in-flight window, then for the outputs' bytes
+        in the store (both back-pressure); a session over its quota fails at
+        once, never stalls. Errors raised while enqueueing fail the gang now;
+        errors of the running computation reach its outputs later (see
+        :meth:`_finished`).
+        """
+        nbytes = _out_bytes(compiled)
+        await self.inflight.room()
+        self.store.ledger.check(owner, nbytes)
+        await self.store.reserve(nbytes)
+        enqueued = time.perf_counter()
+        try:
+            outs = compiled(*arrays)
+        except BaseException:
+            self.store.unreserve(nbytes)
+            raise
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+        ready: Promise[None] = Promise(f"{name} on device {self.device_id}")
+        handles = [
+            self._handle(self.store.put(out, owner, reserved=True, ready=ready), out)
+            for out in outs
+        ]
+        began_us = timeline.start()
+        done = functools.partial(self._finished, ready, owner, enqueued, began_us, task)
+        self.inflight.add(outs, done)
+        return handles
+
+    def _finished(
+        self,
+        ready: Promise[None],
+        owner: str,
+        enqueued: float,
+        began_us: float,
+        task: GangTask | None,
+        error: BaseException | None,
+        finished: float,
+    ) -> None:
+        """The watcher saw a gang finish (on the loop): settle its outputs, and
+        charge its device time, from when it could start to when it ended."""
+        started = max(enqueued, self._last_done)
+        busy = max(0.0, finished - started)
+        self._last_done = finished
+        self.background_busy_s += busy
+        self.store.ledger.charge(owner, busy)
+        if task is not None and timeline.RECORDER.on:
+            end_us = timeline.now_us() - (time.perf_counter() - finished) * 1e6
+            start_us = max(began_us, end_us - busy * 1e6)
+            timeline.gang(self.host_id, self.device_id, task, owner, start_us, True, end_us)
+        if error is None:
+            ready.set_result(None)
+        else:
+            ready.set_exception(portable(error, task.gang_id if task else "computation"))
+
+    def ran(self, task: GangTask, owner: str, began: float, busy_s: float, leader: bool) -> None:
+        if task.gang_id in self._enqueued:  # the watcher reports it once it finished
+            self._enqueued.discard(task.gang_id)
+            return
+        super().ran(task, owner, began, busy_s, leader)
+
+    async def push_outputs(
+        self,
+        targets: Sequence[PushTarget],
+        outputs: list[BufferHandle],
+        owner: str,
+        held: list[str] | None,
+    ) -> Promise[list[BufferHandle]]:
+        """Readers on this host get the futures now; readers elsewhere get the
+        bytes once they exist (a task of this device's waits, off its path)."""
+        ready = self._pending(outputs)
+        remote = [t for t in targets if t.host_id != self.host_id]
+        if ready is None or not remote:
+            return await super().push_outputs(targets, outputs, owner, held)
+        for target in targets:
+            if target.host_id == self.host_id:
+                self.pusher.deliver_here(target, outputs[target.output])
+        pushed: Promise[list[BufferHandle]] = Promise("pushed once computed")
+        self.ctx.start_soon(self._push_when_ready, ready, remote, outputs, owner, held, pushed)
+        return pushed
+
+    async def _push_when_ready(
+        self,
+        ready: Promise[None],
+        targets: Sequence[PushTarget],
+        outputs: list[BufferHandle],
+        owner: str,
+        held: list[str] | None,
+        pushed: Promise[list[BufferHandle]],
+    ) -> None:
+        try:
+            try:
+                await ready
+            except Exception as exc:  # never computed: its readers fail with why
+                await self.pusher.fail(targets, exc)
+                self.pusher.drop(outputs)
+                raise
+            forward(await self.pusher.push(targets, outputs, owner, held), pushed)
+        except BaseException as exc:
+            pushed.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _pending(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
+        """One promise that every output here exists (None: they all do)."""
+        pending = []
+        for handle in outputs:
+            with suppress(BufferMissing):
+                promise = self.store.pending(handle.id)
+                if promise is not None and promise not in pending:
+                    pending.append(promise)
+        if not pending:
+            return None
+        return pending[0] if len(pending) == 1 else _every(pending)
+
+    async def _host_array(self, handle: BufferHandle, owner: str) -> np.ndarray:
+        """An input's bytes in host memory, once they exist."""
+        if isinstance(handle, BufferHandle) and handle.host_id == self.host_id:
+            with suppress(BufferMissing):
+                pending = self.store.pending(handle.id)
+                if pending is not None:
+                    await pending
+        return np.asarray(await self._read(handle, owner))
 
     async def _lead_spmd(
         self,
@@ -181,8 +381,8 @@ class JaxDevice(Device):
         their shards; the program's outputs come out replicated (XLA gathers
         them), and the gang leader keeps its device's copy.
         """
-        mesh = self._mesh(task, devices)
-        arrays = [np.asarray(await self._read(handle, owner)) for handle in inputs]
+        mesh, _ = self._mesh(task, devices)
+        arrays = [await self._host_array(handle, owner) for handle in inputs]
         if self.device_id != task.leader:  # the gang leader alone keeps the outputs
             await self._busy(self._run_spmd, task.kernel, mesh, arrays)
             return []
@@ -257,6 +457,27 @@ class JaxDevice(Device):
             return await anyio.to_thread.run_sync(fn, *args)
         finally:
             self.busy_s += time.perf_counter() - started
+
+
+def _out_bytes(compiled: Any) -> int:
+    """The bytes of a compiled computation's outputs (known before it runs)."""
+    leaves = jax.tree_util.tree_leaves(compiled.out_info)
+    return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize for x in leaves)
+
+
+def _every(promises: Sequence[Promise[None]]) -> Promise[None]:
+    """Settles once all of ``promises`` did: with the first error, if any."""
+    out: Promise[None] = Promise("every output")
+
+    def settled(_: Promise[None]) -> None:
+        errors = [e for p in promises if (e := p.exception()) is not None]
+        if errors:
+            out.set_exception(errors[0])
+        else:
+            out.set_result(None)
+
+    all_settled(promises).add_done_callback(settled)
+    return out
 
 
 def _ready(compiled: Any, arrays: Sequence[Any]) -> Any:

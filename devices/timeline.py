@@ -90,9 +90,17 @@ def _add(event: dict[str, Any]) -> None:
     RECORDER.events.append(event)
 
 
-def gang(host: int, device: int, task: Any, owner: str, began: float, leader: bool) -> None:
+def gang(
+    host: int,
+    device: int,
+    task: Any,
+    owner: str,
+    began: float,
+    leader: bool,
+    end: float | None = None,
+) -> None:
     """A shard of gang ``task`` (a ``GangTask``) ran on ``device`` from
-    ``began`` until now."""
+    ``began`` until ``end`` (None: now)."""
     if not RECORDER.on:
         return
     name = getattr(task.kernel, "name", type(task.kernel).__name__)
@@ -106,7 +114,7 @@ def gang(host: int, device: int, task: Any, owner: str, began: float, leader: bo
             "client": owner,
             "leader": leader,
             "ts": began,
-            "end": now_us(),
+            "end": now_us() if end is None else end,
         }
     )
 

@@ -20,7 +20,7 @@ import contextvars
 import itertools
 import logging
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
@@ -118,6 +118,16 @@ class ActorContext:
         """Start a child actor supervised by this one; returns at once."""
         return self._cell.system._spawn(cls, args, kwargs, name, parent=self._cell)
 
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` as a task beside this actor's message loop.
+
+        For work that waits on something other than a message (a device
+        watching its accelerator): the task is cancelled when the actor
+        stops or restarts, and an error it raises is logged, never lost.
+        Returns at once.
+        """
+        self._cell.start_task(fn, args)
+
 
 class _Cell:
     """The runtime side of one actor; also its in-process :class:`Channel`."""
@@ -153,6 +163,7 @@ class _Cell:
         self._outside_failure: BaseException | None = None
         self._done = anyio.Event()
         self.task_id: int | None = None  # the cell's own task, once it runs
+        self._tasks: set[anyio.CancelScope] = set()  # its background tasks (start_soon)
 
     # -- Channel --------------------------------------------------------
     @property
@@ -334,8 +345,28 @@ class _Cell:
             "".join(traceback.format_exception(exc)),
         )
 
+    def start_task(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        """A background task of this actor (see ``ActorContext.start_soon``)."""
+        if self.system._tg is None:
+            raise NotRunning("the ActorSystem is not running (use `async with`)")
+        scope = anyio.CancelScope()
+        self._tasks.add(scope)
+
+        async def run() -> None:
+            try:
+                with scope:
+                    await fn(*args)
+            except Exception:
+                _log.exception("a task of %s failed", self.actor_name)
+            finally:
+                self._tasks.discard(scope)
+
+        self.system._tg.start_soon(run, name=f"task:{self.actor_name}")
+
     async def _teardown(self, instance: Actor | None) -> None:
         """Stop the children and run ``on_stop``; immune to cancellation."""
+        for scope in list(self._tasks):
+            scope.cancel()
         with anyio.CancelScope(shield=True):
             for child in list(self.children):
                 await child.cancel(f"parent {self.actor_name} stopped")

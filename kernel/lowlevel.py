@@ -11,8 +11,11 @@ for the promises it finds.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+import sniffio
 
 from ._actor import ActorRef, Channel
 from ._promise import Promise, WaitCounter, count_waits, detach_wait_counter
@@ -32,6 +35,7 @@ __all__ = [
     "set_canceller",
     "set_message_handler",
     "share_arguments_with",
+    "threadsafe_caller",
 ]
 
 T = TypeVar("T")
@@ -88,3 +92,19 @@ async def resolve_arguments(value: T) -> T:
     """``value`` with every promise in it (nested in lists, tuples, dicts) awaited."""
     resolved: T = await _resolve_nested(value)
     return resolved
+
+
+def threadsafe_caller() -> Callable[[Callable[[], object]], object]:
+    """How another thread runs ``fn()`` soon on the event loop running here.
+
+    The returned function may be called from any thread; ``fn`` then runs
+    on this loop's thread in a turn of its own (asyncio's
+    ``call_soon_threadsafe``, trio's ``TrioToken.run_sync_soon``). It
+    raises ``RuntimeError`` once the loop is closed.
+    """
+    if sniffio.current_async_library() == "trio":
+        import trio
+
+        token = trio.lowlevel.current_trio_token()
+        return token.run_sync_soon
+    return asyncio.get_running_loop().call_soon_threadsafe
