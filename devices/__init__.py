@@ -21,12 +21,14 @@ from ._ledger import NotYours as NotYours
 from ._ledger import OwnerLedger as OwnerLedger
 from ._ledger import QuotaExceeded as QuotaExceeded
 from ._ledger import SessionEnded as SessionEnded
+from ._plan import MADE_HERE as MADE_HERE
+from ._plan import PUSHED_IN as PUSHED_IN
 from ._plan import DeviceProgram as DeviceProgram
 from ._plan import PlannedGang as PlannedGang
 from ._plan import RunReport as RunReport
 from ._plan import portable as portable
 from ._plan import run_key as run_key
-from ._plane import LOCAL as LOCAL
+from ._plane import IN_PROCESS as IN_PROCESS
 from ._plane import DataPlane as DataPlane
 from ._plane import ProcessPlane as ProcessPlane
 from ._plane import use_plane as use_plane
@@ -42,7 +44,9 @@ from .sim import SimDevice as SimDevice
 
 __all__ = [
     "INLINE_VALUE_BYTES",
-    "LOCAL",
+    "IN_PROCESS",
+    "MADE_HERE",
+    "PUSHED_IN",
     "Aval",
     "BufferHandle",
     "BufferMissing",

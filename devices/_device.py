@@ -34,14 +34,15 @@ from ..kernel import (
     endpoint,
     failed,
     first_settled,
+    forward,
     then,
     value_of,
 )
 from . import timeline
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask, PushTarget
-from ._plan import DeviceProgram, PlannedGang, RunReport, portable
-from ._plane import LOCAL, DataPlane
+from ._plan import DeviceProgram, PlannedGang, RunReport, portable, run_key
+from ._plane import IN_PROCESS, DataPlane
 from ._push import Pusher
 from ._store import BufferMissing, ObjectStore
 from ._values import Arrival, BufferHandle, Computation, CostModel, DeviceStats
@@ -49,12 +50,11 @@ from ._values import Arrival, BufferHandle, Computation, CostModel, DeviceStats
 if TYPE_CHECKING:
     from ._host import Host
 
-__all__ = ["PLANS_KEPT", "Device"]
+__all__ = ["PLANS_KEPT", "Device", "Made"]
 
 _log = logging.getLogger(__name__)
 
 PLANS_KEPT = 256  # compiled plans a device keeps (the controller's plan cache size)
-_RECENT_GANGS = 64  # finished gangs whose outputs a late push_output can still find
 
 
 class Device(Actor):
@@ -81,7 +81,7 @@ class Device(Actor):
         store: ObjectStore,
         host: ActorRef[Host],
         cost: CostModel,
-        plane: DataPlane = LOCAL,
+        plane: DataPlane = IN_PROCESS,
     ) -> None:
         self.plane = plane
         self.pusher = Pusher(store, host_id, device_id, island, plane, lambda: self.ctx.system)
@@ -96,7 +96,6 @@ class Device(Actor):
         self.background_busy_s = 0.0  # device time of work that finished after it moved on
         self.transfer_s = 0.0
         self.started_at = 0.0
-        self._recent: dict[str, list[BufferHandle]] = {}  # gang id -> outputs, newest last
         self._plans: dict[int, DeviceProgram] = {}  # installed compiled plans, newest last
 
     @property
@@ -145,12 +144,25 @@ class Device(Actor):
         task: GangTask,
         inputs: Sequence[Any],
         owner: str,
-        remember: bool = True,
         held: list[str] | None = None,
     ) -> list[BufferHandle] | Promise[list[BufferHandle]]:
-        """The body of :meth:`run_gang`, also run per gang by :meth:`run_plan`
-        (which does not ``remember`` the outputs for ``push_output``, and
-        collects in ``held`` the outputs a reader elsewhere reads in place)."""
+        """The body of :meth:`run_gang`; ``held`` collects the outputs a reader
+        elsewhere reads in place."""
+        try:
+            outputs = await self._run_here(task, inputs, owner)
+        except _InputFailed as failure:  # as it is, not boxed
+            return failed(failure.error)
+        leader = self.device_id == task.leader
+        if leader and task.push:
+            return await self.push_outputs(task.push, outputs, owner, held)
+        return outputs
+
+    async def _run_here(
+        self, task: GangTask, inputs: Sequence[Any], owner: str
+    ) -> list[BufferHandle]:
+        """This shard's part of ``task``, up to its outputs (the leader's handles,
+        an empty list elsewhere); pushing them is the caller's. An input that
+        failed raises ``_InputFailed`` with its error."""
         if len(task.devices) == 1:  # a gone session's gangs spend no device time (a
             self.store.ledger.check_open(owner)  # wider gang runs: its partners wait)
         leader = self.device_id == task.leader
@@ -160,7 +172,7 @@ class Device(Actor):
                 handles = await self._gather(task, inputs, leader, taken)
             except Exception as exc:  # an input failed: so does this shard, as it is
                 await self.leave_barriers(task)
-                return failed(exc)
+                raise _InputFailed(exc) from exc
             if task.collective:
                 await self.arrive(task, "in")
             busy, began = self.busy_s, timeline.start()
@@ -171,10 +183,6 @@ class Device(Actor):
                 with suppress(BufferMissing):  # its owner's session may have ended
                     self.store.decref(buffer_id)
         self.computations += 1
-        if leader and remember:
-            self._remember(task.gang_id, outputs)
-        if leader and task.push:
-            return await self.push_outputs(task.push, outputs, owner, held)
         return outputs
 
     def ran(self, task: GangTask, owner: str, began: float, busy_s: float, leader: bool) -> None:
@@ -193,29 +201,6 @@ class Device(Actor):
     ) -> Promise[list[BufferHandle]]:
         """Push a gang's outputs to their readers' hosts (``Pusher.push``)."""
         return await self.pusher.push(targets, outputs, owner, held)
-
-    def _remember(self, gang_id: str, outputs: list[BufferHandle]) -> None:
-        """Keep a finished gang's output handles a little, for ``push_output``."""
-        self._recent[gang_id] = outputs
-        while len(self._recent) > _RECENT_GANGS:
-            del self._recent[next(iter(self._recent))]
-
-    @endpoint
-    async def push_output(
-        self, gang_id: str, target: PushTarget, owner: str = ""
-    ) -> Promise[list[BufferHandle]] | bool:
-        """Push an output of gang ``gang_id``, which ran here, to a reader that
-        appeared after it was dispatched (a ``cluster.run`` chain).
-
-        The island sends this right after the gang itself, so it is handled
-        once the gang finished. False: the gang failed, or ran too long ago to
-        be remembered (the controller then fails or redirects the reader's
-        inbox itself); otherwise it settles like a dispatch push.
-        """
-        outputs = self._recent.get(gang_id)  # kept: another reader may ask too
-        if outputs is None:  # failed, or no longer remembered: the controller redirects
-            return False
-        return await self.pusher.push((target,), outputs, owner)
 
     @endpoint
     def install_plan(self, program: DeviceProgram) -> None:
@@ -243,45 +228,90 @@ class Device(Actor):
 
         One message per device per run: the gangs run in the installed order,
         each as :meth:`run_gang` would run it (inputs awaited here, in order,
-        pushed ones taken from this host's inbox), and the answer is one
-        :class:`RunReport`, once every gang settled and its pushes were
+        pushed ones taken from this host's inbox, the outputs of gangs this
+        device led earlier in the run taken as they are), and the answer is
+        one :class:`RunReport`, once every gang settled and its pushes were
         answered. A gang that fails before it pushes fails its readers'
         inboxes at once, here and on other hosts, so that no reader waits for
-        a run report that waits for it.
+        a run report that waits for it. Outputs that no one keeps are freed
+        once the run's last gang here has taken its inputs.
         """
         program = self._plans.get(plan_id)
         if program is None:
             raise AtollError(f"plan {plan_id} is not installed on device {self.device_id}")
         report = RunReport()
         values = dict(zip(program.inputs, inputs, strict=True))
-        settled: list[Promise[Any]] = []
+        made: dict[tuple[int, int] | None, BufferHandle | Promise[Any]] = {}
+        ran: list[tuple[PlannedGang, str, list[str], Promise[Any]]] = []
+        prefix = run_key(epoch)
         for gang in program.gangs:
-            task = gang.task(epoch, self.host_id, self.device_id)
             held: list[str] = []
+            given = gang.given(values, made)
+            if self.runs_alone(gang):  # no barrier, no inbox, no push: the lean path
+                gang_id = f"{prefix}/{gang.node}"
+                out = await self.run_alone(gang, gang_id, given, owner)
+            else:
+                task = gang.task(epoch, self.host_id, self.device_id)
+                gang_id = task.gang_id
+                out = await self._planned_gang(task, given, owner, held)
+                early = out.exception() if out.done() else None
+                if early is not None:  # failed before pushing
+                    await self.pusher.fail(task.push, portable(early, gang_id))
+            if isinstance(out, Made):
+                made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
+            elif out.done():  # failed: so do the readers of its outputs here
+                made.update(((gang.node, o), out) for o in range(len(gang.outputs)))
+            ran.append((gang, gang_id, held, out))
+        for gang, gang_id, held, out in ran:  # every reader here took its inputs
+            out.add_done_callback(functools.partial(self._planned, gang, gang_id, held, report))
+        return then(all_settled([out for *_, out in ran]), lambda _: report)
+
+    def runs_alone(self, gang: PlannedGang) -> bool:
+        """Whether a planned gang takes :meth:`run_alone`: the lean path of a
+        device whose gangs have one (none here)."""
+        return False
+
+    async def run_alone(
+        self, gang: PlannedGang, gang_id: str, inputs: Sequence[Any], owner: str
+    ) -> Promise[list[BufferHandle]]:
+        """A planned gang on this device alone, with no barrier, inbox or push
+        (:meth:`runs_alone`): its outputs (a ``Made``), or its error."""
+        raise NotImplementedError
+
+    async def _planned_gang(
+        self, task: GangTask, inputs: Sequence[Any], owner: str, held: list[str]
+    ) -> Promise[Any]:
+        """One gang of a compiled run: the promise of its outputs once pushed
+        (a :class:`Made` when they exist already)."""
+        try:
+            outputs = await self._run_here(task, inputs, owner)
+        except _InputFailed as failure:
+            return failed(failure.error)
+        except Exception as exc:
+            return failed(exc)
+        if self.device_id != task.leader:
+            return as_promise(outputs)
+        made = Made(outputs, pushed=bool(task.push))
+        if task.push:
             try:
-                out = as_promise(await self._run_gang(task, gang.given(values), owner, False, held))
+                forward(await self.push_outputs(task.push, outputs, owner, held), made)
             except Exception as exc:
-                out = failed(exc)
-            early = out.exception() if out.done() else None  # failed before pushing
-            if early is not None:
-                await self.pusher.fail(task.push, portable(early, task.gang_id))
-            out.add_done_callback(functools.partial(self._planned, gang, task, held, report))
-            settled.append(out)
-        return then(all_settled(settled), lambda _: report)
+                made.set_exception(exc)
+        return made
 
     def _planned(
         self,
         gang: PlannedGang,
-        task: GangTask,
+        gang_id: str,
         held: list[str],
         report: RunReport,
         out: Promise[Any],
     ) -> None:
         """A planned gang settled: report its kept outputs, free the others
         (unless a reader elsewhere reads them in place), or report its error."""
-        if out.exception() is None and self.device_id != task.leader:
+        if out.exception() is None and self.device_id != gang.devices[0]:
             return  # only the leader holds outputs
-        for buffer_id in report.record(gang, task.gang_id, out, held):
+        for buffer_id in report.record(gang, gang_id, out, held):
             with suppress(BufferMissing):
                 self.store.decref(buffer_id)
 
@@ -467,3 +497,23 @@ class Device(Actor):
             self.island,
             self.plane.address,
         )
+
+
+class _InputFailed(Exception):
+    """An input of a gang failed: the gang fails with the input's error, as it is."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class Made(Promise[list[BufferHandle]]):
+    """A leader's gang in a compiled run: its output handles at once (for
+    later gangs of the run on this device), and the promise that they were
+    pushed to their readers."""
+
+    def __init__(self, outputs: list[BufferHandle], pushed: bool = False) -> None:
+        super().__init__("made")
+        self.outputs = outputs
+        if not pushed:
+            self.set_result(outputs)

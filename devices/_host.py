@@ -143,6 +143,13 @@ class Host(Actor):
         return then(pending, lambda _: np.asarray(array))
 
     @endpoint
+    def ready(self, buffer_id: str, owner: str = "") -> Promise[None] | None:
+        """Answered once a buffer held here exists: at once, unless an
+        accelerator is still computing it (then with its error, if it fails)."""
+        self.store.check_owner(buffer_id, owner)
+        return self.store.pending(buffer_id)
+
+    @endpoint
     def timeline(self, record: bool) -> list[dict[str, Any]]:
         """Switch this process's timeline recorder on or off; what it held
         (``devices/timeline.py``; hosts sharing a process share one)."""

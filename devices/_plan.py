@@ -29,6 +29,10 @@ from ._gang import GangTask, PushTarget
 __all__ = ["DeviceProgram", "PlannedGang", "RunReport", "portable", "run_key"]
 
 
+PUSHED_IN = -1  # PlannedGang.inputs: the producer pushes it to the leader's inbox
+MADE_HERE = -2  # ... the producer is an earlier gang of the run, led by this device
+
+
 def run_key(epoch: int) -> str:
     """The prefix of every gang id and inbox key of run ``epoch``."""
     return f"c{epoch}"
@@ -41,9 +45,12 @@ class PlannedGang:
     ``devices``: the gang's devices, the leader first; every device of the
     gang keeps the same entry and plays its part (only the leader reads
     data, computes the outputs and pushes them). ``inputs[i]``: which program
-    input input ``i`` is, by index, or -1 when its producer
-    pushes it to the leader (under the inbox key of ``(node, i)``); such an
-    input is ``resident`` on the other shards (made by a gang over the same
+    input input ``i`` is, by index, or ``PUSHED_IN`` when its producer pushes
+    it to the leader (under the inbox key of ``(node, i)``), or ``MADE_HERE``
+    when its producer is an earlier gang of the same run led by this same
+    device: ``local[i]`` then names it, ``(node, output)``, and the leader
+    takes it as that gang left it, with no push and no wait. A made input
+    is ``resident`` on the other shards (made by a gang over the same
     devices), so they need not wait for it. ``push``: where the outputs go,
     with inbox keys written as ``"<node>/<input>"`` (the run's prefix is
     added per run). ``keep[o]``: output ``o`` is an output of the program,
@@ -62,6 +69,7 @@ class PlannedGang:
     push: tuple[PushTarget, ...]
     keep: tuple[bool, ...]
     host: int = -1  # the leader's host
+    local: tuple[tuple[int, int] | None, ...] = ()  # per input: (node, output) made here
 
     def task(self, epoch: int, host: int, device: int) -> GangTask:
         """The gang's task in run ``epoch`` on ``device`` of host ``host``
@@ -71,21 +79,29 @@ class PlannedGang:
         shape = (self.kernel, self.devices, self.mesh_shape, self.axis_names, self.outputs)
         if device != self.devices[0]:
             return GangTask(gang_id, *shape, resident=self.resident)
-        inbox = tuple(f"{gang_id}/{i}" if src < 0 else None for i, src in enumerate(self.inputs))
+        inbox = tuple(
+            f"{gang_id}/{i}" if src == PUSHED_IN else None for i, src in enumerate(self.inputs)
+        )
         targets = tuple(replace(t, keys=tuple(f"{run}/{key}" for key in t.keys)) for t in self.push)
         return GangTask(
             gang_id,
             *shape,
             inbox=inbox,
-            inbox_host=host if any(src < 0 for src in self.inputs) else -1,
+            inbox_host=host if PUSHED_IN in self.inputs else -1,
             resident=self.resident,
             push=targets,
         )
 
-    def given(self, inputs: Mapping[int, Any]) -> list[Any]:
+    def given(
+        self, inputs: Mapping[int, Any], made: Mapping[tuple[int, int] | None, Any]
+    ) -> list[Any]:
         """This gang's inputs, out of the program inputs the run sent its
-        device, by index (None where a push brings one)."""
-        return [None if src < 0 else inputs[src] for src in self.inputs]
+        device, by index, and the outputs its earlier gangs ``made`` here
+        (None where a push brings one)."""
+        return [
+            inputs[src] if src >= 0 else made.get(self.local[i]) if src == MADE_HERE else None
+            for i, src in enumerate(self.inputs)
+        ]
 
 
 @dataclass(frozen=True)

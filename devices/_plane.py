@@ -5,7 +5,7 @@ bytes to and from other host processes over links of their own: a direct
 link to the holder of a buffer (not through the controller, which would
 proxy every byte), and one-way lanes for small pushes. A :class:`DataPlane`
 is what a :class:`~atoll.devices.Host` is given to do that; its devices use
-their host's. In one process (:data:`LOCAL`) there is nothing to reach:
+their host's. In one process (:data:`IN_PROCESS`) there is nothing to reach:
 the address is empty and every reference stays the one the caller holds.
 
 The process that serves (``atoll host``, see ``runtime/process.py``) makes
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ._gang import PushTarget
     from ._host import Host
 
-__all__ = ["LOCAL", "DataPlane", "ProcessPlane", "Resend", "process_plane", "use_plane"]
+__all__ = ["IN_PROCESS", "DataPlane", "ProcessPlane", "Resend", "process_plane", "use_plane"]
 
 _log = logging.getLogger(__name__)
 LANES_ON = os.environ.get("ATOLL_PUSH_LANES", "1") != "0"  # 0: every push by call (A/B runs)
@@ -69,7 +69,7 @@ class DataPlane:
         return ""
 
 
-LOCAL = DataPlane()
+IN_PROCESS = DataPlane()
 
 
 class ProcessPlane(DataPlane):
@@ -130,7 +130,7 @@ class ProcessPlane(DataPlane):
         return await lane.serve(where, self._token)
 
 
-_process: list[DataPlane] = [LOCAL]
+_process: list[DataPlane] = [IN_PROCESS]
 
 
 def use_plane(plane: DataPlane) -> None:
@@ -139,5 +139,5 @@ def use_plane(plane: DataPlane) -> None:
 
 
 def process_plane() -> DataPlane:
-    """This process's data plane (:data:`LOCAL` unless :func:`use_plane` set one)."""
+    """This process's data plane (:data:`IN_PROCESS` unless :func:`use_plane` set one)."""
     return _process[0]

@@ -113,7 +113,12 @@ class ObjectStore:
         the rest goes on: every promise settles.
         """
         cap = self.capacity_bytes
-        if cap is not None and nbytes > cap:
+        if cap is None or (
+            not self._room and self.used_bytes + self.reserved_bytes + nbytes <= cap
+        ):
+            self.reserved_bytes += nbytes  # it fits now: no timer to set
+            return
+        if nbytes > cap:
             raise AtollError(f"{nbytes} bytes can never fit in store {self.name} ({cap} bytes)")
         with anyio.move_on_after(self.wait_s) as waited:
             while cap is not None and self.used_bytes + self.reserved_bytes + nbytes > cap:
@@ -194,6 +199,7 @@ class ObjectStore:
         *,
         reserved: bool = False,
         ready: Promise[None] | None = None,
+        nbytes: int | None = None,
     ) -> str:
         """Store ``array`` and return its id.
 
@@ -204,11 +210,12 @@ class ObjectStore:
         ``ready``: the array is a future that an accelerator is still
         computing; the promise settles once it exists (or fails with why it
         never will). Readers that need its bytes wait for it (:meth:`pending`).
+        ``nbytes``: its size, when the caller knows it already.
         """
         segment = None
         if isinstance(array, np.ndarray):
             array, segment = self._placed(array)
-        nbytes = int(array.nbytes)
+        nbytes = int(array.nbytes) if nbytes is None else nbytes
         if reserved:
             self.reserved_bytes -= nbytes
         try:

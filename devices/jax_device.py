@@ -48,6 +48,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -55,18 +56,20 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..kernel import Promise, all_settled, endpoint, forward
+from ..kernel import Promise, all_settled, endpoint, failed, forward
 from . import _jax_multi, timeline
-from ._device import Device
+from ._device import Device, Made
 from ._gang import GangTask, PushTarget
 from ._host import Host
 from ._inflight import WINDOW, InFlight
 from ._jax_kernel import JaxKernel
-from ._plan import portable
+from ._plan import PUSHED_IN, PlannedGang, portable
 from ._store import BufferMissing
 from ._values import BufferHandle, Computation
 
 __all__ = ["JaxDevice", "JaxHost", "JaxKernel"]
+
+_KERNELS_KEPT = 1024  # executables a device finds by kernel object (beside its cache)
 
 
 class JaxHost(Host):
@@ -95,6 +98,8 @@ class JaxDevice(Device):
         super().__init__(*args, **kwargs)
         self._cache: dict[tuple[Any, ...], Any] = {}
         self._meshes: dict[tuple[Any, ...], tuple[Mesh, list[NamedSharding]]] = {}
+        # executables by kernel object: (kernel, input signature, executable)
+        self._by_kernel: dict[tuple[int, tuple[int, ...]], tuple[Any, Any, _Executable]] = {}
         self.compilations = 0
         self.inflight = InFlight(jax.block_until_ready, WINDOW, f"device{self.device_id}")
         self._last_done = 0.0  # perf_counter time the last gang in flight finished
@@ -188,6 +193,47 @@ class JaxDevice(Device):
             if task.collective:
                 await self.arrive(task, "out")
 
+    def runs_alone(self, gang: PlannedGang) -> bool:
+        return (
+            len(gang.devices) == 1
+            and isinstance(gang.kernel, JaxKernel)
+            and not gang.push
+            and PUSHED_IN not in gang.inputs
+        )
+
+    async def run_alone(
+        self, gang: PlannedGang, gang_id: str, inputs: Sequence[Any], owner: str
+    ) -> Promise[list[BufferHandle]]:
+        """The lean path of a planned gang on this device alone: its inputs
+        (handles here, values, or promises of them) go on the device as
+        they are, and its computation is enqueued; no task, no barrier."""
+        kernel: JaxKernel = gang.kernel
+        try:
+            self.store.ledger.check_open(owner)
+            mesh, shardings = self._alone_mesh(gang)
+            arrays = []
+            for value, sharding in zip(inputs, shardings, strict=True):
+                handle = await value if isinstance(value, Promise) else value
+                arrays.append(self._on_device(await self._read(handle, owner), sharding))
+            executable = self._for_kernel(kernel, gang.devices, mesh, arrays)
+            ran = _Ran(gang_id, kernel)
+            outputs = await self._enqueue(executable, arrays, owner, kernel.name, ran)
+        except Exception as exc:
+            out: Promise[list[BufferHandle]] = failed(exc)
+            return out
+        self.computations += 1
+        return Made(outputs)
+
+    def _alone_mesh(self, gang: PlannedGang) -> tuple[Mesh, list[NamedSharding]]:
+        """The mesh of a gang on this one device, and its input shardings (cached)."""
+        key = ((self.device_id,), gang.mesh_shape, gang.axis_names, gang.kernel.in_specs)
+        found = self._meshes.get(key)
+        if found is None:
+            mesh = Mesh(np.array([self.device]).reshape(gang.mesh_shape), gang.axis_names)
+            specs = gang.kernel.in_specs
+            found = self._meshes[key] = (mesh, [NamedSharding(mesh, s) for s in specs])
+        return found
+
     async def _gang(self, task: GangTask) -> list[jax.Device]:
         """The gang's JAX devices in mesh order (looked up once, on a thread)."""
         devices = _jax_multi.resolve_now(task.devices)
@@ -220,7 +266,7 @@ class JaxDevice(Device):
             self._on_device(await self._read(handle, owner), sharding)
             for handle, sharding in zip(inputs, shardings, strict=True)
         ]
-        compiled = self._compiled(kernel, mesh, arrays)
+        compiled = self._for_kernel(kernel, task.devices, mesh, arrays)
         self._enqueued.add(task.gang_id)
         try:
             return await self._enqueue(compiled, arrays, owner, kernel.name, task)
@@ -228,21 +274,40 @@ class JaxDevice(Device):
             self._enqueued.discard(task.gang_id)
             raise
 
+    def _for_kernel(
+        self, kernel: JaxKernel, devices: tuple[int, ...], mesh: Mesh, arrays: Sequence[jax.Array]
+    ) -> _Executable:
+        """:meth:`_compiled`, looked up first by the kernel object itself (a
+        gang of an installed plan brings the same one to every run), as long
+        as the inputs' shapes and dtypes are those it was compiled for."""
+        signature = tuple((a.shape, a.dtype) for a in arrays)
+        key = (id(kernel), devices)
+        found = self._by_kernel.get(key)
+        if found is not None and found[0] is kernel and found[1] == signature:
+            return found[2]
+        executable = self._compiled(kernel, mesh, arrays)
+        self._by_kernel[key] = (kernel, signature, executable)
+        while len(self._by_kernel) > _KERNELS_KEPT:
+            del self._by_kernel[next(iter(self._by_kernel))]
+        return executable
+
     def _on_device(self, value: Any, sharding: Any) -> Any:
         """``value`` with ``sharding``: as it is when it already has it (an
         output of an earlier gang here, maybe still being computed), else
         copied there."""
-        if isinstance(value, jax.Array) and value.sharding == sharding:
-            return value
+        if isinstance(value, jax.Array):
+            have = value.sharding
+            if have is sharding or have == sharding:
+                return value
         return jax.device_put(value, sharding)
 
     async def _enqueue(
         self,
-        compiled: Any,
+        compiled: _Executable,
         arrays: Sequence[Any],
         owner: str,
         name: str,
-        task: GangTask | None = None,
+        task: GangTask | _Ran | None = None,
     ) -> list[BufferHandle]:
         """Enqueue ``compiled(*arrays)`` and store its outputs as futures.
 
@@ -252,8 +317,9 @@ class JaxDevice(Device):
         errors of the running computation reach its outputs later (see
         :meth:`_finished`).
         """
-        nbytes = _out_bytes(compiled)
-        await self.inflight.room()
+        nbytes = compiled.nbytes
+        if self.inflight.count >= self.inflight.window:
+            await self.inflight.room()
         self.store.ledger.check(owner, nbytes)
         await self.store.reserve(nbytes)
         enqueued = time.perf_counter()
@@ -263,14 +329,26 @@ class JaxDevice(Device):
             self.store.unreserve(nbytes)
             raise
         outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
-        ready: Promise[None] = Promise(f"{name} on device {self.device_id}")
+        ready: Promise[None] = Promise(name)
+        where = (self.host, self.host_id, self.device_id)
         handles = [
-            self._handle(self.store.put(out, owner, reserved=True, ready=ready), out)
-            for out in outs
+            BufferHandle(
+                self.store.put(out, owner, reserved=True, ready=ready, nbytes=size),
+                *where,
+                shape,
+                dtype,
+                size,
+                self.island,
+                self.plane.address,
+            )
+            for out, (shape, dtype, size) in zip(outs, compiled.outputs, strict=True)
         ]
         began_us = timeline.start()
         done = functools.partial(self._finished, ready, owner, enqueued, began_us, task)
-        self.inflight.add(outs, done)
+        if all(out.is_ready() for out in outs):  # it ran inline (small, on a CPU)
+            done(None, time.perf_counter())
+        else:
+            self.inflight.add(outs, done)
         return handles
 
     def _finished(
@@ -279,7 +357,7 @@ class JaxDevice(Device):
         owner: str,
         enqueued: float,
         began_us: float,
-        task: GangTask | None,
+        task: GangTask | _Ran | None,
         error: BaseException | None,
         finished: float,
     ) -> None:
@@ -408,7 +486,7 @@ class JaxDevice(Device):
         arrays: Sequence[jax.Array],
         *,
         replicated: bool = False,
-    ) -> Any:
+    ) -> _Executable:
         """The kernel compiled for this mesh and these inputs (cached).
 
         ``replicated``: every output whole on every device, whatever the
@@ -436,14 +514,14 @@ class JaxDevice(Device):
 
         return self._cached(key, jitted, arrays)
 
-    def _cached(self, key: Any, jitted: Callable[[], Any], arrays: Sequence[Any]) -> Any:
+    def _cached(self, key: Any, jitted: Callable[[], Any], arrays: Sequence[Any]) -> _Executable:
         """The executable cached under ``key``, compiled from ``jitted()`` for
         ``arrays`` on first use (counted in ``compilations``)."""
-        compiled = self._cache.get(key)
-        if compiled is None:
-            compiled = self._cache[key] = jitted().lower(*arrays).compile()
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = _Executable.of(jitted().lower(*arrays).compile())
             self.compilations += 1
-        return compiled
+        return found
 
     async def _timed(self, compiled: Any, arrays: Sequence[Any]) -> Any:
         """Run ``compiled`` until its outputs are ready (see :meth:`_busy`)."""
@@ -459,10 +537,33 @@ class JaxDevice(Device):
             self.busy_s += time.perf_counter() - started
 
 
-def _out_bytes(compiled: Any) -> int:
-    """The bytes of a compiled computation's outputs (known before it runs)."""
-    leaves = jax.tree_util.tree_leaves(compiled.out_info)
-    return sum(int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize for x in leaves)
+@dataclass(frozen=True, slots=True)
+class _Ran:
+    """What a timeline needs of a gang that ran without a task (the lean path)."""
+
+    gang_id: str
+    kernel: JaxKernel
+
+
+@dataclass(frozen=True, slots=True)
+class _Executable:
+    """A compiled computation, with what its outputs will be (shape, dtype
+    name, bytes each, and in all), known before it runs."""
+
+    compiled: Any
+    outputs: tuple[tuple[tuple[int, ...], str, int], ...]
+    nbytes: int
+
+    @classmethod
+    def of(cls, compiled: Any) -> _Executable:
+        outputs = tuple(
+            (tuple(x.shape), str(x.dtype), int(np.prod(x.shape, dtype=np.int64)) * x.dtype.itemsize)
+            for x in jax.tree_util.tree_leaves(compiled.out_info)
+        )
+        return cls(compiled, outputs, sum(n for *_, n in outputs))
+
+    def __call__(self, *arrays: Any) -> Any:
+        return self.compiled(*arrays)
 
 
 def _every(promises: Sequence[Promise[None]]) -> Promise[None]:

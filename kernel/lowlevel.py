@@ -26,6 +26,7 @@ __all__ = [
     "MessageHandler",
     "WaitCounter",
     "attach_pipeline",
+    "call_soon",
     "channel_of",
     "count_waits",
     "detach_wait_counter",
@@ -102,9 +103,29 @@ def threadsafe_caller() -> Callable[[Callable[[], object]], object]:
     ``call_soon_threadsafe``, trio's ``TrioToken.run_sync_soon``). It
     raises ``RuntimeError`` once the loop is closed.
     """
-    if sniffio.current_async_library() == "trio":
+    if _on_trio():
         import trio
 
         token = trio.lowlevel.current_trio_token()
         return token.run_sync_soon
     return asyncio.get_running_loop().call_soon_threadsafe
+
+
+def call_soon(fn: Callable[[], object]) -> None:
+    """Run ``fn()`` on this event loop once the current turn is over (before
+    it waits for I/O again): asyncio's ``call_soon``, trio's ``run_sync_soon``."""
+    if _on_trio():
+        import trio
+
+        trio.lowlevel.current_trio_token().run_sync_soon(fn)
+        return
+    asyncio.get_running_loop().call_soon(fn)
+
+
+def _on_trio() -> bool:
+    """Whether this code runs under trio (else asyncio: also in a plain
+    callback of an asyncio loop, where sniffio finds no task to ask)."""
+    try:
+        return sniffio.current_async_library() == "trio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False

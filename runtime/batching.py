@@ -1,36 +1,36 @@
-"""Implicit batching of ``cluster.run`` calls: a chain of them runs as one program.
+"""Batching of ``cluster.run`` calls: the calls of one loop turn leave as one graph.
 
 ``cluster.run(computation, device, inputs)`` returns at once, so a client
 usually issues a whole chain (or fan-out) of such calls before it awaits
-anything. Sent one by one, each call costs the controller a gang of its own:
-a message to the island, one to the device, a report back. A
-:class:`RunBatcher` instead collects the calls a client makes in one turn of
-the event loop and, at the end of that turn, sends them as one graph through
-the controller's ``run_graph``: planned once per shape of chain (the
-controller caches plans), compiled, and run with one message per device
-(``docs/performance.md``).
+anything. A :class:`RunBatcher` collects the calls a client makes in one
+turn of the event loop and, at the end of that turn, sends them through the
+controller's ``run_graph``, the one path every run takes: planned once per
+shape of graph (the controller caches plans), compiled, and run with one
+message per device (``docs/performance.md``).
 
 What is asynchronous about it: each call returns a promise of its own at
-once; the batch leaves in a ``call_soon`` callback, after the code that made
-the calls yielded to the loop, and each promise then follows its output.
-Anything else the client sends the controller first flushes the batch, so
-the controller sees calls in the order they were made. Calls of which none
-reads another's output go one by one, as they came: each is a gang of its
-own for the session's quota and share (``docs/multitenancy.md``), as it
-would be unbatched; a batch that holds a chain counts as one program.
+once; the batch leaves in a callback at the end of the loop turn (asyncio
+or trio), after the code that made the calls yielded to the loop, and each
+promise then follows its output. Anything else the client sends the
+controller first flushes the batch, so the controller sees calls in the
+order they were made. When some calls of a batch read others' outputs, the
+batch goes as one graph, on one-device slices pinned to the named devices
+(negative slice ids, never allocated), and counts as one program for the
+session's quota and share. Calls of which none reads another's output go
+one by one, each a one-node graph of its own, as they would unbatched.
 
 Which outputs are kept: a call's output stays in its device's store (until
-the client frees it or closes, as for an unbatched call) only if the caller
-can still reach its promise when the batch leaves. An intermediate value the
-caller dropped, such as every link but the last of
-``x = cluster.run(f, d, [x])`` in a loop, is freed by the plan once its
-readers ran.
+the client drops or frees it, or closes) only if the caller can still reach
+its promise when the batch leaves. An intermediate value the caller dropped,
+such as every link but the last of ``x = cluster.run(f, d, [x])`` in a
+loop, is freed by the plan once its readers ran. ``ATOLL_BATCH_RUNS=0``
+sends every call at once, each on its own (for A/B runs).
 """
 
 from __future__ import annotations
 
-import asyncio
 import operator
+import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +40,7 @@ import numpy as np
 
 from ..devices import Aval, BufferHandle, Computation
 from ..kernel import Promise, flatten, forward, then
+from ..kernel.lowlevel import call_soon
 from .graph import GraphBuilder, SliceSpec, ValueRef
 
 __all__ = ["UNKNOWN_AVAL", "RunBatcher", "device_of_slice", "device_slice"]
@@ -86,29 +87,30 @@ class _Batch:
 
 # What sends a batch: (graph, inputs, temporary, owner) -> promise of output promises.
 SendGraph = Callable[[Any, list[Any], list[int], str], Promise[Any]]
-# What sends one call unbatched: (computation, device, args, owner, temporary,
-# the promise to settle like it, or None when the caller dropped it).
-SendOne = Callable[[Computation, int, list[Any], str, list[bool], Promise[Any] | None], None]
+
+
+def _batching() -> bool:
+    """Whether calls wait for the end of the loop turn (``ATOLL_BATCH_RUNS``)."""
+    return os.environ.get("ATOLL_BATCH_RUNS", "1") != "0"
 
 
 class RunBatcher:
     """Collects one client's ``run`` calls per loop turn (see the module docstring).
 
-    ``send_graph`` and ``send_one`` are the client's two ways to the
-    controller; ``reply`` wraps what comes back (the modelled RPC link's
-    reply, if any).
+    ``send_graph`` is the client's way to the controller; ``reply`` wraps
+    what comes back (the modelled RPC link's reply, if any).
     """
 
     def __init__(
         self,
         send_graph: SendGraph,
-        send_one: SendOne,
         reply: Callable[[Promise[Any]], Promise[Any]],
+        batching: bool | None = None,
     ) -> None:
         self._send_graph = send_graph
-        self._send_one = send_one
         self._reply = reply
         self._batch: _Batch | None = None
+        self._batching = batching if batching is not None else _batching()
 
     def add(
         self,
@@ -123,7 +125,8 @@ class RunBatcher:
             self.flush()
         if self._batch is None:
             self._batch = _Batch(owner)
-            asyncio.get_running_loop().call_soon(self.flush)
+            if self._batching:
+                call_soon(self.flush)  # at the end of this loop turn
         batch = self._batch
         promise: Promise[BufferHandle] = Promise(f"run {computation.name}")
         mine = [
@@ -131,6 +134,8 @@ class RunBatcher:
         ]
         batch.calls.append(_Call(computation, device, mine, weakref.ref(promise), list(temporary)))
         batch.made[promise] = len(batch.calls) - 1
+        if not self._batching:
+            self.flush()
         return promise
 
     def flush(self) -> None:
@@ -138,31 +143,24 @@ class RunBatcher:
         batch, self._batch = self._batch, None
         if batch is None or not batch.calls:
             return
-        alive = [(i, p) for i, call in enumerate(batch.calls) if (p := call.promise()) is not None]
-        if not any(isinstance(a, _Made) for call in batch.calls for a in call.args):
-            self._each(batch, dict(alive))  # no chain: as they came
+        if any(isinstance(a, _Made) for call in batch.calls for a in call.args):
+            self._send(batch.calls, batch.owner)
             return
+        for call in batch.calls:  # no chain: one by one, as they came
+            self._send([call], batch.owner)
+
+    def _send(self, calls: Sequence[_Call], owner: str) -> None:
+        """``calls`` as one graph; the promises still held follow their outputs."""
+        alive = [(i, p) for i, call in enumerate(calls) if (p := call.promise()) is not None]
         try:
-            graph, inputs, temporary = _graph_of(batch.calls, [i for i, _ in alive])
-            outs = self._send_graph(graph, inputs, temporary, batch.owner)
+            graph, inputs, temporary = _graph_of(calls, [i for i, _ in alive])
+            outs = self._send_graph(graph, inputs, temporary, owner)
         except Exception as exc:  # nothing was sent: every call fails with why
             for _, promise in alive:
                 promise.set_exception(exc)
             return
         for k, (_, promise) in enumerate(alive):
             forward(self._reply(flatten(then(outs, operator.itemgetter(k)))), promise)
-
-    def _each(self, batch: _Batch, alive: dict[int, Promise[BufferHandle]]) -> None:
-        """Send a batch's calls one by one (none reads another's output)."""
-        for i, call in enumerate(batch.calls):
-            target = alive.get(i)
-            try:
-                self._send_one(
-                    call.computation, call.device, call.args, batch.owner, call.temporary, target
-                )
-            except Exception as exc:  # not sent: its caller hears why
-                if target is not None:
-                    target.set_exception(exc)
 
 
 def _graph_of(calls: Sequence[_Call], kept: Sequence[int]) -> tuple[Any, list[Any], list[int]]:

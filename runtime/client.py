@@ -9,12 +9,9 @@ returned :class:`Outputs` fetches the arrays.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
+import contextlib
 import operator
 import os
-import secrets
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -39,7 +36,6 @@ from ..kernel import (
     all_settled,
     as_promise,
     flatten,
-    forward,
     then,
     value_of,
 )
@@ -103,6 +99,9 @@ class Outputs:
         from .timelines import stop, write_trace
 
         await all_settled([ref.promise for ref in self.flat])
+        for ref in self.flat:  # computed: every gang that made them is recorded
+            with contextlib.suppress(Exception):
+                await self.client.ready(ref)
         trace = await stop(self.client)
         if path is not None:
             write_trace(trace, path)
@@ -127,7 +126,6 @@ class Cluster:
         hosts: list[ActorRef[Host]],
         owner: str = "client0",
         wire: Wire | None = None,
-        batch: bool = False,
     ) -> None:
         self.wire = wire
         self.system = system
@@ -136,12 +134,8 @@ class Cluster:
         self.owner = owner
         self._devices = devices
         self._hosts = hosts
-        self._tags = itertools.count()
-        self._tag_prefix = secrets.token_hex(8)  # unique to this handle, across processes
-        self._made: weakref.WeakKeyDictionary[Promise[Any], str] = weakref.WeakKeyDictionary()
         # run calls made in one loop turn go as one graph (runtime/batching.py)
-        batch = batch and os.environ.get("ATOLL_BATCH_RUNS", "1") != "0"
-        self._batcher = RunBatcher(self._send_batch, self._send_one, self._reply) if batch else None
+        self._batcher = RunBatcher(self._send_batch, self._reply)
 
     @property
     def device_infos(self) -> tuple[DeviceInfo, ...]:
@@ -174,7 +168,6 @@ class Cluster:
             self._hosts,
             owner,
             self.wire,
-            self._batcher is not None,
         )
 
     # -- virtual devices ------------------------------------------------
@@ -209,8 +202,7 @@ class Cluster:
     def flush(self) -> None:
         """Send the ``run`` calls collected in this loop turn now (they go
         by themselves once the caller yields; see ``runtime/batching.py``)."""
-        if self._batcher is not None:
-            self._batcher.flush()
+        self._batcher.flush()
 
     # -- running --------------------------------------------------------
     @overload
@@ -317,52 +309,14 @@ class Cluster:
         array (up to ``INLINE_VALUE_BYTES``) is copied into the call itself,
         so it costs no message of its own; a larger one is put on the device
         first (a promise, so the call still leaves at once) and freed once
-        the call ran. Over host processes the call joins this loop turn's
-        batch (``runtime/batching.py``) and leaves when the caller yields."""
+        the call ran. The call joins this loop turn's batch
+        (``runtime/batching.py``) and leaves when the caller yields."""
         self.topology.device(device)
         owner = owner or self.owner
         puts: list[Promise[BufferHandle]] = []
         args = [self._argument(value, device, owner, puts) for value in inputs]
-        if self._batcher is not None and _in_asyncio():
-            temporary = [any(arg is put for put in puts) for arg in args]
-            return self._batcher.add(computation, device, args, owner, temporary)
-        return self._send_run(computation, device, args, owner, puts)
-
-    def _send_run(
-        self,
-        computation: Computation,
-        device: int,
-        args: list[Any],
-        owner: str,
-        puts: list[Promise[BufferHandle]],
-    ) -> Promise[BufferHandle]:
-        """One ``run`` call to the controller, naming the calls its inputs come from."""
-        sources = [self._made.get(arg) if isinstance(arg, Promise) else None for arg in args]
-        tag = f"{self._tag_prefix}/{next(self._tags)}"
-        promise: Promise[BufferHandle] = self.controller.run(
-            computation, device, args, owner, tag, sources
-        )
-        self._made[promise] = tag  # so that a call reading it can name its maker
-        if puts:  # arrays put only for this call are freed once it ran
-            all_settled([promise, *puts]).add_done_callback(lambda _: _free_all(puts))
-        return promise
-
-    def _send_one(
-        self,
-        computation: Computation,
-        device: int,
-        args: list[Any],
-        owner: str,
-        temporary: list[bool],
-        target: Promise[Any] | None,
-    ) -> None:
-        """One call of a batch that holds no chain, sent as it is; ``target``
-        (the caller's promise) follows it."""
-        puts = [arg for arg, temp in zip(args, temporary, strict=True) if temp]
-        sent = self._send_run(computation, device, args, owner, puts)
-        if target is not None:
-            self._made[target] = self._made[sent]  # a later call may want it pushed
-            forward(sent, target)
+        temporary = [any(arg is put for put in puts) for arg in args]
+        return self._batcher.add(computation, device, args, owner, temporary)
 
     def _send_batch(
         self, graph: Graph, inputs: list[Any], temporary: list[int], owner: str
@@ -407,6 +361,14 @@ class Cluster:
         array: np.ndarray = await handle.host.fetch(handle.id, self.owner)  # only its own
         return array
 
+    async def ready(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> None:
+        """Return once a buffer exists: devices run ahead, so a handle (and an
+        ``ArrayRef``'s promise) can settle while its computation is still
+        under way; this waits for the computation itself, and raises its
+        error if it failed. Moves no bytes."""
+        handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
+        await handle.host.ready(handle.id, self.owner)
+
     async def free(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> bool:
         """Drop this client's reference to a buffer; True if it was freed."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
@@ -429,22 +391,6 @@ def _by_value(value: Any) -> np.ndarray | None:
     large for that and must be put on a device first."""
     array = np.asarray(value)
     return read_only(array.copy()) if array.nbytes <= INLINE_VALUE_BYTES else None
-
-
-def _in_asyncio() -> bool:
-    """Whether an asyncio loop runs here (a batch leaves in its ``call_soon``)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def _free_all(puts: list[Promise[BufferHandle]]) -> None:
-    for put in puts:
-        if put.exception() is None:
-            handle = put.result()
-            handle.host.free(handle.id)
 
 
 def _names(graph: Graph) -> list[str]:

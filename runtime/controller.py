@@ -22,7 +22,6 @@ from typing import Any
 
 from ..devices import (
     BufferHandle,
-    Computation,
     Device,
     GangTask,
     Host,
@@ -57,7 +56,6 @@ from .planner import (
     instantiate,
     place,
     plan,
-    push_target,
 )
 from .resources import Allocation, ResourceManager
 from .tenancy import DEFAULT_MAX_GANGS, Tenants, check_slice, merge_usage
@@ -107,8 +105,6 @@ class Controller(Actor):
         self._plan_ids = itertools.count(1)
         self._runs = itertools.count()
         self._compiled_runs = 0
-        # `run` calls still pending, by the client's tag: (gang, device)
-        self._made: dict[tuple[str, str], tuple[str, int]] = {}  # (owner, tag) ->
         self._gangs = itertools.count()
 
     async def on_start(self) -> None:
@@ -125,7 +121,7 @@ class Controller(Actor):
     @endpoint
     def set_push(self, push: bool | None) -> bool:
         """Turn pushing on or off (None: automatic); returns the setting in force."""
-        self.push = self.hosts_in_processes if push is None else push
+        self.push = True if push is None else push
         return self.push
 
     @endpoint
@@ -134,7 +130,7 @@ class Controller(Actor):
         or not (None: automatic, when hosts are processes of their own);
         returns the setting in force. Plans that cannot compile (gangs over
         several devices, or over several islands) are dispatched per gang."""
-        self.compile = self.hosts_in_processes if compile_ is None else compile_
+        self.compile = True if compile_ is None else compile_
         return self.compile
 
     @endpoint
@@ -210,92 +206,6 @@ class Controller(Actor):
         device = alloc.devices[0] if alloc is not None else 0
         promise: Promise[BufferHandle] = self.device_refs[device].put(array, owner)
         return promise
-
-    @endpoint(resolve_args=False)
-    def run(
-        self,
-        computation: Computation,
-        device: int,
-        inputs: Sequence[Any],
-        owner: str = "",
-        tag: str = "",
-        sources: Sequence[str | None] = (),
-    ) -> Promise[BufferHandle]:
-        """One computation on one physical device; returns its output's promise.
-
-        An input that is the pending output of an earlier ``run`` on another
-        host is pushed straight from there to this device's host (when
-        pushing is on), so a chain of ``run`` calls moves each value once,
-        host to host, not through the controller. The client names each call
-        (``tag``) and, per input, the call that makes it (``sources``), since
-        the promises it holds are not the ones returned here.
-        """
-        info = self.topology_.device(device)
-        gang_id = f"gang{next(self._gangs)}"
-        named = list(sources) + [None] * (len(inputs) - len(sources))
-        inbox = tuple(
-            self._pull_in(gang_id, i, value, named[i], info.host, owner)
-            for i, value in enumerate(inputs)
-        )
-        pushed = any(key is not None for key in inbox)
-        task = GangTask(
-            gang_id,
-            computation,
-            (device,),
-            (1,),
-            ("x",),
-            inbox=inbox if pushed else (),
-            inbox_host=info.host if pushed else -1,
-        )
-        result = then(self._submit(info.island, task, inputs, owner), _first)
-        if tag:  # remembered while pending: a later call may want it pushed
-            self._made[owner, tag] = (gang_id, device)
-            result.add_done_callback(functools.partial(self._forget_made, (owner, tag)))
-        return result
-
-    def _forget_made(self, key: tuple[str, str], _: Promise[Any]) -> None:
-        self._made.pop(key, None)
-
-    def _pull_in(
-        self, gang_id: str, index: int, value: Any, maker: str | None, host: int, owner: str
-    ) -> str | None:
-        """Arrange for input ``index`` to be pushed to ``host``; its inbox key,
-        or None when it comes as it is (a value, or a promise to resolve)."""
-        made = self._made.get((owner, maker)) if maker else None  # only the caller's own
-        if made is None or not self.push or not isinstance(value, Promise) or value.done():
-            return None
-        producer_gang, producer = made
-        source = self.topology_.device(producer)
-        if source.host == host:
-            return None
-        key = f"{gang_id}/{index}"
-        target = push_target(0, host, [key], self.host_addresses, self.host_refs)
-        island = self.schedulers[source.island]
-        asked = Wire.through(
-            self.wire, island, "push_after", producer_gang, producer, target, owner
-        )
-        fail = functools.partial(self._fail_inboxes, producer_gang, (target,))
-        value.add_done_callback(fail)
-        asked.add_done_callback(fail)
-        asked.add_done_callback(functools.partial(self._redirect_if_not_pushed, value, target))
-        return key
-
-    def _redirect_if_not_pushed(
-        self, made: Promise[Any], target: PushTarget, asked: Promise[Any]
-    ) -> None:
-        """The producer's device could not push (its gang failed, or it no
-        longer remembers it): point the reader's inbox at the output itself,
-        once that is known (a failure is handled by ``_fail_inboxes``)."""
-        if asked.exception() is not None or asked.result() is not False:
-            return
-
-        def redirect(done: Promise[Any]) -> None:
-            if done.exception() is None:
-                host = self.host_refs[target.host_id]
-                notice = host.redirect_inbox(list(target.keys), done.result())
-                notice.add_done_callback(_log_failed_notice)
-
-        made.add_done_callback(redirect)
 
     @endpoint(resolve_args=False)
     def run_node(

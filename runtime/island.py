@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -22,7 +23,6 @@ from ..devices import (
     GangTask,
     Host,
     PlannedGang,
-    PushTarget,
     Rendezvous,
     RunReport,
     run_key,
@@ -46,8 +46,6 @@ from .planner import CompiledPlan
 __all__ = ["IslandScheduler"]
 
 _log = logging.getLogger(__name__)
-
-_LED_KEPT = 4096  # gangs remembered as dispatched to their leader, for push_after
 
 
 class IslandScheduler(Actor):
@@ -77,8 +75,7 @@ class IslandScheduler(Actor):
         self._pending: dict[str, tuple[GangTask, Sequence[Any], str, Promise[Any], int]] = {}
         self.rendezvous: ActorRef[Rendezvous] | None = None
         self._completions: list[tuple[str, int]] = []
-        self._after: dict[str, list[tuple[PushTarget, str, Promise[Any]]]] = {}
-        self._led: dict[str, None] = {}  # gangs whose leader was sent them, newest last
+        self._positions = 0  # gangs dispatched: each gang's place in the island's order
         self._running: dict[str, int] = {}  # gang -> its shards sent and not done (status)
         self._installed: dict[int, tuple[ActorRef[Device], set[int]]] = {}  # device -> plans
 
@@ -113,13 +110,8 @@ class IslandScheduler(Actor):
             promise.add_done_callback(functools.partial(self._report, gang_id, device))
             self._running[gang_id] = self._running.get(gang_id, 0) + 1
             if device == task.leader:
-                self._traced(instruction, task, owner)
+                self._traced(gang_id, task.leader, owner)
                 forward(promise, result)
-                self._led[gang_id] = None
-                while len(self._led) > _LED_KEPT:
-                    del self._led[next(iter(self._led))]
-                for target, by, answer in self._after.pop(gang_id, ()):
-                    forward(self._push_output(device, gang_id, target, by), answer)
             sent += 1
             if sent == len(task.devices):
                 del self._pending[gang_id]
@@ -163,14 +155,16 @@ class IslandScheduler(Actor):
         if sorted(d.device for d in sent) != sorted(devices):
             raise PolicyError(f"{self.policy_name} did not dispatch run {run} as submitted")
         self._running[run] = len(devices)
-        for each in sent:
-            self._traced(each, None, owner)
+        for node, gang_devices in compiled.gangs:  # consecutive places in the order
+            self._traced(f"{run}/{node}", gang_devices[0], owner)
         reports = {}
         for device, program in compiled.programs.items():
             ref = self.devices[device]
-            self._install(device, ref, program)
+            installed = self._install(device, ref, program)
             given = inputs.get(device, ())
             report = Wire.through(self.wire, ref, "run_plan", compiled.plan_id, epoch, given, owner)
+            if installed is not None:  # a plan that could not be installed says why
+                report = _unless_not_installed(report, installed)
             report.add_done_callback(functools.partial(self._report, run, device))
             reports[device] = report
         return reports
@@ -195,10 +189,14 @@ class IslandScheduler(Actor):
             planned.update((gang.node, gang) for gang in program.gangs)
         reports: dict[int, RunReport] = {}
         ran: dict[int, list[Promise[Any]]] = {}
+        made: dict[tuple[int, int] | None, Promise[Any]] = {}  # outputs read by their leader
         for node, devices in compiled.gangs:
             gang, leader = planned[node], devices[0]
             task = gang.task(epoch, gang.host, leader)
-            result = self.submit_gang(task, gang.given(values), owner, weight)
+            result = self.submit_gang(task, gang.given(values, made), owner, weight)
+            made.update(
+                ((node, o), then(result, operator.itemgetter(o))) for o in range(len(gang.outputs))
+            )
             report = reports.setdefault(leader, RunReport())
             result.add_done_callback(functools.partial(self._gang_ran, gang, task, report))
             ran.setdefault(leader, []).append(result)
@@ -220,18 +218,24 @@ class IslandScheduler(Actor):
             if host is not None:
                 host.fail_inbox(list(target.keys), error).add_done_callback(_log_failed)
 
-    def _install(self, device: int, ref: ActorRef[Device], program: DeviceProgram) -> None:
+    def _install(
+        self, device: int, ref: ActorRef[Device], program: DeviceProgram
+    ) -> Promise[None] | None:
         """Send a device its part of a plan, unless it has it (a device that
-        was replaced, as after a host rejoined, starts with none)."""
+        was replaced, as after a host rejoined, starts with none); the
+        answer, when it was sent now. One that fails (a kernel the host
+        cannot import) is sent again with the next run."""
         known, plans = self._installed.get(device, (None, set()))
         if known is not ref:
             plans = set()
             self._installed[device] = (ref, plans)
-        if program.plan_id not in plans:
-            plans.add(program.plan_id)
-            timeline.control("install plan", self._lane, plan=program.plan_id, device=device)
-            sent = Wire.through(self.wire, ref, "install_plan", program)
-            sent.add_done_callback(_log_failed)
+        if program.plan_id in plans:
+            return None
+        plans.add(program.plan_id)
+        timeline.control("install plan", self._lane, plan=program.plan_id, device=device)
+        sent: Promise[None] = Wire.through(self.wire, ref, "install_plan", program)
+        sent.add_done_callback(functools.partial(_forget_failed, plans, program.plan_id))
+        return sent
 
     @endpoint
     def replace_host(
@@ -256,25 +260,6 @@ class IslandScheduler(Actor):
                 plans.difference_update(mine)
                 Wire.through(self.wire, ref, "drop_plans", mine).add_done_callback(_log_failed)
 
-    @endpoint
-    def push_after(
-        self, gang_id: str, leader: int, target: PushTarget, owner: str = ""
-    ) -> Promise[Any]:
-        """Have gang ``gang_id``'s leader push its output to ``target`` once
-        the gang ran. Sent to its device right after the gang itself (now, if
-        it was dispatched already), so the device handles it after the gang."""
-        if gang_id in self._led or gang_id not in self._pending:  # its leader has it
-            return self._push_output(leader, gang_id, target, owner)
-        answer: Promise[Any] = Promise(f"push after {gang_id}")
-        self._after.setdefault(gang_id, []).append((target, owner, answer))
-        return answer
-
-    def _push_output(
-        self, device: int, gang_id: str, target: PushTarget, owner: str
-    ) -> Promise[Any]:
-        ref = self.devices[device]
-        return Wire.through(self.wire, ref, "push_output", gang_id, target, owner)
-
     def _report(self, gang_id: str, device: int, shard: Promise[Any]) -> None:
         """A shard finished: queue the event, and wake the actor once per batch.
 
@@ -295,19 +280,19 @@ class IslandScheduler(Actor):
     def _lane(self) -> str:
         return f"island{self.island}"
 
-    def _traced(self, sent: Dispatch, task: GangTask | None, owner: str) -> None:
-        """Record a gang's dispatch, with its island order position (timelines)."""
+    def _traced(self, gang_id: str, leader: int, owner: str) -> None:
+        """Record a gang's dispatch, with its place in the island's order (timelines)."""
         if timeline.RECORDER.on:
-            leader = sent.device if task is None else task.leader
             timeline.control(
                 "dispatch",
                 self._lane,
-                gang=sent.gang_id,
+                gang=gang_id,
                 device=leader,
-                position=sent.seq,
+                position=self._positions,
                 island=self.island,
                 client=owner,
             )
+        self._positions += 1
 
     @endpoint
     def scheduler_name(self) -> str:
@@ -368,3 +353,27 @@ def _unpushed(task: GangTask, inputs: Sequence[Any]) -> Sequence[Any]:
     return [
         None if key is not None else value for value, key in zip(inputs, task.inbox, strict=True)
     ]
+
+
+def _unless_not_installed(
+    report: Promise[RunReport], installed: Promise[None]
+) -> Promise[RunReport]:
+    """``report``, except that a run whose plan failed to install fails with
+    why it did (not with the device's "not installed")."""
+    out: Promise[RunReport] = Promise(f"report of {report!r}")
+
+    def settled(_: Promise[None]) -> None:
+        error = installed.exception()
+        if report.exception() is not None and error is not None:
+            out.set_exception(error)
+        else:
+            forward(report, out)
+
+    all_settled([report, installed]).add_done_callback(settled)
+    return out
+
+
+def _forget_failed(plans: set[int], plan_id: int, sent: Promise[None]) -> None:
+    """An install that failed: the next run of the plan sends it again."""
+    if sent.exception() is not None:
+        plans.discard(plan_id)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..devices import DeviceProgram, GangTask, PlannedGang, PushTarget
+from ..devices import MADE_HERE, PUSHED_IN, DeviceProgram, GangTask, PlannedGang, PushTarget
 from ..kernel import AtollError
 from .graph import Graph, Node, ValueRef
 from .resources import Allocation
@@ -273,10 +273,12 @@ def compile_plan(
     if not all(_compiles(gang, graph.nodes[gang.node]) for gang in plan_.gangs):
         return None
     kept = set(graph.outputs)
+    leaders = {gang.node: gang.devices[0] for gang in plan_.gangs}
     gangs: dict[int, list[PlannedGang]] = {}
     reads: dict[int, dict[int, None]] = {}
     for gang in plan_.gangs:
-        planned = _planned_gang(gang, graph.nodes[gang.node], kept, addresses, host_refs)
+        node = graph.nodes[gang.node]
+        planned = _planned_gang(gang, node, kept, leaders, addresses, host_refs)
         for device in gang.devices:
             gangs.setdefault(device, []).append(planned)
             reads.setdefault(device, {}).update(dict.fromkeys(i for i in planned.inputs if i >= 0))
@@ -284,7 +286,6 @@ def compile_plan(
         device: DeviceProgram(plan_id, device, tuple(mine), tuple(reads[device]))
         for device, mine in gangs.items()
     }
-    leaders = {gang.node: gang.devices[0] for gang in plan_.gangs}
     outputs = tuple((r.node, r.index, leaders.get(r.node, -1)) for r in graph.outputs)
     order = tuple((gang.node, gang.devices) for gang in plan_.gangs)
     return CompiledPlan(plan_id, islands.pop(), programs, outputs, order)
@@ -304,15 +305,27 @@ def _planned_gang(
     gang: GangPlan,
     node: Node,
     kept: set[ValueRef],
+    leaders: Mapping[int, int],
     addresses: Sequence[str],
     host_refs: Sequence[Any],
 ) -> PlannedGang:
     """One gang as its devices keep it: per input, the program input it is,
-    or -1 when a producer pushes it to the leader."""
-    sources = tuple(ref.index if ref.node < 0 else -1 for ref in node.inputs)
+    ``PUSHED_IN`` when a producer pushes it to the leader, or ``MADE_HERE`` when
+    its producer is led by the same device (no push: the leader keeps it
+    for the run; see ``PlannedGang``)."""
+    leader = gang.devices[0]
+    local = tuple(
+        (ref.node, ref.index) if ref.node >= 0 and leaders[ref.node] == leader else None
+        for ref in node.inputs
+    )
+    sources = tuple(
+        ref.index if ref.node < 0 else MADE_HERE if here else PUSHED_IN
+        for ref, here in zip(node.inputs, local, strict=True)
+    )
     targets = tuple(
-        push_target(p.output, p.host, [f"{n}/{i}" for n, i in p.readers], addresses, host_refs)
+        push_target(p.output, p.host, [f"{n}/{i}" for n, i in readers], addresses, host_refs)
         for p in gang.push
+        if (readers := [(n, i) for n, i in p.readers if leaders[n] != leader])
     )
     keep = tuple(ValueRef(node.id, o) in kept for o in range(len(node.outputs)))
     return PlannedGang(
@@ -327,6 +340,7 @@ def _planned_gang(
         targets,
         keep,
         gang.leader_host,
+        local if MADE_HERE in sources else (),
     )
 
 

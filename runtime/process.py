@@ -95,9 +95,7 @@ class ClusterInfo:
         """A :class:`Cluster` handle on this cluster, for ``owner``, in ``system``."""
         from .client import Cluster
 
-        return Cluster(
-            system, self.controller, self.topology, self.devices, self.hosts, owner, batch=True
-        )
+        return Cluster(system, self.controller, self.topology, self.devices, self.hosts, owner)
 
 
 class ClusterBuilder(Actor):

@@ -1,5 +1,5 @@
-"""Implicit batching: ``cluster.run`` calls made in one loop turn, over host
-processes, go as one graph when some read others (``runtime/batching.py``).
+"""Implicit batching: ``cluster.run`` calls made in one loop turn go as one
+graph when some read others (``runtime/batching.py``); here over host processes.
 
 Each test checks the values, what ran compiled (the controller's
 ``plan_stats``), and what the hosts' stores hold afterwards: only what the
@@ -88,12 +88,16 @@ async def test_a_failing_link_fails_only_what_reads_it() -> None:
 
 
 async def test_calls_that_read_no_other_call_go_one_by_one() -> None:
-    """Independent calls stay gangs of their own (the session's quota and
-    share count them one by one), even when made in one turn."""
+    """Independent calls stay runs of their own (the session's quota and
+    share count them one by one), even when made in one turn: one compiled
+    one-node run each, all of one plan per device."""
     async with atoll.local_cluster(1, 4, 1, transport="capnp") as cluster:
         outs = [cluster.run(ADD1, d, [np.float32(d)]) for d in range(4)]
         assert [float(await cluster.fetch(out)) for out in outs] == [1.0, 2.0, 3.0, 4.0]
-        assert (await cluster.controller.plan_stats())["compiled_runs"] == 0
+        more = [cluster.run(ADD1, d, [np.float32(d)]) for d in range(4)]
+        assert [float(await cluster.fetch(out)) for out in more] == [1.0, 2.0, 3.0, 4.0]
+        stats = await cluster.controller.plan_stats()
+        assert stats["compiled_runs"] == 8 and stats["plans"] == 4
 
 
 async def test_a_large_input_put_for_a_chain_is_freed_after_it() -> None:
@@ -109,5 +113,5 @@ async def test_batching_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("ATOLL_BATCH_RUNS", "0")
     async with atoll.local_cluster(1, 4, 1, transport="capnp") as cluster:
         assert float(await cluster.fetch(chain(cluster, [0, 1, 2, 3], np.float32(0)))) == 4.0
-        assert (await cluster.controller.plan_stats())["compiled_runs"] == 0
-        assert await buffers(cluster) == [1, 1, 1, 1]  # unbatched: every link is kept
+        # unbatched: each call went on its own, as a run of one node
+        assert (await cluster.controller.plan_stats())["compiled_runs"] == 4

@@ -69,8 +69,9 @@ async def test_a_chain_across_hosts_is_on_the_right_devices_in_order(tmp_path: P
     assert {e["args"]["client"] for e in ran} == {cluster.owner}
     assert all(e["name"] == "affine" for e in ran)
     moved = [e for e in events if e.get("cat") == "transfer" and e["ph"] == "X"]
-    assert len(moved) == 3 and all(e["args"]["bytes"] == 1 << 18 for e in moved)
-    assert [(e["args"]["src_host"], e["args"]["dst_host"]) for e in moved] == [
+    pushed = [e for e in moved if e["name"] == "push"]  # each hop: a push and its receipt
+    assert len(moved) == 6 and all(e["args"]["bytes"] == 1 << 18 for e in moved)
+    assert [(e["args"]["src_host"], e["args"]["dst_host"]) for e in pushed] == [
         (0, 1),
         (1, 0),
         (0, 1),
@@ -114,6 +115,7 @@ async def test_a_pipeline_program_traced_with_run_trace_true(tmp_path: Path) -> 
         positions = [e["args"]["position"] for e in mine]
         assert positions == sorted(positions)  # micro-batches in dispatch order
     moved = [e for e in events if e.get("cat") == "transfer" and e["ph"] == "X"]
+    moved = [e for e in moved if e["name"] == "push"]
     hops = sorted((e["args"]["src_host"], e["args"]["dst_host"]) for e in moved)
     assert hops == sorted([(s, s + 1) for s in range(stages_n - 1)] * 4)  # stage to stage
     for m in range(4):  # micro-batch m: stage 0, 1, 2, 3, in time order

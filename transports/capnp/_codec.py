@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import sys
 import traceback
 from types import FunctionType
 from typing import TYPE_CHECKING, Any
@@ -338,6 +339,21 @@ def decode_error(reader: Any) -> AtollError:
         return HostLost(message)
     if kind == "transport":
         return TransportError(message)
+    return _atoll_error(str(reader.excType), message)
+
+
+def _atoll_error(type_name: str, message: str) -> AtollError:
+    """An atoll error by the name of its type, as itself when that type is one
+    of atoll's own, made from its message (``StoreFull``, ``QuotaExceeded``...);
+    else a plain ``AtollError`` (names from the wire import nothing new)."""
+    module_name, _, name = type_name.rpartition(".")
+    module = sys.modules.get(module_name) if module_name.startswith("atoll.") else None
+    kind = getattr(module, name, None)
+    if isinstance(kind, type) and issubclass(kind, AtollError):
+        try:
+            return kind(message)
+        except Exception:  # a constructor that needs more than a message
+            pass
     return AtollError(message)
 
 
