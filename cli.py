@@ -294,6 +294,7 @@ def _join_jax_runtime(args: argparse.Namespace) -> None:
 
 
 BENCHMARKS = {
+    "accelerator": "atoll.benchmarks.accelerator",
     "transport": "atoll.benchmarks.transport",
     "dispatch": "atoll.benchmarks.dispatch",
     "scale": "atoll.benchmarks.scale",

@@ -639,7 +639,9 @@ class _Run:
         began = time.time()
         async with connect(self.cluster.cluster_file) as client:
             handle = await client.cluster("filler")
-            full = await _fill_until_full(handle, handle.topology.on_host(host)[0], self.bound)
+            held: list[Any] = []  # the filler's buffers, kept until it closes
+            device = handle.topology.on_host(host)[0]
+            full = await _fill_until_full(handle, device, self.bound, held)
             if full:
                 await anyio.sleep(FILL_HOLD_S)  # the programs go on meanwhile
             owner = handle.owner
@@ -648,14 +650,16 @@ class _Run:
         return full
 
 
-async def _fill_until_full(cluster: Any, device: int, bound: float) -> bool:
+async def _fill_until_full(cluster: Any, device: int, bound: float, held: list[Any]) -> bool:
     """Put ``FILL_CHUNK`` buffers on ``device`` until its store refuses one
-    with ``StoreFull`` (True), or its host is lost, or it does not fill."""
+    with ``StoreFull`` (True), or its host is lost, or it does not fill.
+    Their handles go to ``held``: a buffer is freed when its client no longer
+    holds it, so the caller keeps them while the store is to stay full."""
     chunk = np.zeros(FILL_CHUNK // 4, dtype=np.float32)
     try:
         for _ in range(2 * STORE_BYTES // FILL_CHUNK):
             with anyio.fail_after(STORE_WAIT_S + bound):
-                await cluster.put(chunk, device)
+                held.append(await cluster.put(chunk, device))
     except (StoreFull, *DEPENDENT) as exc:
         return _store_full(exc)
     except TimeoutError:

@@ -88,7 +88,7 @@ async def client_main(
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)  # stop cleanly
     async with connect(cluster_file, weight=weight) as client:
         cluster = await client.cluster(name)
-        await cluster.put(HELD, 0)
+        held = await cluster.put(HELD, 0)  # noqa: F841  (it holds a buffer while it runs)
         program = _program(program_s)
         pending: deque[Promise[BufferHandle]] = deque()
         print("ready", flush=True)

@@ -24,6 +24,7 @@ from ._ledger import SessionEnded as SessionEnded
 from ._plan import MADE_HERE as MADE_HERE
 from ._plan import PUSHED_IN as PUSHED_IN
 from ._plan import DeviceProgram as DeviceProgram
+from ._plan import Earlier as Earlier
 from ._plan import PlannedGang as PlannedGang
 from ._plan import RunReport as RunReport
 from ._plan import portable as portable
@@ -57,6 +58,7 @@ __all__ = [
     "DeviceError",
     "DeviceProgram",
     "DeviceStats",
+    "Earlier",
     "GangTask",
     "Host",
     "JaxKernel",

@@ -15,6 +15,7 @@ wait for are pushed to them (``devices/_push.py``).
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -41,7 +42,7 @@ from ..kernel import (
 from . import timeline
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask, PushTarget
-from ._plan import DeviceProgram, PlannedGang, RunReport, portable, run_key
+from ._plan import DeviceProgram, Earlier, PlannedGang, RunReport, portable, run_key
 from ._plane import IN_PROCESS, DataPlane
 from ._push import Pusher
 from ._store import BufferMissing, ObjectStore
@@ -55,6 +56,7 @@ __all__ = ["PLANS_KEPT", "Device", "Made"]
 _log = logging.getLogger(__name__)
 
 PLANS_KEPT = 256  # compiled plans a device keeps (the controller's plan cache size)
+EARLIER_KEPT = 4096  # outputs of recent runs a device keeps for later runs (Earlier)
 
 
 class Device(Actor):
@@ -97,6 +99,9 @@ class Device(Actor):
         self.transfer_s = 0.0
         self.started_at = 0.0
         self._plans: dict[int, DeviceProgram] = {}  # installed compiled plans, newest last
+        # outputs of compiled runs' gangs led here, by (run, node, output): a
+        # handle, or the error the gang failed with (see Earlier)
+        self._earlier: dict[tuple[int, int, int], BufferHandle | BaseException] = {}
 
     @property
     def clock(self) -> Clock:
@@ -153,6 +158,8 @@ class Device(Actor):
         except _InputFailed as failure:  # as it is, not boxed
             return failed(failure.error)
         leader = self.device_id == task.leader
+        if leader and task.made is not None:  # a compiled run's gang, sent gang by gang
+            self._keep_earlier(*task.made, outputs)
         if leader and task.push:
             return await self.push_outputs(task.push, outputs, owner, held)
         return outputs
@@ -259,12 +266,41 @@ class Device(Actor):
                     await self.pusher.fail(task.push, portable(early, gang_id))
             if isinstance(out, Made):
                 made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
+                self._keep_earlier(epoch, gang.node, out.outputs)
             elif out.done():  # failed: so do the readers of its outputs here
                 made.update(((gang.node, o), out) for o in range(len(gang.outputs)))
+                self._keep_earlier(epoch, gang.node, out.exception(), len(gang.outputs))
             ran.append((gang, gang_id, held, out))
         for gang, gang_id, held, out in ran:  # every reader here took its inputs
             out.add_done_callback(functools.partial(self._planned, gang, gang_id, held, report))
         return then(all_settled([out for *_, out in ran]), lambda _: report)
+
+    def _keep_earlier(
+        self,
+        run: int,
+        node: int,
+        outputs: Sequence[BufferHandle] | BaseException | None,
+        count: int = 0,
+    ) -> None:
+        """Keep a compiled run's gang's outputs (or its error) for later runs."""
+        if isinstance(outputs, BaseException) or outputs is None:
+            error = outputs or AtollError(f"run {run} node {node} failed")
+            self._earlier.update(((run, node, o), error) for o in range(count))
+        else:  # copies: in one process the client counts the handles it holds
+            self._earlier.update(((run, node, o), copy.copy(h)) for o, h in enumerate(outputs))
+        while len(self._earlier) > EARLIER_KEPT:
+            del self._earlier[next(iter(self._earlier))]
+
+    def earlier(self, value: Earlier) -> BufferHandle | Promise[BufferHandle]:
+        """The output an ``Earlier`` names, as this device kept it (raising the
+        error its gang failed with); else its promise."""
+        found = self._earlier.get(value.key)
+        if found is None:
+            promise: Promise[BufferHandle] = as_promise(value.value)
+            return promise
+        if isinstance(found, BaseException):
+            raise found
+        return found
 
     def runs_alone(self, gang: PlannedGang) -> bool:
         """Whether a planned gang takes :meth:`run_alone`: the lean path of a
@@ -357,6 +393,8 @@ class Device(Actor):
         controller fails the inbox when the producer fails.
         """
         if key is None:
+            if isinstance(value, Earlier):
+                value = self.earlier(value)
             return await value_of(value)
         arrival = self.store.arrival(key)
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from ..transports.lane import LaneMessage
 from . import timeline
 from ._plan import portable
 from ._plane import DataPlane, process_plane
-from ._store import ObjectStore
+from ._store import BufferMissing, ObjectStore
 from ._values import Arrival, BufferHandle, CostModel
 
 if TYPE_CHECKING:
@@ -246,6 +247,18 @@ class Host(Actor):
         return self.store.decref(buffer_id)
 
     @endpoint
+    def free_many(self, buffer_ids: list[str], owner: str = "") -> int:
+        """Drop one reference to each buffer (a client's references to them
+        went); how many were freed. One that is gone already is skipped: its
+        session ended, or it was freed by hand meanwhile."""
+        freed = 0
+        for buffer_id in buffer_ids:
+            with suppress(BufferMissing):
+                self.store.check_owner(buffer_id, owner)
+                freed += self.store.decref(buffer_id)
+        return freed
+
+    @endpoint
     def free_owner(self, owner: str) -> int:
         """Free everything ``owner`` holds here, and forget its quota and usage."""
         self.store.ledger.forget(owner)
@@ -262,8 +275,11 @@ class Host(Actor):
         return self.store.ledger.usage()
 
     @endpoint
-    def store_usage(self) -> dict[str, int]:
+    def store_usage(self, reset_peak: bool = False) -> dict[str, int]:
         """The store's buffers and bytes, and how large arrays moved.
+
+        ``peak_bytes``: the most bytes held at once since the store began, or
+        since the last call with ``reset_peak`` (which starts a new window).
 
         ``shm_buffers``/``shm_bytes``: buffers held in shared memory;
         ``shm_in``, ``stream_in``, ``chunks_in``: large arrays this process
@@ -280,6 +296,7 @@ class Host(Actor):
         return {
             "buffers": len(self.store),
             "bytes": self.store.used_bytes,
+            "peak_bytes": self.store.reset_peak() if reset_peak else self.store.peak_bytes,
             "capacity": self.store.capacity_bytes or 0,  # 0: unbounded
             "arrivals": self.store.pending_arrivals(),
             "pushes_in": self.pushes_in,

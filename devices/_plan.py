@@ -26,7 +26,7 @@ from ..kernel import AtollError, RemoteActorError
 from ._aval import Aval
 from ._gang import GangTask, PushTarget
 
-__all__ = ["DeviceProgram", "PlannedGang", "RunReport", "portable", "run_key"]
+__all__ = ["DeviceProgram", "Earlier", "PlannedGang", "RunReport", "portable", "run_key"]
 
 
 PUSHED_IN = -1  # PlannedGang.inputs: the producer pushes it to the leader's inbox
@@ -36,6 +36,25 @@ MADE_HERE = -2  # ... the producer is an earlier gang of the run, led by this de
 def run_key(epoch: int) -> str:
     """The prefix of every gang id and inbox key of run ``epoch``."""
     return f"c{epoch}"
+
+
+@dataclass(frozen=True)
+class Earlier:
+    """An input that an earlier run made on the device that reads it: output
+    ``index`` of node ``node`` in run ``run``, still on its way back to the
+    controller when this run was sent. The device takes it from what it
+    keeps of its recent runs, with no round trip; ``value`` (its promise)
+    is what it waits for when it does not have it (that run failed to
+    reach it, or was too long ago)."""
+
+    run: int
+    node: int
+    index: int
+    value: Any
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return self.run, self.node, self.index
 
 
 @dataclass(frozen=True)
@@ -79,6 +98,7 @@ class PlannedGang:
         shape = (self.kernel, self.devices, self.mesh_shape, self.axis_names, self.outputs)
         if device != self.devices[0]:
             return GangTask(gang_id, *shape, resident=self.resident)
+        made = (epoch, self.node)
         inbox = tuple(
             f"{gang_id}/{i}" if src == PUSHED_IN else None for i, src in enumerate(self.inputs)
         )
@@ -90,6 +110,7 @@ class PlannedGang:
             inbox_host=host if PUSHED_IN in self.inputs else -1,
             resident=self.resident,
             push=targets,
+            made=made,
         )
 
     def given(

@@ -86,6 +86,7 @@ class ObjectStore:
         self.capacity_bytes = capacity_bytes
         self.shared = shared and shm.enabled()
         self.used_bytes = 0
+        self.peak_bytes = 0  # the most used at once since the last reset_peak
         self.reserved_bytes = 0
         self._entries: dict[str, _Entry] = {}
         self._ids = itertools.count()
@@ -228,8 +229,15 @@ class ObjectStore:
         buffer_id = f"{self.name}:{next(self._ids)}"
         self._entries[buffer_id] = _Entry(array, owner, 1, nbytes, segment, ready)
         self.used_bytes += nbytes
+        if self.used_bytes > self.peak_bytes:
+            self.peak_bytes = self.used_bytes
         self.ledger.added(owner, nbytes)
         return buffer_id
+
+    def reset_peak(self) -> int:
+        """The peak since the last reset; from now on, the peak is what is used."""
+        peak, self.peak_bytes = self.peak_bytes, self.used_bytes
+        return peak
 
     def get(self, buffer_id: str) -> Any:
         return self._entry(buffer_id).array

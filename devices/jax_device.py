@@ -63,7 +63,7 @@ from ._gang import GangTask, PushTarget
 from ._host import Host
 from ._inflight import WINDOW, InFlight
 from ._jax_kernel import JaxKernel
-from ._plan import PUSHED_IN, PlannedGang, portable
+from ._plan import PUSHED_IN, Earlier, PlannedGang, portable
 from ._store import BufferMissing
 from ._values import BufferHandle, Computation
 
@@ -213,6 +213,8 @@ class JaxDevice(Device):
             mesh, shardings = self._alone_mesh(gang)
             arrays = []
             for value, sharding in zip(inputs, shardings, strict=True):
+                if isinstance(value, Earlier):
+                    value = self.earlier(value)
                 handle = await value if isinstance(value, Promise) else value
                 arrays.append(self._on_device(await self._read(handle, owner), sharding))
             executable = self._for_kernel(kernel, gang.devices, mesh, arrays)

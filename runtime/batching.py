@@ -29,7 +29,6 @@ sends every call at once, each on its own (for A/B runs).
 
 from __future__ import annotations
 
-import operator
 import os
 import weakref
 from collections.abc import Callable, Sequence
@@ -39,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import Aval, BufferHandle, Computation
-from ..kernel import Promise, flatten, forward, then
+from ..kernel import Promise
 from ..kernel.lowlevel import call_soon
 from .graph import GraphBuilder, SliceSpec, ValueRef
 
@@ -85,8 +84,9 @@ class _Batch:
     )
 
 
-# What sends a batch: (graph, inputs, temporary, owner) -> promise of output promises.
-SendGraph = Callable[[Any, list[Any], list[int], str], Promise[Any]]
+# What sends a batch: (graph, inputs, temporary, owner, the promises that are
+# to follow the graph's outputs).
+SendGraph = Callable[[Any, list[Any], list[int], str, Sequence[Promise[Any]]], None]
 
 
 def _batching() -> bool:
@@ -97,18 +97,11 @@ def _batching() -> bool:
 class RunBatcher:
     """Collects one client's ``run`` calls per loop turn (see the module docstring).
 
-    ``send_graph`` is the client's way to the controller; ``reply`` wraps
-    what comes back (the modelled RPC link's reply, if any).
+    ``send_graph`` is the client's way to the controller.
     """
 
-    def __init__(
-        self,
-        send_graph: SendGraph,
-        reply: Callable[[Promise[Any]], Promise[Any]],
-        batching: bool | None = None,
-    ) -> None:
+    def __init__(self, send_graph: SendGraph, batching: bool | None = None) -> None:
         self._send_graph = send_graph
-        self._reply = reply
         self._batch: _Batch | None = None
         self._batching = batching if batching is not None else _batching()
 
@@ -154,13 +147,10 @@ class RunBatcher:
         alive = [(i, p) for i, call in enumerate(calls) if (p := call.promise()) is not None]
         try:
             graph, inputs, temporary = _graph_of(calls, [i for i, _ in alive])
-            outs = self._send_graph(graph, inputs, temporary, owner)
+            self._send_graph(graph, inputs, temporary, owner, [p for _, p in alive])
         except Exception as exc:  # nothing was sent: every call fails with why
             for _, promise in alive:
                 promise.set_exception(exc)
-            return
-        for k, (_, promise) in enumerate(alive):
-            forward(self._reply(flatten(then(outs, operator.itemgetter(k)))), promise)
 
 
 def _graph_of(calls: Sequence[_Call], kept: Sequence[int]) -> tuple[Any, list[Any], list[int]]:

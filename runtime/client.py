@@ -10,8 +10,11 @@ returned :class:`Outputs` fetches the arrays.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import operator
 import os
+import secrets
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -36,6 +39,7 @@ from ..kernel import (
     all_settled,
     as_promise,
     flatten,
+    forward,
     then,
     value_of,
 )
@@ -43,6 +47,7 @@ from ..transports.inproc import read_only
 from .batching import RunBatcher
 from .graph import Graph, ValueRef
 from .latency import Wire
+from .ownership import Ownership
 from .topology import DeviceInfo, Topology
 from .tracing import NotAProgram, PlacedFunction, Program, VirtualSlice, aval_of
 
@@ -135,7 +140,15 @@ class Cluster:
         self._devices = devices
         self._hosts = hosts
         # run calls made in one loop turn go as one graph (runtime/batching.py)
-        self._batcher = RunBatcher(self._send_batch, self._reply)
+        self._batcher = RunBatcher(self._send_graph)
+        # what this client's references keep alive (runtime/ownership.py)
+        self._refs = Ownership(owner)
+        # which run made each output promise handed out: (run tag, output index)
+        self._made: weakref.WeakKeyDictionary[Promise[Any], tuple[str, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._tags = itertools.count()
+        self._tag_prefix = secrets.token_hex(6)  # unique to this handle
 
     @property
     def device_infos(self) -> tuple[DeviceInfo, ...]:
@@ -196,6 +209,7 @@ class Cluster:
         it (its gangs still running fail with ``SessionEnded``), so a client
         that wants to go on needs a label of its own (:meth:`client`)."""
         self.flush()
+        self._refs.close()
         freed: int = await self.controller.release_owner(self.owner)
         return freed
 
@@ -249,11 +263,38 @@ class Cluster:
     def run_graph(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
         """Parallel asynchronous dispatch of a graph; returns its outputs at once."""
         inputs, temporary = self._inputs(graph, leaves)
-        outs = self._call("run_graph", graph, inputs, temporary, self.owner)
+        self.flush()
+        outs: list[Promise[BufferHandle]] = [Promise(f"output {i}") for i in graph.outputs]
+        self._send_graph(graph, inputs, temporary, self.owner, outs)
         return [
-            ArrayRef(self._reply(flatten(then(outs, operator.itemgetter(i)))), graph.aval(ref))
-            for i, ref in enumerate(graph.outputs)
+            ArrayRef(self._refs.track(out), graph.aval(ref))
+            for out, ref in zip(outs, graph.outputs, strict=True)
         ]
+
+    def _send_graph(
+        self,
+        graph: Graph,
+        inputs: list[Any],
+        temporary: list[int],
+        owner: str,
+        outputs: Sequence[Promise[Any]],
+    ) -> None:
+        """One ``run_graph`` call: ``outputs`` (a promise per graph output, or
+        None where no one holds it) follow the graph's outputs; the inputs it
+        reads are kept until every gang took them. The run is tagged, and so
+        are its outputs, so that a later run reading one where it was made
+        need not wait for it to come back (``Controller.run_graph``)."""
+        tag = f"{self._tag_prefix}/{next(self._tags)}"
+        sources = [self._made.get(x) if isinstance(x, Promise) else None for x in inputs]
+        answer = Wire.through(
+            self.wire, self.controller, "run_graph", graph, inputs, temporary, owner, tag, sources
+        )
+        self._refs.reading(inputs, flatten(then(answer, operator.itemgetter(1))))
+        outs = then(answer, operator.itemgetter(0))
+        for i, out in enumerate(outputs):
+            if out is not None:
+                self._made[out] = (tag, i)
+                forward(self._reply(flatten(then(outs, operator.itemgetter(i)))), out)
 
     async def run_graph_sequential(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
         """Sequential dispatch: one node at a time, each after its inputs exist."""
@@ -265,9 +306,11 @@ class Cluster:
             for i, handle in enumerate(handles):
                 values[ValueRef(node.id, i)] = handle
         for ref in graph.freeable(temporary):
-            await self.free(await value_of(values[ref]))
+            handle = await value_of(values[ref])
+            await handle.host.free(handle.id, self.owner)
         return [
-            ArrayRef(as_promise(await value_of(values[r])), graph.aval(r)) for r in graph.outputs
+            ArrayRef(self._refs.track(as_promise(await value_of(values[r]))), graph.aval(r))
+            for r in graph.outputs
         ]
 
     def _inputs(self, graph: Graph, leaves: Sequence[Any]) -> tuple[list[Any], list[int]]:
@@ -286,7 +329,7 @@ class Cluster:
                 first = readers.get(ValueRef(-1, i))
                 slice_id = graph.nodes[first[0]].slice.slice_id if first else None
                 inputs.append(self._call("put", np.asarray(leaf), slice_id, self.owner))
-                temporary.append(i)
+                temporary.append(i)  # freed by the plan once read
         return inputs, temporary
 
     def _call(self, name: str, *args: Any) -> Promise[Any]:
@@ -316,15 +359,8 @@ class Cluster:
         puts: list[Promise[BufferHandle]] = []
         args = [self._argument(value, device, owner, puts) for value in inputs]
         temporary = [any(arg is put for put in puts) for arg in args]
-        return self._batcher.add(computation, device, args, owner, temporary)
-
-    def _send_batch(
-        self, graph: Graph, inputs: list[Any], temporary: list[int], owner: str
-    ) -> Promise[Any]:
-        """A batch of calls, as one graph (``runtime/batching.py``)."""
-        return Wire.through(
-            self.wire, self.controller, "run_graph", graph, inputs, temporary, owner
-        )
+        out = self._batcher.add(computation, device, args, owner, temporary)
+        return self._refs.track(out) if owner == self.owner else out
 
     def _argument(
         self, value: Any, device: int, owner: str, puts: list[Promise[BufferHandle]]
@@ -336,7 +372,7 @@ class Cluster:
         small = _by_value(value)
         if small is not None:
             return small
-        puts.append(self.put(np.asarray(value), device, owner))
+        puts.append(self._put(np.asarray(value), device, owner))  # freed by the plan once read
         return puts[-1]
 
     # -- data -----------------------------------------------------------
@@ -346,11 +382,14 @@ class Cluster:
         return self._devices[device]
 
     def put(self, array: Any, device: int, owner: str = "") -> Promise[BufferHandle]:
-        """Copy a host array onto physical ``device``; returns its handle's promise."""
+        """Copy a host array onto physical ``device``; returns its handle's
+        promise (freed once the promise and the handle are gone, or by hand)."""
+        promise = self._put(array, device, owner or self.owner)
+        return self._refs.track(promise) if promise_owner(owner, self.owner) else promise
+
+    def _put(self, array: Any, device: int, owner: str) -> Promise[BufferHandle]:
         self.topology.device(device)
-        promise: Promise[BufferHandle] = self._devices[device].put(
-            np.asarray(array), owner or self.owner
-        )
+        promise: Promise[BufferHandle] = self._devices[device].put(np.asarray(array), owner)
         return promise
 
     async def fetch(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> np.ndarray:
@@ -372,12 +411,14 @@ class Cluster:
     async def free(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> bool:
         """Drop this client's reference to a buffer; True if it was freed."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
+        self._refs.by_hand(handle)
         freed: bool = await handle.host.free(handle.id, self.owner)  # only its own
         return freed
 
-    async def store_usage(self) -> list[dict[str, int]]:
-        """Buffers and bytes held by each host's object store."""
-        return [await p for p in [host.store_usage() for host in self._hosts]]
+    async def store_usage(self, reset_peak: bool = False) -> list[dict[str, int]]:
+        """Buffers and bytes held by each host's object store (``peak_bytes``:
+        the most held at once, since the last call with ``reset_peak``)."""
+        return [await p for p in [host.store_usage(reset_peak) for host in self._hosts]]
 
     async def device_stats(self) -> list[DeviceStats]:
         """Busy time, transfers and computations of every device."""
@@ -391,6 +432,11 @@ def _by_value(value: Any) -> np.ndarray | None:
     large for that and must be put on a device first."""
     array = np.asarray(value)
     return read_only(array.copy()) if array.nbytes <= INLINE_VALUE_BYTES else None
+
+
+def promise_owner(asked: str, mine: str) -> bool:
+    """Whether a buffer made for owner ``asked`` ('' : the client's) is this client's."""
+    return not asked or asked == mine
 
 
 def _names(graph: Graph) -> list[str]:

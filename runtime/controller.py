@@ -23,6 +23,7 @@ from typing import Any
 from ..devices import (
     BufferHandle,
     Device,
+    Earlier,
     GangTask,
     Host,
     PushTarget,
@@ -106,6 +107,7 @@ class Controller(Actor):
         self._runs = itertools.count()
         self._compiled_runs = 0
         self._gangs = itertools.count()
+        self._pending: dict[tuple[str, str], _CompiledRun] = {}  # compiled runs under way
 
     async def on_start(self) -> None:
         answers = [host.address() for host in self.host_refs]
@@ -217,23 +219,53 @@ class Controller(Actor):
 
     @endpoint(resolve_args=False)
     def run_graph(
-        self, graph: Graph, inputs: Sequence[Any], temporary: Sequence[int], owner: str = ""
-    ) -> list[Promise[BufferHandle]]:
+        self,
+        graph: Graph,
+        inputs: Sequence[Any],
+        temporary: Sequence[int],
+        owner: str = "",
+        tag: str = "",
+        sources: Sequence[tuple[str, int] | None] = (),
+    ) -> tuple[list[Promise[BufferHandle]], Promise[None]]:
         """Parallel asynchronous dispatch of a whole graph; returns at once.
 
         Every node goes to its island now, with promises for inputs. Values
         that are not outputs are freed once all their readers ran, and so are
-        the program inputs listed in ``temporary``.
+        the program inputs listed in ``temporary``. Returns the promises of
+        the graph's outputs, and one that settles once every gang has taken
+        its inputs (the caller may free them then).
+
+        ``tag`` names this run for the client, and ``sources`` says, per
+        input, which earlier run's output it is (``(tag, output index)``):
+        an input still on its way from an earlier compiled run on the very
+        device that reads it goes to that device as an ``Earlier``, which it
+        takes from what it kept of that run, with no round trip.
         """
         plan_ = self.plan_for(graph, temporary, owner)
         compiled = self._compiled_plan(plan_, graph) if self.compile else None
         if compiled is not None:
-            return self._run_compiled(compiled, plan_, inputs, owner)
+            earlier = self._earlier_inputs(owner, inputs, sources)
+            return self._run_compiled(compiled, plan_, inputs, owner, tag, earlier)
         return self._dispatch(plan_, graph, inputs, owner)
+
+    def _earlier_inputs(
+        self, owner: str, inputs: Sequence[Any], sources: Sequence[tuple[str, int] | None]
+    ) -> dict[int, tuple[int, Earlier]]:
+        """Per input made by a compiled run still under way: the device that
+        made it, and the ``Earlier`` that names it there."""
+        earlier: dict[int, tuple[int, Earlier]] = {}
+        for i, source in enumerate(sources):
+            producer = self._pending.get((owner, source[0])) if source else None
+            if source is None or producer is None:
+                continue
+            node, index, device = producer.compiled.outputs[source[1]]
+            if node >= 0:
+                earlier[i] = (device, Earlier(producer.epoch, node, index, inputs[i]))
+        return earlier
 
     def _dispatch(
         self, plan_: Plan, graph: Graph, inputs: Sequence[Any], owner: str
-    ) -> list[Promise[BufferHandle]]:
+    ) -> tuple[list[Promise[BufferHandle]], Promise[None]]:
         """Dispatch a planned graph gang by gang (see :meth:`run_graph`)."""
         gang_ids = [f"gang{next(self._gangs)}" for _ in graph.nodes]
         tasks = instantiate(plan_, graph, gang_ids, self.host_addresses, self.host_refs)
@@ -251,7 +283,7 @@ class Controller(Actor):
                 values[ValueRef(node.id, i)] = then(ran[-1], operator.itemgetter(i))
         for ref, readers in plan_.frees:
             _free_after(values[ref], [ran[n] for n in readers])
-        return [values[ref] for ref in graph.outputs]
+        return [values[ref] for ref in graph.outputs], all_settled(ran)
 
     def _compiled_plan(self, plan_: Plan, graph: Graph) -> CompiledPlan | None:
         """``plan_`` compiled for its devices (once per plan), or None."""
@@ -275,7 +307,9 @@ class Controller(Actor):
         plan_: Plan,
         inputs: Sequence[Any],
         owner: str,
-    ) -> list[Promise[BufferHandle]]:
+        tag: str = "",
+        earlier: dict[int, tuple[int, Earlier]] | None = None,
+    ) -> tuple[list[Promise[BufferHandle]], Promise[None]]:
         """One run of a compiled plan: the island sends each device one
         ``run_plan``; each output settles from its device's report. A
         session's run goes through its gang quota as one entry (sent now,
@@ -286,16 +320,27 @@ class Controller(Actor):
             as_promise(inputs[index]) if node < 0 else Promise(f"output {node}/{index}")
             for node, index, _ in compiled.outputs
         ]
-        run = _CompiledRun(compiled, plan_, list(inputs), owner, epoch, outs)
+        run = _CompiledRun(
+            compiled, plan_, list(inputs), owner, epoch, outs, Promise("ran"), earlier or {}
+        )
+        if tag:  # while it goes, later runs may read its outputs where they are
+            self._pending[owner, tag] = run
+            run.done.add_done_callback(functools.partial(self._settled, (owner, tag)))
         refused: Promise[Any] = Promise("admitted")  # failed only if the quota refuses it
         refused.add_done_callback(functools.partial(self._compiled_sent, run, counted=False))
         self.tenants.admit(owner, functools.partial(self._send_run, run), refused)
-        return outs
+        return outs, run.done
+
+    def _settled(self, key: tuple[str, str], _: Promise[None]) -> None:
+        self._pending.pop(key, None)
 
     def _send_run(self, run: _CompiledRun) -> None:
         """Send an admitted compiled run to its island."""
-        compiled, inputs = run.compiled, run.inputs
-        given = {d: [inputs[i] for i in p.inputs] for d, p in compiled.programs.items()}
+        compiled, inputs, earlier = run.compiled, run.inputs, run.earlier
+        given = {
+            d: [earlier[i][1] if earlier.get(i, (-1,))[0] == d else inputs[i] for i in p.inputs]
+            for d, p in compiled.programs.items()
+        }
         island = self.schedulers[compiled.island]
         weight = self.tenants.weight(run.owner)  # its share, for the policy's accounting
         sent = Wire.through(
@@ -316,6 +361,7 @@ class Controller(Actor):
         for device, report in (reports or {}).items():
             report.add_done_callback(functools.partial(self._reported, run, device))
         every = all_settled(list((reports or {}).values()))
+        forward(every, run.done)
         if reports:  # read in place by readers on any device: free once all ran
             every.add_done_callback(functools.partial(self._free_held, reports))
         if counted:  # its place in the session's gang quota
@@ -497,6 +543,8 @@ class _CompiledRun:
     owner: str
     epoch: int
     outs: list[Promise[BufferHandle]]
+    done: Promise[None]  # every device's report settled (its gangs took their inputs)
+    earlier: dict[int, tuple[int, Earlier]]  # inputs the device that made them keeps
 
 
 def _output(node: int, index: int, report: RunReport) -> BufferHandle:

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import anyio
 import numpy as np
@@ -132,7 +133,8 @@ async def test_a_full_store_fails_work_in_its_bound_and_empties_when_its_filler_
     async with capnp_runtime(), up_cluster(2, tmp_path, "6d" * 16, store_bytes=8 << 20) as cluster:
         async with connect(cluster.cluster_file) as filler:
             full = await filler.cluster("filler")
-            assert await _fill_until_full(full, 1, bound=30)
+            held: list[Any] = []  # what fills the store, held by its client
+            assert await _fill_until_full(full, 1, 30, held)
             async with connect(cluster.cluster_file) as client:
                 handle = await client.cluster("worker")
                 big = np.full(BIG, 1.0, dtype=np.float32)

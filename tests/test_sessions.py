@@ -109,9 +109,9 @@ async def test_a_reconnecting_client_gets_a_fresh_owner_and_keeps_new_buffers() 
     async with served_cluster() as (address, info, _):
         async with connect(address, token=TOKEN) as first:
             before = await first.cluster("bob")
-            await before.put(np.ones(8, dtype=np.float32), 0)
-            await before.put(np.ones(8, dtype=np.float32), 1)
+            held = [await before.put(np.ones(8, dtype=np.float32), d) for d in (0, 1)]
             await before.devices(1)
+            assert len(held) == 2  # held until the connection goes
         async with connect(address, token=TOKEN) as second:
             after = await second.cluster("bob")
             assert after.owner != before.owner
@@ -134,8 +134,8 @@ async def test_a_dropped_tcp_link_frees_what_the_client_owned() -> None:
             async with connect(proxy.address, token=TOKEN) as client:
                 cluster = await client.cluster()
                 assert cluster.owner.startswith("client#")
-                await cluster.put(np.zeros(16, dtype=np.float32), 0)
-                assert await buffers(info) == 1
+                held = await cluster.put(np.zeros(16, dtype=np.float32), 0)
+                assert await buffers(info) == 1 and held.nbytes == 64
                 proxy.cut()  # the client process lives on; its link is gone
                 await until(_empty(info), "the cut-off client's buffer is freed")
         finally:
@@ -202,9 +202,10 @@ async def _client_main(cluster_file: str) -> None:
     async with connect(cluster_file) as client:
         cluster = await client.cluster("doomed")
         await cluster.devices(1)
-        await cluster.put(np.ones(1024, dtype=np.float32), 1)
+        held = await cluster.put(np.ones(1024, dtype=np.float32), 1)
         print(f"ready {cluster.owner}", flush=True)
         await asyncio.Event().wait()  # until killed
+        assert held
 
 
 # -- a TCP link that can be cut ---------------------------------------------------

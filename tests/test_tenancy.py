@@ -143,7 +143,7 @@ async def test_weights_are_set_at_connect_changed_by_an_admin_and_shown_in_statu
         (light_client, light), (heavy_client, heavy) = pairs
         for _ in range(3):
             await light.run(work(1), 0, [])
-        await heavy.put(BIG, 1)
+        held = await heavy.put(BIG, 1)  # noqa: F841  (held: its buffer stays)
         rows = await sessions(light_client)
         assert set(rows) == {"light#1", "heavy#2"}
         assert rows["light#1"]["weight"] == 1 and rows["heavy#2"]["weight"] == 4
@@ -224,10 +224,10 @@ async def test_a_session_over_its_byte_quota_fails_alone() -> None:
         kept = [await big.put(BIG, 0) for _ in range(3)]
         with pytest.raises(AtollError, match="its quota is 98304 bytes"):
             await big.put(BIG, 1)
-        for _ in range(5):  # another session is not held to it
-            await small.put(BIG, 0)
+        theirs = [await small.put(BIG, 0) for _ in range(5)]  # another session is not held to it
+        assert len(theirs) == 5
         await big.free(kept[0])
-        await big.put(BIG, 1)  # room again, under its quota
+        kept.append(await big.put(BIG, 1))  # room again, under its quota
 
 
 async def test_an_admin_sets_the_quotas_of_sessions_opened_later() -> None:
@@ -237,9 +237,10 @@ async def test_an_admin_sets_the_quotas_of_sessions_opened_later() -> None:
         rows = await sessions(admin)
         assert (rows["later#2"]["max_gangs"], rows["later#2"]["max_bytes"]) == (16, BIG.nbytes)
         assert rows["admin#1"]["max_bytes"] is None  # already open: kept its own
-        await later.put(BIG, 0)
+        held = await later.put(BIG, 0)
         with pytest.raises(AtollError, match="quota"):
             await later.put(BIG, 0)
+        assert held.nbytes == BIG.nbytes
         with pytest.raises(AtollError, match="must be positive"):
             await admin.set_default_quota(max_gangs=0)
 
@@ -249,13 +250,14 @@ async def test_a_full_store_stalls_only_until_room_is_made() -> None:
     fail), and goes on once the owner frees something."""
     async with cluster_and_clients(("a", 1), store_bytes=2 * BIG.nbytes) as [(_, a)]:
         first = await a.put(BIG, 0)
-        await a.put(BIG, 0)
+        second = await a.put(BIG, 0)
         third = a.put(BIG, 0)
         await anyio.sleep(0.2)
         assert not third.done()  # stalled: no room
         await a.free(first)
         with anyio.fail_after(10):
             await third
+        assert second.nbytes == BIG.nbytes
 
 
 async def test_a_killed_client_releases_only_what_it_owned(tmp_path: Path) -> None:
@@ -317,12 +319,12 @@ async def _doomed_client(cluster_file: str) -> None:
     async with connect(cluster_file, weight=2) as client:
         cluster = await client.cluster("doomed")
         await cluster.devices(1)
-        for _ in range(3):
-            await cluster.put(BIG, 1)
+        held = [await cluster.put(BIG, 1) for _ in range(3)]
         for _ in range(50):
             cluster.run(work(20), 1, [])  # still queued or running when it dies
         print("ready", flush=True)
         await asyncio.Event().wait()
+        assert held  # kept until it is killed
 
 
 if __name__ == "__main__":
@@ -403,12 +405,13 @@ async def test_isolation_and_quotas_hold_on_a_cluster_of_processes(tmp_path: Pat
             with pytest.raises(AtollError, match=f"no slice {theirs.slice_id} allocated by"):
                 await bob.release(theirs)
             await other.set_quota("bob#2", max_bytes=BIG.nbytes)
-            await bob.put(BIG, 0)
+            bobs = await bob.put(BIG, 0)
             with pytest.raises(AtollError, match="its quota is"):
                 await bob.put(BIG, 1)
             rows = await sessions(one)
             assert rows["alice#1"]["weight"] == 2 and rows["alice#1"]["buffers"] == 1
             assert rows["bob#2"]["bytes"] == BIG.nbytes
             np.testing.assert_array_equal(await alice.fetch(handle), BIG)
+            assert bobs.nbytes == BIG.nbytes
     finally:
         multitenant._stop(running)

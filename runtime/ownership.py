@@ -1,0 +1,180 @@
+"""Buffers freed when their last reference goes: what a client owns, and for how long.
+
+Every promise a client hands out for a buffer (an ``ArrayRef``'s, a
+``cluster.run``'s, a ``put``'s), and every ``BufferHandle`` such a promise
+settles with, is a *reference* to it. While one is reachable in the
+client's program, the buffer stays in its host's store; once Python has
+collected the last one, :class:`Ownership` frees it there, as Ray's
+ownership does. Two rules make that safe and cheap:
+
+* a buffer that a run reads is kept until that run has taken it (its
+  devices read it, or enqueued the computation that reads it: the run's
+  ``done`` promise), so ``x = cluster.run(f, d, [x])`` can drop each link
+  as soon as the next call is made;
+* the frees of one loop turn leave together, one ``free_many`` per host.
+
+Explicit ``cluster.free`` and ``cluster.close`` keep working: a buffer freed
+by hand is not freed again when its references go.
+
+What is asynchronous about it: Python may collect a reference at any moment
+and on any thread; that only notes the buffer and asks the event loop
+(thread-safely) to do the rest in a turn of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from ..devices import BufferHandle
+from ..kernel import ActorRef, Promise, all_settled
+from ..kernel.lowlevel import threadsafe_caller
+
+__all__ = ["Ownership"]
+
+_log = logging.getLogger(__name__)
+
+
+class _Reference:
+    """What a collected reference leaves behind: the buffer it named, once known."""
+
+    __slots__ = ("buffer_id",)
+
+    def __init__(self) -> None:
+        self.buffer_id: str | None = None
+
+
+class Ownership:
+    """The references one client holds, by buffer (see the module docstring).
+
+    Made on the event loop's thread; every method but the collection
+    callbacks runs there.
+    """
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self.freed = 0  # buffers freed because their references went
+        self._post = threadsafe_caller()
+        self._live: dict[str, int] = {}  # buffer id -> references alive
+        self._hosts: dict[str, ActorRef[Any]] = {}  # buffer id -> its host
+        self._readers: dict[str, list[Promise[Any]]] = {}  # buffer id -> runs reading it
+        self._handles: set[int] = set()  # ids of the handle objects counted as references
+        self._by_hand: set[str] = set()  # freed by the caller: not to be freed again
+        self._gone: deque[str] = deque()  # collected references' buffers, for the loop
+        self._doomed: dict[ActorRef[Any], list[str]] = {}  # to free at the end of the turn
+        self._scheduled = False
+        self._closed = False
+
+    def track(self, promise: Promise[BufferHandle]) -> Promise[BufferHandle]:
+        """Count ``promise`` as a reference to the buffer it settles with; returns it."""
+        reference = _Reference()
+        promise.add_done_callback(lambda done: self._settled(reference, done))
+        weakref.finalize(promise, self._collected, reference)
+        return promise
+
+    def reading(self, values: Iterable[Any], done: Promise[Any]) -> None:
+        """A run reads ``values`` (handles, or promises of them): their buffers
+        stay until ``done`` settles (the run took its inputs)."""
+        for value in values:
+            if isinstance(value, BufferHandle):
+                self._readers.setdefault(value.id, []).append(done)
+            elif isinstance(value, Promise):
+                value.add_done_callback(lambda settled: self._read_by(settled, done))
+
+    def by_hand(self, handle: BufferHandle) -> None:
+        """The caller freed ``handle``'s buffer itself (``cluster.free``)."""
+        self._by_hand.add(handle.id)
+
+    def close(self) -> None:
+        """The client went: its buffers are freed with its session, not here."""
+        self._closed = True
+        self._live.clear()
+        self._readers.clear()
+        self._doomed.clear()
+
+    # -- on the loop ---------------------------------------------------------
+    def _settled(self, reference: _Reference, promise: Promise[BufferHandle]) -> None:
+        if promise.exception() is not None:
+            return
+        handle = promise.result()
+        if not isinstance(handle, BufferHandle):
+            return
+        reference.buffer_id = handle.id
+        self._count(handle)
+        if id(handle) not in self._handles:  # the handle is a reference of its own
+            self._handles.add(id(handle))
+            self._count(handle)
+            weakref.finalize(handle, self._handle_collected, id(handle), handle.id)
+
+    def _count(self, handle: BufferHandle) -> None:
+        self._live[handle.id] = self._live.get(handle.id, 0) + 1
+        self._hosts.setdefault(handle.id, handle.host)
+
+    def _read_by(self, value: Promise[Any], done: Promise[Any]) -> None:
+        if value.exception() is None and isinstance(handle := value.result(), BufferHandle):
+            self._readers.setdefault(handle.id, []).append(done)
+
+    def _drain(self) -> None:
+        """Take in the references collected since the last turn."""
+        self._scheduled = False
+        while self._gone:
+            self._release(self._gone.popleft())
+        self._flush()
+
+    def _release(self, buffer_id: str) -> None:
+        left = self._live.get(buffer_id, 0) - 1
+        if left > 0:
+            self._live[buffer_id] = left
+            return
+        self._live.pop(buffer_id, None)
+        host = self._hosts.pop(buffer_id, None)
+        readers = [r for r in self._readers.pop(buffer_id, ()) if not r.done()]
+        if self._closed or host is None or buffer_id in self._by_hand:
+            self._by_hand.discard(buffer_id)
+            return
+        if not readers:
+            self._doomed.setdefault(host, []).append(buffer_id)
+            return
+        all_settled(readers).add_done_callback(lambda _: self._doom(host, buffer_id))
+
+    def _doom(self, host: ActorRef[Any], buffer_id: str) -> None:
+        """Free ``buffer_id`` with this turn's frees (its last reader took it)."""
+        if self._closed:
+            return
+        self._doomed.setdefault(host, []).append(buffer_id)
+        self._schedule()
+
+    def _flush(self) -> None:
+        """One ``free_many`` per host for every buffer doomed this turn."""
+        doomed, self._doomed = self._doomed, {}
+        for host, buffer_ids in doomed.items():
+            self.freed += len(buffer_ids)
+            host.free_many(buffer_ids, self.owner).add_done_callback(_log_unfreed)
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._post(self._drain)
+            except RuntimeError:  # the loop is gone, and the cluster with it
+                self._scheduled = False
+
+    # -- from the garbage collector, on any thread ----------------------------
+    def _collected(self, reference: _Reference) -> None:
+        if reference.buffer_id is not None:  # it never settled: nothing to free
+            self._gone.append(reference.buffer_id)
+            self._schedule()
+
+    def _handle_collected(self, handle_id: int, buffer_id: str) -> None:
+        self._handles.discard(handle_id)
+        self._gone.append(buffer_id)
+        self._schedule()
+
+
+def _log_unfreed(answer: Promise[Any]) -> None:
+    error = answer.exception()
+    if error is not None:
+        _log.debug("a free was not answered: %s", error)
