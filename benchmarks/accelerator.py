@@ -39,7 +39,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from atoll.benchmarks._common import Column, Row, emit, table, track
@@ -172,6 +172,7 @@ async def _time(
     times = []
     for rep in range(reps + 1):
         if rep == 1:
+            await _quiet(cluster)
             await cluster.store_usage(reset_peak=True)
         began = time.perf_counter()
         await cluster.ready(body(x0))
@@ -179,6 +180,19 @@ async def _time(
             times.append((time.perf_counter() - began) / steps)
     peak = max(u["peak_bytes"] for u in await cluster.store_usage())
     return statistics.median(times) * 1e6, int(peak)
+
+
+async def _quiet(cluster: Any, seconds: float = 10.0) -> None:
+    """Wait until the frees of what ran before have reached the store (they
+    follow the runs that read each buffer, and may lag behind the device)."""
+    deadline = time.monotonic() + seconds
+    last = -1
+    while time.monotonic() < deadline:
+        held = sum(u["buffers"] for u in await cluster.store_usage())
+        if held == last:
+            return
+        last = held
+        await asyncio.sleep(0.05)
 
 
 def measure_size(
@@ -243,19 +257,24 @@ def run(
     return rows
 
 
-def _cell(system: str, fmt: str) -> Callable[[dict[str, Row]], str]:
-    def cell(group: dict[str, Row]) -> str:
+def _cell(system: str, fmt: str) -> Callable[[Mapping[str, Row]], str]:
+    def cell(group: Mapping[str, Row]) -> str:
         row = group.get(system)
         return "-" if row is None or row.value is None else format(row.value, fmt)
 
     return cell
 
 
-def _met(group: dict[str, Row]) -> str:
+def _met(group: Mapping[str, Row]) -> str:
     target, ratio = group.get("target"), group.get("ratio")
     if target is None or ratio is None or target.value is None or ratio.value is None:
         return ""
     return f"≥ {target.value:.2f} " + ("met" if ratio.value >= target.value else "MISSED")
+
+
+def _mib(group: Mapping[str, Row]) -> str:
+    peak = group.get("peak")
+    return "-" if peak is None or peak.value is None else f"{peak.value / 2**20:.1f}"
 
 
 def _render(rows: Sequence[Row]) -> str:
@@ -264,9 +283,7 @@ def _render(rows: Sequence[Row]) -> str:
         Column("atoll µs", 10, _cell("atoll", ",.1f")),
         Column("ratio", 6, _cell("ratio", ".2f")),
         Column("target", 14, _met),
-        Column(
-            "peak MiB", 9, lambda g: "-" if "peak" not in g else f"{g['peak'].value / 2**20:.1f}"
-        ),
+        Column("peak MiB", 9, _mib),
     ]
     return table(rows, columns, case_width=26)
 

@@ -99,6 +99,7 @@ class Device(Actor):
         self.transfer_s = 0.0
         self.started_at = 0.0
         self._plans: dict[int, DeviceProgram] = {}  # installed compiled plans, newest last
+        self._release: dict[int, list[list[int]]] = {}  # by plan: see _release_points
         # outputs of compiled runs' gangs led here, by (run, node, output): a
         # handle, or the error the gang failed with (see Earlier)
         self._earlier: dict[tuple[int, int, int], BufferHandle | BaseException] = {}
@@ -218,7 +219,9 @@ class Device(Actor):
         beyond ``PLANS_KEPT`` (the controller's plan cache holds no more).
         """
         self._plans[program.plan_id] = program
+        self._release[program.plan_id] = _release_points(program)
         while len(self._plans) > PLANS_KEPT:
+            del self._release[next(iter(self._plans))]
             del self._plans[next(iter(self._plans))]
 
     @endpoint
@@ -226,6 +229,7 @@ class Device(Actor):
         """Forget compiled plans (their slices were released, or they aged out)."""
         for plan_id in plan_ids:
             self._plans.pop(plan_id, None)
+            self._release.pop(plan_id, None)
 
     @endpoint(resolve_args=False)
     async def run_plan(
@@ -251,7 +255,8 @@ class Device(Actor):
         made: dict[tuple[int, int] | None, BufferHandle | Promise[Any]] = {}
         ran: list[tuple[PlannedGang, str, list[str], Promise[Any]]] = []
         prefix = run_key(epoch)
-        for gang in program.gangs:
+        release = self._release[plan_id]
+        for step, gang in enumerate(program.gangs):
             held: list[str] = []
             given = gang.given(values, made)
             if self.runs_alone(gang):  # no barrier, no inbox, no push: the lean path
@@ -271,8 +276,9 @@ class Device(Actor):
                 made.update(((gang.node, o), out) for o in range(len(gang.outputs)))
                 self._keep_earlier(epoch, gang.node, out.exception(), len(gang.outputs))
             ran.append((gang, gang_id, held, out))
-        for gang, gang_id, held, out in ran:  # every reader here took its inputs
-            out.add_done_callback(functools.partial(self._planned, gang, gang_id, held, report))
+            for done in release[step]:  # its last reader here took it: report, free
+                gang, gang_id, held, out = ran[done]
+                out.add_done_callback(functools.partial(self._planned, gang, gang_id, held, report))
         return then(all_settled([out for *_, out in ran]), lambda _: report)
 
     def _keep_earlier(
@@ -555,3 +561,20 @@ class Made(Promise[list[BufferHandle]]):
         self.outputs = outputs
         if not pushed:
             self.set_result(outputs)
+
+
+def _release_points(program: DeviceProgram) -> list[list[int]]:
+    """Per gang of a device's program, in order: the gangs whose outputs may
+    be reported and freed once it has taken its inputs (those it is the
+    last local reader of, and itself if no later gang here reads it)."""
+    last: dict[int, int] = {}  # node -> the step of its last reader here
+    for step, gang in enumerate(program.gangs):
+        for source in gang.local:
+            if source is not None:
+                last[source[0]] = step
+    points: list[list[int]] = [[] for _ in program.gangs]
+    index = {gang.node: step for step, gang in enumerate(program.gangs)}
+    for step, gang in enumerate(program.gangs):
+        points[max(step, last.get(gang.node, step))].append(step)
+    assert all(index[node] <= at for node, at in last.items())
+    return points
