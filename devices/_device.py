@@ -103,6 +103,7 @@ class Device(Actor):
         # outputs of compiled runs' gangs led here, by (run, node, output): a
         # handle, or the error the gang failed with (see Earlier)
         self._earlier: dict[tuple[int, int, int], BufferHandle | BaseException] = {}
+        self._failed_runs: dict[int, AtollError] = {}  # runs that never ran here, by epoch
 
     @property
     def clock(self) -> Clock:
@@ -249,7 +250,11 @@ class Device(Actor):
         """
         program = self._plans.get(plan_id)
         if program is None:
-            raise AtollError(f"plan {plan_id} is not installed on device {self.device_id}")
+            error = AtollError(f"plan {plan_id} is not installed on device {self.device_id}")
+            self._failed_runs[epoch] = error  # for later runs that read its outputs
+            while len(self._failed_runs) > EARLIER_KEPT:
+                del self._failed_runs[next(iter(self._failed_runs))]
+            raise error
         report = RunReport()
         values = dict(zip(program.inputs, inputs, strict=True))
         made: dict[tuple[int, int] | None, BufferHandle | Promise[Any]] = {}
@@ -301,9 +306,14 @@ class Device(Actor):
         """The output an ``Earlier`` names, as this device kept it (raising the
         error its gang failed with); else its promise."""
         found = self._earlier.get(value.key)
-        if found is None:
+        if found is None and value.value is not None:
             promise: Promise[BufferHandle] = as_promise(value.value)
             return promise
+        if found is None:
+            raise self._failed_runs.get(value.run) or AtollError(
+                f"run {value.run} left no output {value.node}/{value.index} on device "
+                f"{self.device_id} (too long ago, or it never got here)"
+            )
         if isinstance(found, BaseException):
             raise found
         return found

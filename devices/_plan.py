@@ -43,14 +43,17 @@ class Earlier:
     """An input that an earlier run made on the device that reads it: output
     ``index`` of node ``node`` in run ``run``, still on its way back to the
     controller when this run was sent. The device takes it from what it
-    keeps of its recent runs, with no round trip; ``value`` (its promise)
-    is what it waits for when it does not have it (that run failed to
-    reach it, or was too long ago)."""
+    keeps of its recent runs, with no round trip: the island sends a
+    device its runs in order, so that run went first. ``value``, its
+    promise, is what a device in the controller's process waits for when
+    it does not have it; one in a process of its own is sent none (a
+    promise would cost it a call back for the value), and fails instead,
+    with the error of that run if it failed to get there."""
 
     run: int
     node: int
     index: int
-    value: Any
+    value: Any = None
 
     @property
     def key(self) -> tuple[int, int, int]:

@@ -259,8 +259,10 @@ class Controller(Actor):
             if source is None or producer is None:
                 continue
             node, index, device = producer.compiled.outputs[source[1]]
-            if node >= 0:
-                earlier[i] = (device, Earlier(producer.epoch, node, index, inputs[i]))
+            if node >= 0:  # a device in a process of its own gets no promise (see Earlier)
+                here = not self.host_addresses[self.topology_.device(device).host]
+                value = inputs[i] if here else None
+                earlier[i] = (device, Earlier(producer.epoch, node, index, value))
         return earlier
 
     def _dispatch(

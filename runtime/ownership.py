@@ -61,6 +61,7 @@ class Ownership:
         self._live: dict[str, int] = {}  # buffer id -> references alive
         self._hosts: dict[str, ActorRef[Any]] = {}  # buffer id -> its host
         self._readers: dict[str, list[Promise[Any]]] = {}  # buffer id -> runs reading it
+        self._prune_at: dict[str, int] = {}  # buffer id -> readers before the next prune
         self._handles: set[int] = set()  # ids of the handle objects counted as references
         self._by_hand: set[str] = set()  # freed by the caller: not to be freed again
         self._gone: deque[str] = deque()  # collected references' buffers, for the loop
@@ -80,7 +81,7 @@ class Ownership:
         stay until ``done`` settles (the run took its inputs)."""
         for value in values:
             if isinstance(value, BufferHandle):
-                self._readers.setdefault(value.id, []).append(done)
+                self._add_reader(value.id, done)
             elif isinstance(value, Promise):
                 value.add_done_callback(lambda settled: self._read_by(settled, done))
 
@@ -115,7 +116,16 @@ class Ownership:
 
     def _read_by(self, value: Promise[Any], done: Promise[Any]) -> None:
         if value.exception() is None and isinstance(handle := value.result(), BufferHandle):
-            self._readers.setdefault(handle.id, []).append(done)
+            self._add_reader(handle.id, done)
+
+    def _add_reader(self, buffer_id: str, done: Promise[Any]) -> None:
+        """One more run reading ``buffer_id``; the ones that took it are let go
+        of now and then (a buffer every step reads, a weight, gathers many)."""
+        readers = self._readers.setdefault(buffer_id, [])
+        readers.append(done)
+        if len(readers) >= self._prune_at.get(buffer_id, 16):  # amortized: at most twice
+            readers[:] = [r for r in readers if not r.done()]  # those still running
+            self._prune_at[buffer_id] = max(16, 2 * len(readers))
 
     def _drain(self) -> None:
         """Take in the references collected since the last turn."""
@@ -132,6 +142,7 @@ class Ownership:
         self._live.pop(buffer_id, None)
         host = self._hosts.pop(buffer_id, None)
         readers = [r for r in self._readers.pop(buffer_id, ()) if not r.done()]
+        self._prune_at.pop(buffer_id, None)
         if self._closed or host is None or buffer_id in self._by_hand:
             self._by_hand.discard(buffer_id)
             return
