@@ -101,7 +101,9 @@ class JaxDevice(Device):
         # executables by kernel object: (kernel, input signature, executable)
         self._by_kernel: dict[tuple[int, tuple[int, ...]], tuple[Any, Any, _Executable]] = {}
         self.compilations = 0
-        self.inflight = InFlight(jax.block_until_ready, WINDOW, f"device{self.device_id}")
+        self.inflight = InFlight(
+            jax.block_until_ready, _is_ready, WINDOW, f"device{self.device_id}"
+        )
         self._last_done = 0.0  # perf_counter time the last gang in flight finished
         self._enqueued: set[str] = set()  # gangs run_shard enqueued; the watcher reports them
 
@@ -118,7 +120,7 @@ class JaxDevice(Device):
         _jax_multi.register(self.device_id, self.device)
 
     async def on_stop(self) -> None:
-        self.inflight.close()
+        await self.inflight.close()
         await super().on_stop()
 
     def in_flight(self) -> tuple[int, int]:
@@ -347,8 +349,8 @@ class JaxDevice(Device):
         ]
         began_us = timeline.start()
         done = functools.partial(self._finished, ready, owner, enqueued, began_us, task)
-        if all(out.is_ready() for out in outs):  # it ran inline (small, on a CPU)
-            done(None, time.perf_counter())
+        if not self.inflight.count and all(out.is_ready() for out in outs):
+            done(None, time.perf_counter())  # it ran inline (small, on a CPU)
         else:
             self.inflight.add(outs, done)
         return handles
@@ -566,6 +568,11 @@ class _Executable:
 
     def __call__(self, *arrays: Any) -> Any:
         return self.compiled(*arrays)
+
+
+def _is_ready(array: Any) -> bool:
+    """Whether an output exists (or failed), without waiting."""
+    return bool(array.is_ready())
 
 
 def _every(promises: Sequence[Promise[None]]) -> Promise[None]:

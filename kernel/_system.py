@@ -20,7 +20,7 @@ import contextvars
 import itertools
 import logging
 import traceback
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import anyio
@@ -66,6 +66,15 @@ def running_cell() -> _Cell | None:
     if cell is None or cell.task_id != anyio.get_current_task().id:
         return None
     return cell
+
+
+class _Done:
+    """A call that :meth:`_Cell._begin` ran to its end, and how (for supervision)."""
+
+    __slots__ = ("failure",)
+
+    def __init__(self, failure: BaseException | None) -> None:
+        self.failure = failure
 
 
 class _Failure(Exception):
@@ -292,12 +301,16 @@ class _Cell:
         self._current = call
         failure: BaseException | None = None
         try:
-            with anyio.CancelScope() as scope:
-                self._call_scope = scope
-                failure = await self._invoke(instance, call)
-            if scope.cancelled_caught:
-                reason = call.cancelled or "cancelled"
-                call.promise._reject(CallCancelled(self.actor_name, call.endpoint, reason))
+            begun = self._begin(instance, call)
+            if isinstance(begun, _Done):  # it ran to its end: nothing to cancel
+                failure = begun.failure
+            else:
+                with anyio.CancelScope() as scope:
+                    self._call_scope = scope
+                    failure = await begun
+                if scope.cancelled_caught:
+                    reason = call.cancelled or "cancelled"
+                    call.promise._reject(CallCancelled(self.actor_name, call.endpoint, reason))
         except anyio.get_cancelled_exc_class():
             error = self._kill_error or ActorCancelled(self.actor_name, "cancelled")
             call.promise._reject(error)
@@ -308,6 +321,45 @@ class _Cell:
             self.handled += 1
         if failure is not None:
             raise _Failure(failure)
+
+    def _begin(
+        self, instance: Actor, call: Call
+    ) -> _Done | Coroutine[Any, Any, BaseException | None]:
+        """Start one call. A handler that needs no waiting (no argument to
+        resolve, a plain method) runs to its end here, with no cancel scope
+        to pay for; anything else is returned, to be awaited in one."""
+        spec = self.cls.__endpoints__.get(call.endpoint)
+        if spec is None:
+            call.promise._reject(NoSuchEndpoint(self.actor_name, call.endpoint))
+            return _Done(None)
+        args, kwargs = call.args, call.kwargs
+        if spec.resolve_args and (_has_promise(args) or _has_promise(kwargs)):
+            return self._invoke(instance, call)
+        try:
+            result = getattr(instance, call.endpoint)(*args, **kwargs)
+        except Exception as exc:
+            call.promise._reject(self._box(call.endpoint, exc))
+            return _Done(exc if self.cls.fail_on_error else None)
+        if _is_awaitable(result) and not isinstance(result, Promise):
+            return self._await_handler(call, result)
+        self._settle(call, result)
+        return _Done(None)
+
+    async def _await_handler(self, call: Call, running: Awaitable[Any]) -> BaseException | None:
+        """Await a handler that :meth:`_begin` started; settle its promise."""
+        try:
+            result = await running
+        except Exception as exc:
+            call.promise._reject(self._box(call.endpoint, exc))
+            return exc if self.cls.fail_on_error else None
+        self._settle(call, result)
+        return None
+
+    def _settle(self, call: Call, result: Any) -> None:
+        if isinstance(result, Promise):  # forwarded: settle later, don't block
+            call.promise._follow(result)
+        else:
+            call.promise._resolve(result)
 
     async def _invoke(self, instance: Actor, call: Call) -> BaseException | None:
         """Run one call; settle its promise; return an error that fails the actor."""

@@ -1,25 +1,28 @@
 """Batching of ``cluster.run`` calls: the calls of one loop turn leave as one graph.
 
-``cluster.run(computation, device, inputs)`` returns at once, so a client
-usually issues a whole chain (or fan-out) of such calls before it awaits
-anything. A :class:`RunBatcher` collects the calls a client makes in one
-turn of the event loop and, at the end of that turn, sends them through the
-controller's ``run_graph``, the one path every run takes: planned once per
-shape of graph (the controller caches plans), compiled, and run with one
-message per device (``docs/performance.md``).
+``cluster.run`` returns at once, whether it runs a program, a placed
+function or a low-level ``Computation``, so a client usually issues a whole
+chain (or fan-out) of runs before it awaits anything. A :class:`RunBatcher`
+collects the runs a client makes in one turn of the event loop, each as the
+graph it traced to (a low-level call is a graph of one node), and, at the
+end of that turn, sends them through the controller's ``run_graph``, the
+one path every run takes: planned once per shape of graph (the controller
+caches plans), compiled, and run with one message per device
+(``docs/performance.md``).
 
 What is asynchronous about it: each call returns a promise of its own at
 once; the batch leaves in a callback at the end of the loop turn (asyncio
 or trio), after the code that made the calls yielded to the loop, and each
 promise then follows its output. Anything else the client sends the
 controller first flushes the batch, so the controller sees calls in the
-order they were made. When some calls of a batch read others' outputs, the
-batch goes as one graph, on one-device slices pinned to the named devices
-(negative slice ids, never allocated), and counts as one program for the
-session's quota and share. Calls of which none reads another's output go
-one by one, each a one-node graph of its own, as they would unbatched.
+order they were made. When some runs of a batch read others' outputs, the
+batch goes as one graph, their graphs joined where one reads another (a
+low-level call runs on a one-device slice pinned to its device: negative
+slice ids, never allocated), and counts as one program for the session's
+quota and share. Runs of which none reads another's output go one by one,
+each its own graph, as they would unbatched.
 
-Which outputs are kept: a call's output stays in its device's store (until
+Which outputs are kept: a run's output stays in its device's store (until
 the client drops or frees it, or closes) only if the caller can still reach
 its promise when the batch leaves. An intermediate value the caller dropped,
 such as every link but the last of ``x = cluster.run(f, d, [x])`` in a
@@ -40,7 +43,7 @@ import numpy as np
 from ..devices import Aval, BufferHandle, Computation
 from ..kernel import Promise
 from ..kernel.lowlevel import call_soon
-from .graph import GraphBuilder, SliceSpec, ValueRef
+from .graph import Graph, GraphBuilder, SliceSpec, ValueRef
 
 __all__ = ["UNKNOWN_AVAL", "RunBatcher", "device_of_slice", "device_slice"]
 
@@ -61,41 +64,41 @@ def device_of_slice(slice_id: int) -> int | None:
 
 @dataclass(frozen=True)
 class _Made:
-    """An input that is the output of an earlier call in the same batch."""
+    """An input that is output ``output`` of the batch's run ``run``."""
 
-    call: int
+    run: int
+    output: int
 
 
 @dataclass
-class _Call:
-    computation: Computation
-    device: int
-    args: list[Any]  # values, handles, outside promises, or _Made
-    promise: weakref.ref[Promise[BufferHandle]]
-    temporary: list[bool]  # per arg: put only for this call, freed after it
+class _Run:
+    graph: Graph
+    inputs: list[Any]  # values, handles, outside promises, or _Made
+    temporary: list[int]  # inputs put only for this run, freed after it
+    outputs: list[weakref.ref[Promise[BufferHandle]]]  # one per graph output
 
 
 @dataclass
 class _Batch:
     owner: str
-    calls: list[_Call] = field(default_factory=list)
-    made: weakref.WeakKeyDictionary[Promise[Any], int] = field(
+    runs: list[_Run] = field(default_factory=list)
+    made: weakref.WeakKeyDictionary[Promise[Any], tuple[int, int]] = field(
         default_factory=weakref.WeakKeyDictionary
     )
 
 
 # What sends a batch: (graph, inputs, temporary, owner, the promises that are
 # to follow the graph's outputs).
-SendGraph = Callable[[Any, list[Any], list[int], str, Sequence[Promise[Any]]], None]
+SendGraph = Callable[[Graph, list[Any], list[int], str, Sequence[Promise[Any]]], None]
 
 
 def _batching() -> bool:
-    """Whether calls wait for the end of the loop turn (``ATOLL_BATCH_RUNS``)."""
+    """Whether runs wait for the end of the loop turn (``ATOLL_BATCH_RUNS``)."""
     return os.environ.get("ATOLL_BATCH_RUNS", "1") != "0"
 
 
 class RunBatcher:
-    """Collects one client's ``run`` calls per loop turn (see the module docstring).
+    """Collects one client's runs per loop turn (see the module docstring).
 
     ``send_graph`` is the client's way to the controller.
     """
@@ -113,7 +116,28 @@ class RunBatcher:
         owner: str,
         temporary: Sequence[bool],
     ) -> Promise[BufferHandle]:
-        """Queue one call (``args`` as the client resolved them); its promise."""
+        """Queue one low-level call (``args`` as the client resolved them): a
+        graph of one node on a slice pinned to ``device``; its promise."""
+        builder = GraphBuilder()
+        refs = [builder.input(_aval(arg)) for arg in args]
+        [out] = builder.add(
+            computation, device_slice(device), refs, [UNKNOWN_AVAL], computation.name
+        )
+        promise: Promise[BufferHandle] = Promise(f"run {computation.name}")
+        kept = [i for i, temp in enumerate(temporary) if temp]
+        self.add_graph(builder.build([out]), list(args), kept, owner, [promise])
+        return promise
+
+    def add_graph(
+        self,
+        graph: Graph,
+        inputs: list[Any],
+        temporary: list[int],
+        owner: str,
+        outputs: Sequence[Promise[BufferHandle]],
+    ) -> None:
+        """Queue one run of ``graph``; ``outputs`` (a promise per graph output)
+        follow its outputs once it is sent."""
         if self._batch is not None and self._batch.owner != owner:
             self.flush()
         if self._batch is None:
@@ -121,64 +145,97 @@ class RunBatcher:
             if self._batching:
                 call_soon(self.flush)  # at the end of this loop turn
         batch = self._batch
-        promise: Promise[BufferHandle] = Promise(f"run {computation.name}")
-        mine = [
-            _Made(batch.made[a]) if isinstance(a, Promise) and a in batch.made else a for a in args
-        ]
-        batch.calls.append(_Call(computation, device, mine, weakref.ref(promise), list(temporary)))
-        batch.made[promise] = len(batch.calls) - 1
+        mine = [self._made_by(batch, x) for x in inputs]
+        index = len(batch.runs)
+        batch.runs.append(_Run(graph, mine, temporary, [weakref.ref(p) for p in outputs]))
+        for k, promise in enumerate(outputs):
+            batch.made[promise] = (index, k)
         if not self._batching:
             self.flush()
-        return promise
+
+    @staticmethod
+    def _made_by(batch: _Batch, value: Any) -> Any:
+        """``value``, or, when it is the promise of an earlier run's output in
+        the batch, which output it is."""
+        found = batch.made.get(value) if isinstance(value, Promise) else None
+        return value if found is None else _Made(*found)
 
     def flush(self) -> None:
         """Send what was collected (a no-op when nothing was)."""
         batch, self._batch = self._batch, None
-        if batch is None or not batch.calls:
+        if batch is None or not batch.runs:
             return
-        if any(isinstance(a, _Made) for call in batch.calls for a in call.args):
-            self._send(batch.calls, batch.owner)
+        if any(isinstance(x, _Made) for run in batch.runs for x in run.inputs):
+            self._send(*_joined(batch.runs), batch.owner)
             return
-        for call in batch.calls:  # no chain: one by one, as they came
-            self._send([call], batch.owner)
+        for run in batch.runs:  # no chain: one by one, as they came
+            self._send(*_alone(run), batch.owner)
 
-    def _send(self, calls: Sequence[_Call], owner: str) -> None:
-        """``calls`` as one graph; the promises still held follow their outputs."""
-        alive = [(i, p) for i, call in enumerate(calls) if (p := call.promise()) is not None]
+    def _send(
+        self,
+        graph: Graph,
+        inputs: list[Any],
+        temporary: list[int],
+        outputs: list[Promise[BufferHandle]],
+        owner: str,
+    ) -> None:
+        """One graph; ``outputs`` (the promises still held) follow its outputs."""
         try:
-            graph, inputs, temporary = _graph_of(calls, [i for i, _ in alive])
-            self._send_graph(graph, inputs, temporary, owner, [p for _, p in alive])
-        except Exception as exc:  # nothing was sent: every call fails with why
-            for _, promise in alive:
+            self._send_graph(graph, inputs, temporary, owner, outputs)
+        except Exception as exc:  # nothing was sent: every run fails with why
+            for promise in outputs:
                 promise.set_exception(exc)
 
 
-def _graph_of(calls: Sequence[_Call], kept: Sequence[int]) -> tuple[Any, list[Any], list[int]]:
-    """A batch as a graph: one node per call, pinned to its device; every
-    argument that is not an earlier call's output is a program input (the
-    ones put only for a call are ``temporary``: the plan frees them)."""
+Sent = tuple[Graph, list[Any], list[int], list[Promise[BufferHandle]]]
+
+
+def _alone(run: _Run) -> Sent:
+    """A run as it goes on its own: its graph, with only the outputs someone
+    still holds (the others are freed by the plan once made)."""
+    pairs = zip(run.graph.outputs, run.outputs, strict=True)
+    held = [(ref, p) for ref, out in pairs if (p := out()) is not None]
+    graph = run.graph
+    if len(held) != len(graph.outputs):
+        graph = Graph(graph.inputs, graph.nodes, tuple(ref for ref, _ in held))
+    return graph, list(run.inputs), list(run.temporary), [p for _, p in held]
+
+
+def _joined(runs: Sequence[_Run]) -> Sent:
+    """A batch as one graph: each run's nodes, reading the outputs of the runs
+    before it where it reads them (``_Made``); every other input is an input
+    of the whole (those put only for a run are ``temporary``: the plan frees
+    them); its outputs are those someone still holds."""
     builder = GraphBuilder()
     inputs: list[Any] = []
     temporary: list[int] = []
-    outputs: list[ValueRef] = []
-    for call in calls:
-        refs = []
-        for arg, temp in zip(call.args, call.temporary, strict=True):
-            if isinstance(arg, _Made):
-                refs.append(outputs[arg.call])
+    made: dict[tuple[int, int], ValueRef] = {}
+    kept: list[ValueRef] = []
+    held: list[Promise[BufferHandle]] = []
+    for index, run in enumerate(runs):
+        local: dict[ValueRef, ValueRef] = {}
+        for i, (aval, value) in enumerate(zip(run.graph.inputs, run.inputs, strict=True)):
+            if isinstance(value, _Made):
+                local[ValueRef(-1, i)] = made[value.run, value.output]
                 continue
-            refs.append(builder.input(_aval(arg)))
-            if temp:
+            if i in run.temporary:
                 temporary.append(len(inputs))
-            inputs.append(arg)
-        name = call.computation.name
-        [out] = builder.add(call.computation, device_slice(call.device), refs, [UNKNOWN_AVAL], name)
-        outputs.append(out)
-    return builder.build([outputs[i] for i in kept]), inputs, temporary
+            local[ValueRef(-1, i)] = builder.input(aval)
+            inputs.append(value)
+        for node in run.graph.nodes:
+            refs = [local[ref] for ref in node.inputs]
+            outs = builder.add(node.kernel, node.slice, refs, node.outputs, node.name)
+            local.update((ValueRef(node.id, o), ref) for o, ref in enumerate(outs))
+        for k, (ref, out) in enumerate(zip(run.graph.outputs, run.outputs, strict=True)):
+            made[index, k] = local[ref]
+            if (promise := out()) is not None:
+                kept.append(local[ref])
+                held.append(promise)
+    return builder.build(kept), inputs, temporary, held
 
 
 def _aval(value: Any) -> Aval:
-    """An input's aval in a batch's graph: a value's own; unknown for a handle
+    """An input's aval in a call's graph: a value's own; unknown for a handle
     or a promise (the graph only needs its inputs' count to be planned)."""
     if isinstance(value, np.ndarray):
         return Aval(tuple(value.shape), str(value.dtype))

@@ -263,9 +263,8 @@ class Cluster:
     def run_graph(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
         """Parallel asynchronous dispatch of a graph; returns its outputs at once."""
         inputs, temporary = self._inputs(graph, leaves)
-        self.flush()
         outs: list[Promise[BufferHandle]] = [Promise(f"output {i}") for i in graph.outputs]
-        self._send_graph(graph, inputs, temporary, self.owner, outs)
+        self._batcher.add_graph(graph, inputs, temporary, self.owner, outs)
         return [
             ArrayRef(self._refs.track(out), graph.aval(ref))
             for out, ref in zip(outs, graph.outputs, strict=True)
@@ -279,8 +278,8 @@ class Cluster:
         owner: str,
         outputs: Sequence[Promise[Any]],
     ) -> None:
-        """One ``run_graph`` call: ``outputs`` (a promise per graph output, or
-        None where no one holds it) follow the graph's outputs; the inputs it
+        """One ``run_graph`` call: ``outputs`` (a promise per graph output)
+        follow the graph's outputs; the inputs it
         reads are kept until every gang took them. The run is tagged, and so
         are its outputs, so that a later run reading one where it was made
         need not wait for it to come back (``Controller.run_graph``)."""

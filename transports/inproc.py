@@ -37,15 +37,25 @@ def read_only(array: np.ndarray) -> np.ndarray:
 def share_read_only(value: Any) -> Any:
     """A call argument as an actor of this process receives it: numpy arrays
     (also inside lists, tuples and dicts) as read-only views, no copy."""
+    kind = type(value)
+    if kind in _PLAIN:  # the common arguments, at the cost of one look-up
+        return value
+    if kind is list:
+        return [share_read_only(v) for v in value]
+    if kind is dict:
+        return {k: share_read_only(v) for k, v in value.items()}
     if isinstance(value, np.ndarray):
         return read_only(value)
-    if isinstance(value, list):
-        return [share_read_only(v) for v in value]
     if isinstance(value, tuple):
         return tuple(share_read_only(v) for v in value)
+    if isinstance(value, list):
+        return [share_read_only(v) for v in value]
     if isinstance(value, dict):
         return {k: share_read_only(v) for k, v in value.items()}
     return value
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None), bytes})
 
 
 share_arguments_with(share_read_only)  # every local call of this process, from now on
