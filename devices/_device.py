@@ -276,7 +276,8 @@ class Device(Actor):
                     await self.pusher.fail(task.push, portable(early, gang_id))
             if isinstance(out, Made):
                 made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
-                self._keep_earlier(epoch, gang.node, out.outputs)
+                if any(gang.keep):  # outputs of the program: later runs may read them
+                    self._keep_earlier(epoch, gang.node, out.outputs)
             elif out.done():  # failed: so do the readers of its outputs here
                 made.update(((gang.node, o), out) for o in range(len(gang.outputs)))
                 self._keep_earlier(epoch, gang.node, out.exception(), len(gang.outputs))

@@ -89,6 +89,7 @@ class JaxDevice(Device):
 
     host_cls = JaxHost
     device: jax.Device  # set in on_start, once this process's JAX runtime is up
+    _single: jax.sharding.Sharding  # the sharding of an array on it alone
 
     @classmethod
     def available(cls) -> int | None:
@@ -99,11 +100,9 @@ class JaxDevice(Device):
         self._cache: dict[tuple[Any, ...], Any] = {}
         self._meshes: dict[tuple[Any, ...], tuple[Mesh, list[NamedSharding]]] = {}
         # executables by kernel object: (kernel, input signature, executable)
-        self._by_kernel: dict[tuple[int, tuple[int, ...]], tuple[Any, Any, _Executable]] = {}
+        self._by_kernel: dict[int, tuple[Any, Any, _Executable]] = {}
         self.compilations = 0
-        self.inflight = InFlight(
-            jax.block_until_ready, _is_ready, WINDOW, f"device{self.device_id}"
-        )
+        self.inflight = InFlight(_block, _is_ready, WINDOW, f"device{self.device_id}")
         self._last_done = 0.0  # perf_counter time the last gang in flight finished
         self._enqueued: set[str] = set()  # gangs run_shard enqueued; the watcher reports them
 
@@ -117,6 +116,7 @@ class JaxDevice(Device):
         if _jax_multi.configured():
             await anyio.to_thread.run_sync(_jax_multi.ensure_runtime)
         self.device = _jax_multi.jax_device(self.device_id)
+        self._single = jax.sharding.SingleDeviceSharding(self.device)
         _jax_multi.register(self.device_id, self.device)
 
     async def on_stop(self) -> None:
@@ -142,16 +142,22 @@ class JaxDevice(Device):
         [handle] = await self._enqueue(compiled, arrays, owner, computation.name)
         return handle
 
-    def _jitted(self, computation: Computation, values: Sequence[Any]) -> tuple[Any, list[Any]]:
+    def _jitted(
+        self, computation: Computation, values: Sequence[Any]
+    ) -> tuple[_Executable, list[Any]]:
         """``computation`` compiled for these inputs (cached), and the inputs on
         this device."""
         arrays = [self._on_device(x, self._single) for x in values]
-        key = (computation.fn, *((a.shape, str(a.dtype)) for a in arrays))
-        return self._cached(key, lambda: jax.jit(computation.fn), arrays), arrays
+        return self._for_computation(computation, arrays), arrays
 
-    @property
-    def _single(self) -> Any:
-        return jax.sharding.SingleDeviceSharding(self.device)
+    def _for_computation(self, computation: Computation, arrays: Sequence[Any]) -> _Executable:
+        """``computation.fn`` jitted onto this device for ``arrays`` (cached)."""
+
+        def compiled() -> _Executable:
+            key = (computation.fn, *((a.shape, str(a.dtype)) for a in arrays))
+            return self._cached(key, lambda: jax.jit(computation.fn), arrays)
+
+        return self._fast(computation, arrays, compiled)
 
     async def _gather(
         self, task: GangTask, inputs: Sequence[Any], leader: bool, taken: list[str]
@@ -198,7 +204,7 @@ class JaxDevice(Device):
     def runs_alone(self, gang: PlannedGang) -> bool:
         return (
             len(gang.devices) == 1
-            and isinstance(gang.kernel, JaxKernel)
+            and isinstance(gang.kernel, (JaxKernel, Computation))
             and not gang.push
             and PUSHED_IN not in gang.inputs
         )
@@ -209,17 +215,17 @@ class JaxDevice(Device):
         """The lean path of a planned gang on this device alone: its inputs
         (handles here, values, or promises of them) go on the device as
         they are, and its computation is enqueued; no task, no barrier."""
-        kernel: JaxKernel = gang.kernel
+        kernel = gang.kernel
         try:
             self.store.ledger.check_open(owner)
-            mesh, shardings = self._alone_mesh(gang)
-            arrays = []
-            for value, sharding in zip(inputs, shardings, strict=True):
-                if isinstance(value, Earlier):
-                    value = self.earlier(value)
-                handle = await value if isinstance(value, Promise) else value
-                arrays.append(self._on_device(await self._read(handle, owner), sharding))
-            executable = self._for_kernel(kernel, gang.devices, mesh, arrays)
+            values = [await self._alone_input(value, owner) for value in inputs]
+            if isinstance(kernel, JaxKernel):
+                mesh, shardings = self._alone_mesh(gang)
+                arrays = [self._on_device(v, s) for v, s in zip(values, shardings, strict=True)]
+                executable = self._for_kernel(kernel, gang.devices, mesh, arrays)
+            else:
+                arrays = [self._on_device(value, self._single) for value in values]
+                executable = self._for_computation(kernel, arrays)
             ran = _Ran(gang_id, kernel)
             outputs = await self._enqueue(executable, arrays, owner, kernel.name, ran)
         except Exception as exc:
@@ -227,6 +233,15 @@ class JaxDevice(Device):
             return out
         self.computations += 1
         return Made(outputs)
+
+    async def _alone_input(self, value: Any, owner: str) -> Any:
+        """An input of the lean path: an array here, a value, or what a handle,
+        a promise of one, or an ``Earlier`` names."""
+        if isinstance(value, Earlier):
+            value = self.earlier(value)
+        if isinstance(value, Promise):
+            value = await value
+        return await self._read(value, owner)
 
     def _alone_mesh(self, gang: PlannedGang) -> tuple[Mesh, list[NamedSharding]]:
         """The mesh of a gang on this one device, and its input shardings (cached)."""
@@ -281,15 +296,22 @@ class JaxDevice(Device):
     def _for_kernel(
         self, kernel: JaxKernel, devices: tuple[int, ...], mesh: Mesh, arrays: Sequence[jax.Array]
     ) -> _Executable:
-        """:meth:`_compiled`, looked up first by the kernel object itself (a
-        gang of an installed plan brings the same one to every run), as long
-        as the inputs' shapes and dtypes are those it was compiled for."""
+        """:meth:`_compiled`, found by the kernel object first (:meth:`_fast`)."""
+        return self._fast(kernel, arrays, lambda: self._compiled(kernel, mesh, arrays))
+
+    def _fast(
+        self, kernel: Any, arrays: Sequence[Any], compiled: Callable[[], _Executable]
+    ) -> _Executable:
+        """The executable of ``kernel`` for ``arrays``, looked up by the kernel
+        object itself (a gang of an installed plan brings the same one to
+        every run) while the inputs' shapes and dtypes are those it was
+        compiled for; else ``compiled()`` (the cache by signature)."""
         signature = tuple((a.shape, a.dtype) for a in arrays)
-        key = (id(kernel), devices)
+        key = id(kernel)
         found = self._by_kernel.get(key)
         if found is not None and found[0] is kernel and found[1] == signature:
             return found[2]
-        executable = self._compiled(kernel, mesh, arrays)
+        executable = compiled()
         self._by_kernel[key] = (kernel, signature, executable)
         while len(self._by_kernel) > _KERNELS_KEPT:
             del self._by_kernel[next(iter(self._by_kernel))]
@@ -568,6 +590,12 @@ class _Executable:
 
     def __call__(self, *arrays: Any) -> Any:
         return self.compiled(*arrays)
+
+
+def _block(arrays: Sequence[Any]) -> None:
+    """Wait until ``arrays`` exist; raise the error one failed with."""
+    for array in arrays:
+        array.block_until_ready()
 
 
 def _is_ready(array: Any) -> bool:

@@ -296,6 +296,7 @@ class _Cell:
                 return
             if call.cancelled is None:
                 await self._handle(instance, call)
+            del call  # a handled call's arguments and promise are nobody's business here
 
     async def _handle(self, instance: Actor, call: Call) -> None:
         self._current = call

@@ -480,3 +480,89 @@ async def test_a_hanging_on_stop_does_not_hang_stop() -> None:
         assert await ref.hello() == "hi"
         with anyio.fail_after(5):
             await ref.stop()
+
+
+class Watcher(Actor):
+    """Counts in a task of its own, beside its messages (``ctx.start_soon``)."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.stopped = anyio.Event()
+
+    async def on_start(self) -> None:
+        self.ctx.start_soon(self._tick)
+
+    async def _tick(self) -> None:
+        try:
+            while True:
+                self.ticks += 1
+                await anyio.sleep(0.001)
+        finally:
+            self.stopped.set()
+
+    @endpoint
+    def count(self) -> int:
+        return self.ticks
+
+
+async def test_a_task_started_by_an_actor_ends_with_it() -> None:
+    async with ActorSystem() as system:
+        ref = system.spawn(Watcher)
+        with anyio.fail_after(5):
+            while await ref.count() < 3:
+                await anyio.sleep(0.005)
+        cell = system._cells[ref.id]
+        instance = cell.instance
+        assert isinstance(instance, Watcher)
+        await ref.stop()
+        with anyio.fail_after(5):
+            await instance.stopped.wait()  # cancelled when its actor stopped
+
+
+async def test_call_soon_and_threadsafe_callers_reach_this_loop() -> None:
+    import threading
+
+    from atoll.kernel.lowlevel import call_soon, threadsafe_caller
+
+    seen: list[str] = []
+    done = anyio.Event()
+    call_soon(lambda: seen.append("soon"))
+    assert seen == []  # not before this turn is over
+    post = threadsafe_caller()
+
+    def arrived() -> None:
+        seen.append(threading.current_thread().name)
+        done.set()
+
+    def elsewhere() -> None:
+        post(arrived)
+
+    thread = threading.Thread(target=elsewhere, name="other")
+    thread.start()
+    with anyio.fail_after(5):
+        await done.wait()
+    thread.join()
+    assert seen == ["soon", threading.current_thread().name]
+
+
+async def test_a_call_that_needs_no_waiting_settles_at_once() -> None:
+    """A plain endpoint runs to its end in the cell's turn (no cancel scope),
+    and one that raises still answers with its error."""
+
+    class Plain(Actor):
+        @endpoint
+        def double(self, x: int) -> int:
+            return 2 * x
+
+        @endpoint
+        def fail(self) -> None:
+            raise KeyError("nope")
+
+    async with ActorSystem() as system:
+        ref = system.spawn(Plain)
+        assert await ref.double(21) == 42
+        await expect(RemoteActorError, ref.fail())
+        waiting: Promise[int] = Promise("later")
+        answer = ref.double(waiting)  # a promise argument: resolved first
+        waiting.set_result(4)
+        assert await answer == 8

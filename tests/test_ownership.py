@@ -1,0 +1,63 @@
+"""A client's buffers are freed when its last reference to them goes.
+
+References are the promises a client hands out (``put``, ``run``, an
+``ArrayRef``'s) and the handles they settle with (``runtime/ownership.py``).
+A buffer read by a run that has not taken it yet is kept until it has.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import anyio
+import numpy as np
+import pytest
+
+import atoll
+from atoll.devices import Computation
+from atoll.kernel import Promise
+
+pytestmark = pytest.mark.anyio
+
+ADD = Computation("add", np.add)
+
+
+async def held(cluster: atoll.Cluster) -> int:
+    """Buffers in the stores once the frees of the last turns arrived."""
+    for _ in range(3):
+        gc.collect()
+        await anyio.sleep(0.01)
+    return sum(u["buffers"] for u in await cluster.store_usage())
+
+
+async def test_what_the_client_drops_is_freed_and_what_it_holds_stays() -> None:
+    async with atoll.local_cluster(1, 1, 2) as cluster:
+        kept = await cluster.put(np.ones(4), 0)  # a handle held
+        promise = cluster.put(np.ones(4), 1)  # a promise held
+        cluster.put(np.ones(4), 0)  # dropped at once
+        assert await held(cluster) == 2
+        out = cluster.run(ADD, 0, [kept, promise])
+        np.testing.assert_array_equal(await cluster.fetch(out), np.full(4, 2.0))
+        assert await held(cluster) == 3
+        del out
+        assert await held(cluster) == 2
+        del kept
+        assert await held(cluster) == 1
+        assert await cluster.free(promise)  # by hand: then dropping it frees nothing more
+        del promise
+        assert await held(cluster) == 0
+
+
+async def test_a_dropped_input_is_kept_until_its_run_has_read_it() -> None:
+    async with atoll.local_cluster(1, 1, 2) as cluster:
+        gate: Promise[atoll.devices.BufferHandle] = Promise("not yet")
+        x = cluster.put(np.full(4, 3.0), 0)
+        out = cluster.run(ADD, 0, [x, gate])  # waits for the gate on the device
+        del x
+        await anyio.sleep(0.05)
+        assert await held(cluster) == 1  # x: its reader has not read it
+        gate.set_result(await cluster.put(np.ones(4), 1))  # device 0 waits for it
+        np.testing.assert_array_equal(await cluster.fetch(out), np.full(4, 4.0))
+        assert await held(cluster) == 2  # out, and the gate's put (the gate holds its handle)
+        del gate
+        assert await held(cluster) == 1  # x went once read, the put with the gate
