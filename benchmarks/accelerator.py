@@ -1,7 +1,8 @@
 """atoll beside plain JAX on the same accelerator: does atoll keep it busy?
 
 ``atoll bench accelerator [--json] [--sizes N,N,N] [--reps R] [--seconds S]
-[--forms chain,program,computation] [--where inproc,process] [--tiny]``
+[--forms chain,program,computation] [--where inproc,process]
+[--variants fused,unfused] [--tiny]``
 
 The workload is a chain of steps ``x <- tanh(x @ w)`` in bfloat16, with
 ``w`` resident on the device and batch = width, on one device. Plain JAX is
@@ -24,9 +25,15 @@ intra_op_parallelism_threads=1``), so that the second core plays the host:
 the shape of the GPU's gap, on this machine. Each size runs in a process of
 its own (the XLA flags must be set before JAX starts), plain JAX first.
 
+Each form runs twice: as atoll runs by default (``fused``: consecutive
+gangs alone on the device run as one computation, ``devices/_jax_fused.py``)
+and ``unfused`` (``ATOLL_FUSE=0``: every gang is dispatched on its own, the
+same work as plain JAX's, so the ratio is atoll's overhead alone).
+
 Figures are µs per step, the median of ``--reps`` repetitions, each long
 enough for about ``--seconds`` of plain JAX; the ratio is plain JAX's µs
-per step over atoll's (1.0: atoll keeps the device as busy as JAX alone).
+per step over atoll's (1.0: atoll keeps the device as busy as JAX alone;
+above 1, fused: XLA did better with the steps together than one by one).
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ CPU_SIZES = (64, 256, 512)
 GPU_SIZES = (1024, 4096, 8192)
 CPU_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 FORMS = ("chain", "program", "computation")
+# fused: as atoll runs by default; unfused: ATOLL_FUSE=0, every gang dispatched on its own
+VARIANTS = ("fused", "unfused")
 WHERE = ("inproc", "process")
 NODES = 16  # nodes of the program form
 # (form, size rank: 0 small, 1 medium, 2 large) -> the ratio to reach
@@ -196,25 +205,34 @@ async def _quiet(cluster: Any, seconds: float = 10.0) -> None:
 
 
 def measure_size(
-    size: int, rank: int, seconds: float, reps: int, wheres: Sequence[str], forms: Sequence[str]
+    size: int,
+    rank: int,
+    seconds: float,
+    reps: int,
+    wheres: Sequence[str],
+    forms: Sequence[str],
+    variant: str = "",
 ) -> list[Row]:
-    """One size: plain JAX, then every form in every place (this process's JAX)."""
+    """One size: plain JAX, then every form in every place (this process's JAX).
+    ``variant`` ('' or "unfused") suffixes atoll's systems."""
     probe = _plain(size, 16, 1)
     steps = max(NODES, int(seconds * 1e6 / max(probe, 1.0)) // NODES * NODES)
     jax_us = _plain(size, steps, reps)
     rows = []
+    tail = f" {variant}" if variant else ""
     for where in wheres:
         measured = asyncio.run(_atoll(size, steps, reps, where, forms))
         for form, (us, peak) in measured.items():
             case = f"{form} {size}² {where}"
             target = TARGETS.get((form, rank))
             rows += [
-                Row("accelerator", case, "jax", round(jax_us, 1), "us/step"),
-                Row("accelerator", case, "atoll", round(us, 1), "us/step"),
-                Row("accelerator", case, "ratio", round(jax_us / us, 3), "jax/atoll"),
-                Row("accelerator", case, "peak", peak, "bytes"),
+                Row("accelerator", case, f"atoll{tail}", round(us, 1), "us/step"),
+                Row("accelerator", case, f"ratio{tail}", round(jax_us / us, 3), "jax/atoll"),
+                Row("accelerator", case, f"peak{tail}", peak, "bytes"),
             ]
-            if target is not None:
+            if not variant:
+                rows.append(Row("accelerator", case, "jax", round(jax_us, 1), "us/step"))
+            if target is not None and not variant:
                 rows.append(Row("accelerator", case, "target", target, "jax/atoll"))
     return rows
 
@@ -226,12 +244,17 @@ def run(
     reps: int,
     wheres: Sequence[str],
     forms: Sequence[str],
+    variants: Sequence[str] = VARIANTS,
 ) -> list[Row]:
-    """Every size, each in a process of its own; the rows they printed."""
+    """Every size and variant, each in a process of its own; the rows they printed."""
     platform = _platform()
     chosen = list(sizes or (GPU_SIZES if platform == "gpu" else CPU_SIZES))
     rows: list[Row] = []
-    for rank, size in track(list(enumerate(chosen)), "sizes"):
+    jobs = [(rank, size, v) for rank, size in enumerate(chosen) for v in variants]
+    for rank, size, variant in track(jobs, "sizes"):
+        env = _env(platform)
+        if variant == "unfused":
+            env["ATOLL_FUSE"] = "0"
         argv = [
             sys.executable,
             "-m",
@@ -246,8 +269,10 @@ def run(
             ",".join(wheres),
             "--forms",
             ",".join(forms),
+            "--variant",
+            variant if variant != "fused" else "",
         ]
-        done = subprocess.run(argv, env=_env(platform), capture_output=True, text=True)
+        done = subprocess.run(argv, env=env, capture_output=True, text=True)
         if done.returncode != 0:  # say why, and go on with the other sizes
             sys.stderr.write(done.stderr[-4000:])
             sys.stderr.write(f"size {size} failed (exit {done.returncode})\n")
@@ -272,9 +297,12 @@ def _met(group: Mapping[str, Row]) -> str:
     return f"≥ {target.value:.2f} " + ("met" if ratio.value >= target.value else "MISSED")
 
 
-def _mib(group: Mapping[str, Row]) -> str:
-    peak = group.get("peak")
-    return "-" if peak is None or peak.value is None else f"{peak.value / 2**20:.1f}"
+def _mib(system: str) -> Callable[[Mapping[str, Row]], str]:
+    def cell(group: Mapping[str, Row]) -> str:
+        peak = group.get(system)
+        return "-" if peak is None or peak.value is None else f"{peak.value / 2**20:.1f}"
+
+    return cell
 
 
 def _render(rows: Sequence[Row]) -> str:
@@ -283,7 +311,10 @@ def _render(rows: Sequence[Row]) -> str:
         Column("atoll µs", 10, _cell("atoll", ",.1f")),
         Column("ratio", 6, _cell("ratio", ".2f")),
         Column("target", 14, _met),
-        Column("peak MiB", 9, _mib),
+        Column("peak MiB", 9, _mib("peak")),
+        Column("unfused µs", 11, _cell("atoll unfused", ",.1f")),
+        Column("ratio", 6, _cell("ratio unfused", ".2f")),
+        Column("peak MiB", 9, _mib("peak unfused")),
     ]
     return table(rows, columns, case_width=26)
 
@@ -296,19 +327,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=0.5, help="plain JAX time per rep")
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--where", default=",".join(WHERE))
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="fused (the default), unfused or both"
+    )
     parser.add_argument("--tiny", action="store_true", help="one small size, short (tests)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # SIZE:RANK, in this process
+    parser.add_argument("--variant", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     forms, wheres = args.forms.split(","), args.where.split(",")
     if args.one:
         size, rank = (int(part) for part in args.one.split(":"))
-        for row in measure_size(size, rank, args.seconds, args.reps, wheres, forms):
+        for row in measure_size(size, rank, args.seconds, args.reps, wheres, forms, args.variant):
             print(row.json(), flush=True)
         return 0
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     if args.tiny:
         sizes, args.seconds, args.reps = sizes or [32], 0.02, 1
-    emit(run(sizes, args.seconds, args.reps, wheres, forms), args.json, _render)
+    variants = args.variants.split(",")
+    emit(run(sizes, args.seconds, args.reps, wheres, forms, variants), args.json, _render)
     return 0
 
 

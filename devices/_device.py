@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -99,7 +99,8 @@ class Device(Actor):
         self.transfer_s = 0.0
         self.started_at = 0.0
         self._plans: dict[int, DeviceProgram] = {}  # installed compiled plans, newest last
-        self._release: dict[int, list[list[int]]] = {}  # by plan: see _release_points
+        self._release_points: dict[int, list[list[int]]] = {}  # by plan (_release_points)
+        self._fused: dict[int, dict[int, Any]] = {}  # by plan: see fused_segments
         # outputs of compiled runs' gangs led here, by (run, node, output): a
         # handle, or the error the gang failed with (see Earlier)
         self._earlier: dict[tuple[int, int, int], BufferHandle | BaseException] = {}
@@ -220,17 +221,19 @@ class Device(Actor):
         beyond ``PLANS_KEPT`` (the controller's plan cache holds no more).
         """
         self._plans[program.plan_id] = program
-        self._release[program.plan_id] = _release_points(program)
+        self._release_points[program.plan_id] = _release_points(program)
+        self._fused[program.plan_id] = self.fused_segments(program)
         while len(self._plans) > PLANS_KEPT:
-            del self._release[next(iter(self._plans))]
-            del self._plans[next(iter(self._plans))]
+            oldest = next(iter(self._plans))
+            del self._release_points[oldest], self._fused[oldest], self._plans[oldest]
 
     @endpoint
     def drop_plans(self, plan_ids: list[int]) -> None:
         """Forget compiled plans (their slices were released, or they aged out)."""
         for plan_id in plan_ids:
             self._plans.pop(plan_id, None)
-            self._release.pop(plan_id, None)
+            self._release_points.pop(plan_id, None)
+            self._fused.pop(plan_id, None)
 
     @endpoint(resolve_args=False)
     async def run_plan(
@@ -255,37 +258,101 @@ class Device(Actor):
             while len(self._failed_runs) > EARLIER_KEPT:
                 del self._failed_runs[next(iter(self._failed_runs))]
             raise error
-        report = RunReport()
         values = dict(zip(program.inputs, inputs, strict=True))
+        report = RunReport()
         made: dict[tuple[int, int] | None, BufferHandle | Promise[Any]] = {}
-        ran: list[tuple[PlannedGang, str, list[str], Promise[Any]]] = []
+        ran: dict[int, tuple[PlannedGang, str, list[str], Promise[Any]]] = {}
         prefix = run_key(epoch)
-        release = self._release[plan_id]
-        for step, gang in enumerate(program.gangs):
-            held: list[str] = []
-            given = gang.given(values, made)
-            if self.runs_alone(gang):  # no barrier, no inbox, no push: the lean path
-                gang_id = f"{prefix}/{gang.node}"
-                out = await self.run_alone(gang, gang_id, given, owner)
-            else:
-                task = gang.task(epoch, self.host_id, self.device_id)
-                gang_id = task.gang_id
-                out = await self._planned_gang(task, given, owner, held)
-                early = out.exception() if out.done() else None
-                if early is not None:  # failed before pushing
-                    await self.pusher.fail(task.push, portable(early, gang_id))
-            if isinstance(out, Made):
-                made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
-                if any(gang.keep):  # outputs of the program: later runs may read them
-                    self._keep_earlier(epoch, gang.node, out.outputs)
-            elif out.done():  # failed: so do the readers of its outputs here
-                made.update(((gang.node, o), out) for o in range(len(gang.outputs)))
-                self._keep_earlier(epoch, gang.node, out.exception(), len(gang.outputs))
-            ran.append((gang, gang_id, held, out))
-            for done in release[step]:  # its last reader here took it: report, free
-                gang, gang_id, held, out = ran[done]
-                out.add_done_callback(functools.partial(self._planned, gang, gang_id, held, report))
-        return then(all_settled([out for *_, out in ran]), lambda _: report)
+        release, fused = self._release_points[plan_id], self._fused.get(plan_id, {})
+        passed: dict[int, list[str]] = {}  # by node: what a fused segment passed on here
+        step = 0
+        while step < len(program.gangs):
+            segment = fused.get(step)
+            if segment is not None and await self.run_segment(
+                segment, epoch, values, made, owner, report, passed
+            ):
+                self._release(range(step, segment.end), release, ran, report, passed, program)
+                step = segment.end
+                continue
+            gang = program.gangs[step]
+            ran[step] = await self._planned_step(gang, epoch, prefix, values, made, owner)
+            self._release([step], release, ran, report, passed, program)
+            step += 1
+        return then(all_settled([out for *_, out in ran.values()]), lambda _: report)
+
+    async def _planned_step(
+        self,
+        gang: PlannedGang,
+        epoch: int,
+        prefix: str,
+        values: dict[int, Any],
+        made: dict[tuple[int, int] | None, Any],
+        owner: str,
+    ) -> tuple[PlannedGang, str, list[str], Promise[Any]]:
+        """One gang of a compiled run, as :meth:`run_plan` keeps it; its
+        outputs (or its failure) go into ``made`` for the gangs after it."""
+        held: list[str] = []
+        given = gang.given(values, made)
+        if self.runs_alone(gang):  # no barrier, no inbox, no push: the lean path
+            gang_id = f"{prefix}/{gang.node}"
+            out = await self.run_alone(gang, gang_id, given, owner)
+        else:
+            task = gang.task(epoch, self.host_id, self.device_id)
+            gang_id = task.gang_id
+            out = await self._planned_gang(task, given, owner, held)
+            early = out.exception() if out.done() else None
+            if early is not None:  # failed before pushing
+                await self.pusher.fail(task.push, portable(early, gang_id))
+        if isinstance(out, Made):
+            made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
+            if any(gang.keep):  # outputs of the program: later runs may read them
+                self._keep_earlier(epoch, gang.node, out.outputs)
+        elif out.done():  # failed: so do the readers of its outputs here
+            made.update(((gang.node, o), out) for o in range(len(gang.outputs)))
+            self._keep_earlier(epoch, gang.node, out.exception(), len(gang.outputs))
+        return gang, gang_id, held, out
+
+    def _release(
+        self,
+        steps: Iterable[int],
+        release: list[list[int]],
+        ran: dict[int, tuple[PlannedGang, str, list[str], Promise[Any]]],
+        report: RunReport,
+        passed: dict[int, list[str]],
+        program: DeviceProgram,
+    ) -> None:
+        """``steps`` took their inputs: report and free what they read last
+        (a fused gang's outputs are its segment's: those passed on are freed)."""
+        for step in steps:
+            for done in release[step]:
+                if done in ran:
+                    gang, gang_id, held, out = ran[done]
+                    report_and_free = functools.partial(self._planned, gang, gang_id, held, report)
+                    out.add_done_callback(report_and_free)
+                for buffer_id in passed.pop(program.gangs[done].node, ()):
+                    with suppress(BufferMissing):
+                        self.store.decref(buffer_id)
+
+    async def run_segment(
+        self,
+        segment: Any,
+        epoch: int,
+        values: dict[int, Any],
+        made: dict[tuple[int, int] | None, Any],
+        owner: str,
+        report: RunReport,
+        passed: dict[int, list[str]],
+    ) -> bool:
+        """Gangs run as one computation (a device that fuses them, see
+        :meth:`fused_segments`): their outputs into ``made``, the program's
+        into ``report``, the others' ids into ``passed`` (by node); False:
+        run them gang by gang."""
+        return False
+
+    def fused_segments(self, program: DeviceProgram) -> dict[int, Any]:
+        """The segments of ``program`` this device runs as one computation
+        each, by their first gang's index (none here)."""
+        return {}
 
     def _keep_earlier(
         self,
@@ -293,13 +360,16 @@ class Device(Actor):
         node: int,
         outputs: Sequence[BufferHandle] | BaseException | None,
         count: int = 0,
+        offset: int = 0,
     ) -> None:
-        """Keep a compiled run's gang's outputs (or its error) for later runs."""
+        """Keep a compiled run's gang's outputs (from output ``offset`` on), or
+        its error (for ``count`` outputs), for later runs."""
         if isinstance(outputs, BaseException) or outputs is None:
             error = outputs or AtollError(f"run {run} node {node} failed")
             self._earlier.update(((run, node, o), error) for o in range(count))
         else:  # copies: in one process the client counts the handles it holds
-            self._earlier.update(((run, node, o), copy.copy(h)) for o, h in enumerate(outputs))
+            kept = enumerate(outputs, offset)
+            self._earlier.update(((run, node, o), copy.copy(h)) for o, h in kept)
         while len(self._earlier) > EARLIER_KEPT:
             del self._earlier[next(iter(self._earlier))]
 

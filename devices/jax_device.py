@@ -45,6 +45,7 @@ store, reference-counted and owner-labelled.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -62,12 +63,15 @@ from ._device import Device, Made
 from ._gang import GangTask, PushTarget
 from ._host import Host
 from ._inflight import WINDOW, InFlight
+from ._jax_fused import FusedSegment, SegmentCache, fusing, segments
 from ._jax_kernel import JaxKernel
-from ._plan import PUSHED_IN, Earlier, PlannedGang, portable
+from ._plan import PUSHED_IN, DeviceProgram, Earlier, PlannedGang, RunReport, portable, run_key
 from ._store import BufferMissing
 from ._values import BufferHandle, Computation
 
 __all__ = ["JaxDevice", "JaxHost", "JaxKernel"]
+
+_log = logging.getLogger(__name__)
 
 _KERNELS_KEPT = 1024  # executables a device finds by kernel object (beside its cache)
 
@@ -99,6 +103,7 @@ class JaxDevice(Device):
         super().__init__(*args, **kwargs)
         self._cache: dict[tuple[Any, ...], Any] = {}
         self._meshes: dict[tuple[Any, ...], tuple[Mesh, list[NamedSharding]]] = {}
+        self._segments = SegmentCache()  # fused segments' executables
         # executables by kernel object: (kernel, input signature, executable)
         self._by_kernel: dict[int, tuple[Any, Any, _Executable]] = {}
         self.compilations = 0
@@ -200,6 +205,49 @@ class JaxDevice(Device):
         finally:
             if task.collective:
                 await self.arrive(task, "out")
+
+    def fused_segments(self, program: DeviceProgram) -> dict[int, Any]:
+        if not fusing():
+            return {}
+        ranges = segments(program, self.runs_alone)
+        return {start: FusedSegment(program, start, end, self.device) for start, end in ranges}
+
+    async def run_segment(
+        self,
+        segment: Any,
+        epoch: int,
+        values: dict[int, Any],
+        made: dict[tuple[int, int] | None, Any],
+        owner: str,
+        report: RunReport,
+        passed: dict[int, list[str]],
+    ) -> bool:
+        """Gangs of a run as one computation (``devices/_jax_fused.py``)."""
+        try:
+            self.store.ledger.check_open(owner)
+            arrays = []
+            for (kind, where), sharding in zip(segment.sources, segment.in_shardings, strict=True):
+                value = values[where] if kind == "input" else made[where]
+                arrays.append(self._on_device(await self._alone_input(value, owner), sharding))
+            executable = self._segments.executable(segment, arrays, self._compiled_once)
+            ran = _Ran(f"{run_key(epoch)}/{segment.gangs[0].node}+", segment.kernel)
+            handles = await self._enqueue(executable, arrays, owner, segment.name, ran)
+        except Exception as exc:  # gang by gang, each failing on its own (or not at all)
+            _log.debug("%s run gang by gang: %s", segment.name, exc)
+            return False
+        for (node, index), handle in zip(segment.exported, handles, strict=True):
+            made[node, index] = handle
+            if (node, index) in segment.kept:
+                report.outputs[node, index] = handle
+                self._keep_earlier(epoch, node, [handle], offset=index)
+            else:
+                passed.setdefault(node, []).append(handle.id)
+        self.computations += len(segment.gangs)
+        return True
+
+    def _compiled_once(self, compiled: Any) -> _Executable:
+        self.compilations += 1
+        return _Executable.of(compiled)
 
     def runs_alone(self, gang: PlannedGang) -> bool:
         return (

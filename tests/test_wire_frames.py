@@ -50,9 +50,10 @@ async def test_an_awaited_op_by_op_call_costs_three_frames_and_fetch_none() -> N
         assert wire_stats().frames == before.frames
 
 
-async def test_a_small_array_by_value_costs_two_frames_a_call() -> None:
+async def test_a_small_array_by_value_costs_three_frames_a_call() -> None:
     """The array rides in the call and the result in its handle: the call's
-    frame, then the one that finishes the question (capnp's ``Finish``)."""
+    frame, then the one that finishes the question (capnp's ``Finish``); and
+    the free of the result the caller dropped (one ``free_many`` per turn)."""
     async with atoll.local_cluster(1, 1, 1, transport="capnp") as cluster:
         x = np.array(1.0, dtype=np.float32)
         for _ in range(5):
@@ -61,7 +62,7 @@ async def test_a_small_array_by_value_costs_two_frames_a_call() -> None:
         for _ in range(calls):
             x = await cluster.fetch(cluster.run(ADD1, 0, [x]))
         assert float(x) == 56.0
-        assert wire_stats().frames - before.frames <= 2 * calls + 2
+        assert wire_stats().frames - before.frames <= 3 * calls + 2
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "per-gang"])

@@ -1,0 +1,186 @@
+"""Consecutive gangs of a compiled plan as one XLA computation: fused segments.
+
+When a device runs several gangs in a row, each a JAX kernel on that device
+alone that reads only the run's inputs and outputs made earlier on this
+device, and pushes nothing anywhere (the layers of a model on one slice, the
+steps of a chain), it need not dispatch each on its own: it composes their
+functions, in the plan's order, into one function and compiles that once. A
+run then costs one dispatch per segment instead of one per gang, and XLA
+optimizes across the gangs' boundaries: values used only inside a segment
+never exist as buffers. Identical segments (the same kernels, wired the same
+way: the blocks of a long chain) share one executable.
+
+A :class:`FusedSegment` is that function, with what it reads from outside
+(the run's inputs, outputs of earlier gangs), what it gives back (the
+program's outputs among its gangs', and what later gangs read), and the
+shardings each has when run gang by gang, so that the two ways trade arrays
+without a copy.
+
+What a segment gives up, and why it holds at most ``FUSE_MAX`` gangs: the
+timeline shows one gang for it; a computation that fails after it was
+enqueued fails every output of the segment; and a plan's first run compiles
+each new kind of segment. A segment that fails as it is enqueued (a kernel
+that raises, an input that failed) runs again gang by gang, so that errors
+reach only the gangs that read them. ``ATOLL_FUSE=0`` turns fusing off (for
+A/B runs).
+
+Nothing here is asynchronous: ``JaxDevice.run_segment`` carries it out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from ._plan import DeviceProgram, PlannedGang
+
+__all__ = ["FUSE_MAX", "FusedSegment", "SegmentCache", "fusing", "segments"]
+
+FUSE_MAX = 64  # gangs a fused segment holds at most
+
+# where a segment input comes from: ("input", program input) or ("made", (node, output))
+Source = tuple[str, Any]
+
+
+def fusing() -> bool:
+    """Whether devices fuse what they can (``ATOLL_FUSE``, on by default)."""
+    return os.environ.get("ATOLL_FUSE", "1") != "0"
+
+
+def segments(
+    program: DeviceProgram, eligible: Callable[[PlannedGang], bool]
+) -> list[tuple[int, int]]:
+    """The ``(start, end)`` ranges of ``program``'s gangs to fuse: runs of at
+    least two consecutive ``eligible`` gangs, cut every ``FUSE_MAX``."""
+    out: list[tuple[int, int]] = []
+    start = None
+    for index, gang in enumerate([*program.gangs, None]):
+        if gang is not None and eligible(gang) and (start is None or index - start < FUSE_MAX):
+            start = index if start is None else start
+            continue
+        if start is not None and index - start >= 2:
+            out.append((start, index))
+        start = index if gang is not None and eligible(gang) else None
+    return out
+
+
+class FusedSegment:
+    """Gangs ``start`` to ``end`` of ``program`` composed into one function
+    over its ``sources``, returning the values in ``exported``."""
+
+    def __init__(self, program: DeviceProgram, start: int, end: int, device: jax.Device) -> None:
+        self.start, self.end = start, end
+        self.gangs = program.gangs[start:end]
+        inside = {gang.node for gang in self.gangs}
+        self.sources: list[Source] = []
+        for gang in self.gangs:
+            for i, src in enumerate(gang.inputs):
+                source: Source = ("input", src) if src >= 0 else ("made", gang.local[i])
+                if source[0] == "made" and source[1][0] in inside:
+                    continue
+                if source not in self.sources:
+                    self.sources.append(source)
+        later = {s for gang in program.gangs[end:] for s in gang.local if s is not None}
+        self.exported = [
+            (gang.node, o)
+            for gang in self.gangs
+            for o, keep in enumerate(gang.keep)
+            if keep or (gang.node, o) in later
+        ]
+        self.kept = {(gang.node, o) for gang in self.gangs for o, k in enumerate(gang.keep) if k}
+        self.name = f"{len(self.gangs)} gangs, fused"
+        self.kernel = self  # what a timeline names a gang by (``.name``)
+        self.in_shardings, self.out_shardings = _shardings(self, device)
+        self.shape = self._shape()
+
+    def __call__(self, *arrays: Any) -> list[Any]:
+        """The gangs in order, on traced values (inside ``jax.jit``)."""
+        values: dict[Any, Any] = {}  # by Source, and by (node, output) once made here
+        values.update(zip(self.sources, arrays, strict=True))
+        for gang in self.gangs:
+            args = [
+                _value(values, src, gang.local[i] if src < 0 else None)
+                for i, src in enumerate(gang.inputs)
+            ]
+            values.update(((gang.node, o), out) for o, out in enumerate(gang.kernel.fn(*args)))
+        return [values[key] for key in self.exported]
+
+    def _shape(self) -> tuple[Any, ...]:
+        """What makes two segments the same function: their kernels (by
+        object), how each gang's inputs are wired (a source's place, or an
+        earlier gang's output by distance), and which outputs leave."""
+        first = self.gangs[0].node
+        position = {gang.node: k for k, gang in enumerate(self.gangs)}
+        wiring: list[tuple[Any, ...]] = []
+        for gang in self.gangs:
+            for i, src in enumerate(gang.inputs):
+                local = gang.local[i] if src < 0 else None
+                if local is not None and local[0] in position:
+                    wiring.append(("gang", position[local[0]], local[1]))
+                else:
+                    source = ("input", src) if src >= 0 else ("made", local)
+                    wiring.append(("source", self.sources.index(source)))
+        leaving = tuple((node - first, o) for node, o in self.exported)
+        return (tuple(id(g.kernel) for g in self.gangs), tuple(wiring), leaving)
+
+
+def _value(values: dict[Any, Any], src: int, local: tuple[int, int] | None) -> Any:
+    """An input of a gang inside a segment: a program input, an output made
+    inside the segment, or one made before it (a source)."""
+    if src >= 0:
+        return values["input", src]
+    return values[local] if local in values else values["made", local]
+
+
+class SegmentCache:
+    """Compiled segments, shared by segments of one shape (the kernels held,
+    so that an id in a shape is never another kernel's)."""
+
+    def __init__(self) -> None:
+        self._compiled: dict[tuple[Any, ...], tuple[list[Any], Any]] = {}
+
+    def executable(
+        self, segment: FusedSegment, arrays: Sequence[Any], build: Callable[[Any], Any]
+    ) -> Any:
+        """``segment`` compiled for ``arrays`` (``build(compiled)`` makes what
+        the device keeps of it), compiled on first use of that shape."""
+        key = (segment.shape, tuple((a.shape, a.dtype) for a in arrays))
+        found = self._compiled.get(key)
+        if found is None:
+            jitted = jax.jit(
+                segment, in_shardings=segment.in_shardings, out_shardings=segment.out_shardings
+            )
+            kernels = [gang.kernel for gang in segment.gangs]
+            found = self._compiled[key] = (kernels, build(jitted.lower(*arrays).compile()))
+        return found[1]
+
+
+def _shardings(
+    segment: FusedSegment, device: jax.Device
+) -> tuple[list[NamedSharding], list[NamedSharding]]:
+    """Each source's sharding as its first reader takes it, each exported
+    output's as its gang makes it (on this one device, all are the same
+    placement)."""
+    meshes: dict[tuple[Any, ...], Mesh] = {}
+
+    def mesh_of(gang: PlannedGang) -> Mesh:
+        key = (gang.mesh_shape, gang.axis_names)
+        if key not in meshes:
+            meshes[key] = Mesh(np.array([device]).reshape(gang.mesh_shape), gang.axis_names)
+        return meshes[key]
+
+    first: dict[Source, NamedSharding] = {}
+    made: dict[tuple[int, int], NamedSharding] = {}
+    for gang in segment.gangs:
+        mesh = mesh_of(gang)
+        for i, (src, spec) in enumerate(zip(gang.inputs, gang.kernel.in_specs, strict=True)):
+            source: Source = ("input", src) if src >= 0 else ("made", gang.local[i])
+            first.setdefault(source, NamedSharding(mesh, spec))
+        for o, spec in enumerate(gang.kernel.out_specs):
+            made[gang.node, o] = NamedSharding(mesh, spec)
+    return [first[s] for s in segment.sources], [made[key] for key in segment.exported]
