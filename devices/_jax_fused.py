@@ -35,8 +35,9 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
+from ._jax_kernel import JaxKernel
 from ._plan import DeviceProgram, PlannedGang
 
 __all__ = ["FUSE_MAX", "FusedSegment", "SegmentCache", "fusing", "segments"]
@@ -107,7 +108,7 @@ class FusedSegment:
                 _value(values, src, gang.local[i] if src < 0 else None)
                 for i, src in enumerate(gang.inputs)
             ]
-            values.update(((gang.node, o), out) for o, out in enumerate(gang.kernel.fn(*args)))
+            values.update(((gang.node, o), out) for o, out in enumerate(_call(gang, args)))
         return [values[key] for key in self.exported]
 
     def _shape(self) -> tuple[Any, ...]:
@@ -127,6 +128,15 @@ class FusedSegment:
                     wiring.append(("source", self.sources.index(source)))
         leaving = tuple((node - first, o) for node, o in self.exported)
         return (tuple(id(g.kernel) for g in self.gangs), tuple(wiring), leaving)
+
+
+def _call(gang: PlannedGang, args: Sequence[Any]) -> list[Any]:
+    """A gang's function on traced values: its flat outputs (a JAX kernel's
+    list, or a ``Computation``'s one output)."""
+    if isinstance(gang.kernel, JaxKernel):
+        outs: list[Any] = gang.kernel.fn(*args)
+        return outs
+    return [gang.kernel.fn(*args)]
 
 
 def _value(values: dict[Any, Any], src: int, local: tuple[int, int] | None) -> Any:
@@ -160,27 +170,30 @@ class SegmentCache:
         return found[1]
 
 
-def _shardings(
-    segment: FusedSegment, device: jax.Device
-) -> tuple[list[NamedSharding], list[NamedSharding]]:
+def _shardings(segment: FusedSegment, device: jax.Device) -> tuple[list[Sharding], list[Sharding]]:
     """Each source's sharding as its first reader takes it, each exported
     output's as its gang makes it (on this one device, all are the same
     placement)."""
     meshes: dict[tuple[Any, ...], Mesh] = {}
+    alone = SingleDeviceSharding(device)  # a Computation's, in and out
 
-    def mesh_of(gang: PlannedGang) -> Mesh:
+    def shardings(gang: PlannedGang, specs: Sequence[Any]) -> list[Sharding]:
+        if not isinstance(gang.kernel, JaxKernel):
+            return [alone] * len(specs)
         key = (gang.mesh_shape, gang.axis_names)
         if key not in meshes:
             meshes[key] = Mesh(np.array([device]).reshape(gang.mesh_shape), gang.axis_names)
-        return meshes[key]
+        return [NamedSharding(meshes[key], spec) for spec in specs]
 
-    first: dict[Source, NamedSharding] = {}
-    made: dict[tuple[int, int], NamedSharding] = {}
+    first: dict[Source, Sharding] = {}
+    made: dict[tuple[int, int], Sharding] = {}
     for gang in segment.gangs:
-        mesh = mesh_of(gang)
-        for i, (src, spec) in enumerate(zip(gang.inputs, gang.kernel.in_specs, strict=True)):
+        kernel = gang.kernel
+        jax_kernel = isinstance(kernel, JaxKernel)
+        ins = shardings(gang, kernel.in_specs if jax_kernel else gang.inputs)
+        outs = shardings(gang, kernel.out_specs if jax_kernel else gang.outputs)
+        for i, (src, sharding) in enumerate(zip(gang.inputs, ins, strict=True)):
             source: Source = ("input", src) if src >= 0 else ("made", gang.local[i])
-            first.setdefault(source, NamedSharding(mesh, spec))
-        for o, spec in enumerate(gang.kernel.out_specs):
-            made[gang.node, o] = NamedSharding(mesh, spec)
+            first.setdefault(source, sharding)
+        made.update(((gang.node, o), sharding) for o, sharding in enumerate(outs))
     return [first[s] for s in segment.sources], [made[key] for key in segment.exported]

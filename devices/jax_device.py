@@ -209,8 +209,12 @@ class JaxDevice(Device):
     def fused_segments(self, program: DeviceProgram) -> dict[int, Any]:
         if not fusing():
             return {}
-        ranges = segments(program, self.runs_alone)
-        return {start: FusedSegment(program, start, end, self.device) for start, end in ranges}
+        try:
+            ranges = segments(program, self.runs_alone)
+            return {start: FusedSegment(program, start, end, self.device) for start, end in ranges}
+        except Exception:  # fusing is an optimization: run such a plan gang by gang
+            _log.exception("plan %s cannot be fused", program.plan_id)
+            return {}
 
     async def run_segment(
         self,

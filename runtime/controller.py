@@ -77,9 +77,9 @@ class Controller(Actor):
 
     ``push``: in parallel dispatch, whether each producer sends its outputs
     straight to the hosts of their readers (who then start without waiting
-    for the controller to hear of the producer). None, the default, pushes
-    when hosts are processes of their own, where that saves round trips; in
-    one process the promise path is already immediate.
+    for the controller to hear of the producer). None, the default, pushes:
+    compiled plans, every run's path, need it (a reader on the producer's
+    own device takes the value where it is).
     """
 
     def __init__(
@@ -122,16 +122,17 @@ class Controller(Actor):
 
     @endpoint
     def set_push(self, push: bool | None) -> bool:
-        """Turn pushing on or off (None: automatic); returns the setting in force."""
+        """Turn pushing on or off (None: on); returns the setting in force. Off,
+        no plan compiles: every run goes gang by gang, inputs as promises."""
         self.push = True if push is None else push
         return self.push
 
     @endpoint
     def set_compile(self, compile_: bool | None) -> bool:
         """Run programs as compiled plans, one message per device per run,
-        or not (None: automatic, when hosts are processes of their own);
-        returns the setting in force. Plans that cannot compile (gangs over
-        several devices, or over several islands) are dispatched per gang."""
+        or not (None: on); returns the setting in force. Plans that cannot
+        compile (collective gangs over several devices, or several islands)
+        are dispatched per gang."""
         self.compile = True if compile_ is None else compile_
         return self.compile
 

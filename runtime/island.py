@@ -377,3 +377,4 @@ def _forget_failed(plans: set[int], plan_id: int, sent: Promise[None]) -> None:
     """An install that failed: the next run of the plan sends it again."""
     if sent.exception() is not None:
         plans.discard(plan_id)
+        _log_failed(sent)

@@ -244,3 +244,38 @@ async def test_the_watcher_reports_in_order_with_errors_and_holds_the_window(
     assert reports == [(0, "out of memory"), (1, None), (2, None)]
     assert inflight.count == 0 and inflight.peak == 2
     await inflight.close()
+
+
+@pytest.mark.timeout(120)
+async def test_consecutive_gangs_fuse_and_give_what_they_give_one_by_one(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 16-node program and a 200-link chain on one device: fused (blocks of
+    the chain share one executable) and not, the same values."""
+    results = []
+    for fuse in ("1", "0"):
+        monkeypatch.setenv("ATOLL_FUSE", fuse)
+        async with atoll.local_cluster(1, 1, 1, device_cls=JaxDevice) as cluster:
+            devices = await cluster.devices(1)
+            f = devices.jit(step, name="step")
+
+            @atoll.program
+            def program(x: Any, w: Any) -> Any:
+                for _ in range(16):
+                    x = f(x, w)
+                return x
+
+            w = cluster.run(devices.jit(lambda a: a), W).refs
+            x = cluster.run(program, X, w).refs
+            for _ in range(200):
+                x = cluster.run(f, x, w).refs
+            results.append(await cluster.fetch(x))
+            device = cluster.system._cells[cluster.device_ref(0).id].instance
+            assert isinstance(device, JaxDevice)
+            fused = [s for segments in device._fused.values() for s in segments.values()]
+            if fuse == "1":
+                assert fused and device.compilations <= 6, device.compilations
+            else:
+                assert not fused
+    np.testing.assert_allclose(results[0], expected(216), rtol=1e-5)
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
