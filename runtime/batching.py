@@ -45,7 +45,7 @@ from ..kernel import Promise
 from ..kernel.lowlevel import call_soon
 from .graph import Graph, GraphBuilder, SliceSpec, ValueRef
 
-__all__ = ["UNKNOWN_AVAL", "RunBatcher", "device_of_slice", "device_slice"]
+__all__ = ["UNKNOWN_AVAL", "RunBatcher", "call_graph", "device_of_slice", "device_slice"]
 
 # A run's output has no shape known ahead: its placeholder in a batch's graph.
 UNKNOWN_AVAL = Aval((0,), "uint8")
@@ -62,6 +62,15 @@ def device_of_slice(slice_id: int) -> int | None:
     return -1 - slice_id if slice_id < 0 else None
 
 
+def call_graph(computation: Computation, device: int, args: Sequence[Any]) -> Graph:
+    """A low-level call as a graph: one node on a slice pinned to ``device``,
+    reading ``args`` (values, handles or promises) as the graph's inputs."""
+    builder = GraphBuilder()
+    refs = [builder.input(_aval(arg)) for arg in args]
+    [out] = builder.add(computation, device_slice(device), refs, [UNKNOWN_AVAL], computation.name)
+    return builder.build([out])
+
+
 @dataclass(frozen=True)
 class _Made:
     """An input that is output ``output`` of the batch's run ``run``."""
@@ -76,6 +85,7 @@ class _Run:
     inputs: list[Any]  # values, handles, outside promises, or _Made
     temporary: list[int]  # inputs put only for this run, freed after it
     outputs: list[weakref.ref[Promise[BufferHandle]]]  # one per graph output
+    call: tuple[Computation, int] | None = None  # a low-level call: (computation, device)
 
 
 @dataclass
@@ -90,6 +100,9 @@ class _Batch:
 # What sends a batch: (graph, inputs, temporary, owner, the promises that are
 # to follow the graph's outputs).
 SendGraph = Callable[[Graph, list[Any], list[int], str, Sequence[Promise[Any]]], None]
+# What sends one low-level call on its own: (computation, device, inputs,
+# temporary, owner, the promise of its output); the controller makes its graph.
+SendCall = Callable[[Computation, int, list[Any], list[int], str, Promise[Any]], None]
 
 
 def _batching() -> bool:
@@ -100,11 +113,16 @@ def _batching() -> bool:
 class RunBatcher:
     """Collects one client's runs per loop turn (see the module docstring).
 
-    ``send_graph`` is the client's way to the controller.
+    ``send_graph`` is the client's way to the controller; ``send_call`` its
+    way for a low-level call that goes on its own (the controller builds, and
+    keeps, its one-node graph: nothing but the call crosses the wire).
     """
 
-    def __init__(self, send_graph: SendGraph, batching: bool | None = None) -> None:
+    def __init__(
+        self, send_graph: SendGraph, send_call: SendCall, batching: bool | None = None
+    ) -> None:
         self._send_graph = send_graph
+        self._send_call = send_call
         self._batch: _Batch | None = None
         self._batching = batching if batching is not None else _batching()
 
@@ -118,14 +136,10 @@ class RunBatcher:
     ) -> Promise[BufferHandle]:
         """Queue one low-level call (``args`` as the client resolved them): a
         graph of one node on a slice pinned to ``device``; its promise."""
-        builder = GraphBuilder()
-        refs = [builder.input(_aval(arg)) for arg in args]
-        [out] = builder.add(
-            computation, device_slice(device), refs, [UNKNOWN_AVAL], computation.name
-        )
         promise: Promise[BufferHandle] = Promise(f"run {computation.name}")
         kept = [i for i, temp in enumerate(temporary) if temp]
-        self.add_graph(builder.build([out]), list(args), kept, owner, [promise])
+        graph = call_graph(computation, device, args)
+        self.add_graph(graph, list(args), kept, owner, [promise], (computation, device))
         return promise
 
     def add_graph(
@@ -135,9 +149,10 @@ class RunBatcher:
         temporary: list[int],
         owner: str,
         outputs: Sequence[Promise[BufferHandle]],
+        call: tuple[Computation, int] | None = None,
     ) -> None:
         """Queue one run of ``graph``; ``outputs`` (a promise per graph output)
-        follow its outputs once it is sent."""
+        follow its outputs once it is sent. ``call``: it is a low-level call."""
         if self._batch is not None and self._batch.owner != owner:
             self.flush()
         if self._batch is None:
@@ -147,7 +162,8 @@ class RunBatcher:
         batch = self._batch
         mine = [self._made_by(batch, x) for x in inputs]
         index = len(batch.runs)
-        batch.runs.append(_Run(graph, mine, temporary, [weakref.ref(p) for p in outputs]))
+        refs = [weakref.ref(p) for p in outputs]
+        batch.runs.append(_Run(graph, mine, temporary, refs, call))
         for k, promise in enumerate(outputs):
             batch.made[promise] = (index, k)
         if not self._batching:
@@ -169,7 +185,24 @@ class RunBatcher:
             self._send(*_joined(batch.runs), batch.owner)
             return
         for run in batch.runs:  # no chain: one by one, as they came
-            self._send(*_alone(run), batch.owner)
+            promise = run.outputs[0]() if run.call is not None else None
+            if run.call is not None and promise is not None:
+                self._call(run.call, run.inputs, run.temporary, batch.owner, promise)
+            else:
+                self._send(*_alone(run), batch.owner)
+
+    def _call(
+        self,
+        call: tuple[Computation, int],
+        inputs: list[Any],
+        temporary: list[int],
+        owner: str,
+        promise: Promise[BufferHandle],
+    ) -> None:
+        try:
+            self._send_call(*call, inputs, temporary, owner, promise)
+        except Exception as exc:  # nothing was sent: the call fails with why
+            promise.set_exception(exc)
 
     def _send(
         self,

@@ -140,7 +140,7 @@ class Cluster:
         self._devices = devices
         self._hosts = hosts
         # run calls made in one loop turn go as one graph (runtime/batching.py)
-        self._batcher = RunBatcher(self._send_graph)
+        self._batcher = RunBatcher(self._send_graph, self._send_call)
         # what this client's references keep alive (runtime/ownership.py)
         self._refs = Ownership(owner)
         # which run made each output promise handed out: (run tag, output index)
@@ -283,17 +283,32 @@ class Cluster:
         reads are kept until every gang took them. The run is tagged, and so
         are its outputs, so that a later run reading one where it was made
         need not wait for it to come back (``Controller.run_graph``)."""
+        self._sent(inputs, outputs, "run_graph", graph, inputs, temporary, owner)
+
+    def _send_call(
+        self,
+        computation: Computation,
+        device: int,
+        inputs: list[Any],
+        temporary: list[int],
+        owner: str,
+        output: Promise[Any],
+    ) -> None:
+        """One low-level call on its own (``Controller.run_call``)."""
+        self._sent(inputs, [output], "run_call", computation, device, inputs, temporary, owner)
+
+    def _sent(
+        self, inputs: list[Any], outputs: Sequence[Promise[Any]], name: str, *args: Any
+    ) -> None:
+        """Send a run to the controller, tagged: ``outputs`` follow its answer;
+        ``inputs`` are kept until it has read them."""
         tag = f"{self._tag_prefix}/{next(self._tags)}"
         sources = [self._made.get(x) if isinstance(x, Promise) else None for x in inputs]
-        answer = Wire.through(
-            self.wire, self.controller, "run_graph", graph, inputs, temporary, owner, tag, sources
-        )
-        self._refs.reading(inputs, flatten(then(answer, operator.itemgetter(1))))
-        outs = then(answer, operator.itemgetter(0))
+        answer = Wire.through(self.wire, self.controller, name, *args, tag, sources)
+        self._refs.reading(inputs, then(answer, _nothing))  # not its handles: they count
         for i, out in enumerate(outputs):
-            if out is not None:
-                self._made[out] = (tag, i)
-                forward(self._reply(flatten(then(outs, operator.itemgetter(i)))), out)
+            self._made[out] = (tag, i)
+            forward(self._reply(flatten(then(answer, operator.itemgetter(i)))), out)
 
     async def run_graph_sequential(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
         """Sequential dispatch: one node at a time, each after its inputs exist."""
@@ -431,6 +446,10 @@ def _by_value(value: Any) -> np.ndarray | None:
     large for that and must be put on a device first."""
     array = np.asarray(value)
     return read_only(array.copy()) if array.nbytes <= INLINE_VALUE_BYTES else None
+
+
+def _nothing(_: Any) -> None:
+    return None
 
 
 def promise_owner(asked: str, mine: str) -> bool:

@@ -20,8 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..devices import (
     BufferHandle,
+    Computation,
     Device,
     Earlier,
     GangTask,
@@ -45,7 +48,7 @@ from ..kernel import (
     forward,
     then,
 )
-from .batching import device_of_slice
+from .batching import call_graph, device_of_slice
 from .graph import Graph, Node, ValueRef
 from .island import IslandScheduler
 from .latency import Wire
@@ -108,6 +111,7 @@ class Controller(Actor):
         self._compiled_runs = 0
         self._gangs = itertools.count()
         self._pending: dict[tuple[str, str], _CompiledRun] = {}  # compiled runs under way
+        self._calls: dict[tuple[Any, ...], Graph] = {}  # low-level calls' graphs, by shape
 
     async def on_start(self) -> None:
         answers = [host.address() for host in self.host_refs]
@@ -227,14 +231,15 @@ class Controller(Actor):
         owner: str = "",
         tag: str = "",
         sources: Sequence[tuple[str, int] | None] = (),
-    ) -> tuple[list[Promise[BufferHandle]], Promise[None]]:
+    ) -> Promise[list[BufferHandle | Promise[BufferHandle]]]:
         """Parallel asynchronous dispatch of a whole graph; returns at once.
 
         Every node goes to its island now, with promises for inputs. Values
         that are not outputs are freed once all their readers ran, and so are
-        the program inputs listed in ``temporary``. Returns the promises of
-        the graph's outputs, and one that settles once every gang has taken
-        its inputs (the caller may free them then).
+        the program inputs listed in ``temporary``. Returns one promise of the
+        graph's outputs (a handle each, or the failed promise of one that
+        failed), which settles once every gang has taken its inputs (the
+        caller may free them then): one answer per run, whatever its size.
 
         ``tag`` names this run for the client, and ``sources`` says, per
         input, which earlier run's output it is (``(tag, output index)``):
@@ -246,8 +251,32 @@ class Controller(Actor):
         compiled = self._compiled_plan(plan_, graph) if self.compile else None
         if compiled is not None:
             earlier = self._earlier_inputs(owner, inputs, sources)
-            return self._run_compiled(compiled, plan_, inputs, owner, tag, earlier)
-        return self._dispatch(plan_, graph, inputs, owner)
+            outs, done = self._run_compiled(compiled, plan_, inputs, owner, tag, earlier)
+        else:
+            outs, done = self._dispatch(plan_, graph, inputs, owner)
+        return _together(outs, done)
+
+    @endpoint(resolve_args=False)
+    def run_call(
+        self,
+        computation: Computation,
+        device: int,
+        inputs: Sequence[Any],
+        temporary: Sequence[int],
+        owner: str = "",
+        tag: str = "",
+        sources: Sequence[tuple[str, int] | None] = (),
+    ) -> Promise[list[BufferHandle | Promise[BufferHandle]]]:
+        """A low-level call, ``computation`` on physical ``device``: what
+        :meth:`run_graph` does with its graph of one node, which is made here
+        (and kept, by the call's shape) so that only the call travels."""
+        key = (computation, device, tuple(_input_kind(x) for x in inputs))
+        graph = self._calls.get(key)
+        if graph is None:
+            graph = self._calls[key] = call_graph(computation, device, inputs)
+            while len(self._calls) > _CALLS_KEPT:
+                del self._calls[next(iter(self._calls))]
+        return self.run_graph(graph, inputs, temporary, owner, tag, sources)
 
     def _earlier_inputs(
         self, owner: str, inputs: Sequence[Any], sources: Sequence[tuple[str, int] | None]
@@ -548,6 +577,30 @@ class _CompiledRun:
     outs: list[Promise[BufferHandle]]
     done: Promise[None]  # every device's report settled (its gangs took their inputs)
     earlier: dict[int, tuple[int, Earlier]]  # inputs the device that made them keeps
+
+
+_CALLS_KEPT = 1024  # one-node graphs of low-level calls kept (by shape)
+
+
+def _input_kind(value: Any) -> tuple[Any, ...]:
+    """What of a call's input its graph depends on: an array's shape and dtype."""
+    if isinstance(value, np.ndarray):
+        return (tuple(value.shape), str(value.dtype))
+    return ()
+
+
+def _together(
+    outs: Sequence[Promise[BufferHandle]], done: Promise[None]
+) -> Promise[list[BufferHandle | Promise[BufferHandle]]]:
+    """One answer for a run: every output (a handle, or its failed promise),
+    once all of them and ``done`` settled."""
+    answer: Promise[list[BufferHandle | Promise[BufferHandle]]] = Promise("run")
+
+    def settled(_: Promise[None]) -> None:
+        answer.set_result([out.result() if out.exception() is None else out for out in outs])
+
+    all_settled([*outs, done]).add_done_callback(settled)
+    return answer
 
 
 def _output(node: int, index: int, report: RunReport) -> BufferHandle:

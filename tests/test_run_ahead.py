@@ -260,7 +260,7 @@ async def test_consecutive_gangs_fuse_and_give_what_they_give_one_by_one(
             f = devices.jit(step, name="step")
 
             @atoll.program
-            def program(x: Any, w: Any) -> Any:
+            def program(x: Any, w: Any, f: Any = f) -> Any:
                 for _ in range(16):
                     x = f(x, w)
                 return x
