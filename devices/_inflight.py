@@ -96,9 +96,9 @@ class InFlight:
 
     def add(self, outputs: Sequence[Any], done: Done) -> None:
         """Track a gang just enqueued; ``done`` runs on the loop once it finished."""
-        self._settle_ready()
         self._entries.append(_Entry(outputs, done))
         self.peak = max(self.peak, len(self._entries))
+        self._settle_ready()
         self._watch()
 
     async def room(self) -> None:
@@ -144,7 +144,9 @@ class InFlight:
 
     def _watch(self) -> None:
         """Have the thread wait for the newest gang, unless it waits already
-        (or, when the newest is done before an older one, for the oldest)."""
+        (or, when the newest is done before an older one, for the oldest,
+        which :meth:`_settle_ready` just found not done): it only ever waits
+        for a gang that was not done a moment ago."""
         if self._watching or not self._entries or self._closed:
             return
         newest = self._entries[-1]

@@ -591,6 +591,11 @@ async def _serve_host(
             )
             print(f"atoll host {host_id} joined {join}, serving {listener.address}", flush=True)
             logs.set_prefix(f"host {host_id} | ")
+            # what the imports (JAX's many thousand objects) and the start made
+            # leaves the collector's scans: a run's garbage is collected
+            # without walking it (the controller does the same, atoll up)
+            gc.collect()
+            gc.freeze()
             if forward_logs:
                 builder = connection.node.lookup("cluster")
                 send = functools.partial(_forward_log, asyncio.get_running_loop(), builder, host_id)
