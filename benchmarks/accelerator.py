@@ -28,7 +28,9 @@ its own (the XLA flags must be set before JAX starts), plain JAX first.
 Each form runs twice: as atoll runs by default (``fused``: consecutive
 gangs alone on the device run as one computation, ``devices/_jax_fused.py``)
 and ``unfused`` (``ATOLL_FUSE=0``: every gang is dispatched on its own, the
-same work as plain JAX's, so the ratio is atoll's overhead alone).
+same work as plain JAX's, so the ratio is atoll's overhead alone). Each
+variant runs in a process of its own, beside plain JAX measured there (the
+table shows the first variant's plain JAX).
 
 Figures are µs per step, the median of ``--reps`` repetitions, each long
 enough for about ``--seconds`` of plain JAX; the ratio is plain JAX's µs
@@ -226,12 +228,11 @@ def measure_size(
             case = f"{form} {size}² {where}"
             target = TARGETS.get((form, rank))
             rows += [
+                Row("accelerator", case, f"jax{tail}", round(jax_us, 1), "us/step"),
                 Row("accelerator", case, f"atoll{tail}", round(us, 1), "us/step"),
                 Row("accelerator", case, f"ratio{tail}", round(jax_us / us, 3), "jax/atoll"),
                 Row("accelerator", case, f"peak{tail}", peak, "bytes"),
             ]
-            if not variant:
-                rows.append(Row("accelerator", case, "jax", round(jax_us, 1), "us/step"))
             if target is not None and not variant:
                 rows.append(Row("accelerator", case, "target", target, "jax/atoll"))
     return rows
