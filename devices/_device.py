@@ -307,7 +307,7 @@ class Device(Actor):
             made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
             if any(gang.keep):  # outputs of the program: later runs may read them
                 self._keep_earlier(epoch, gang.node, out.outputs)
-        elif out.done():  # failed: so do the readers of its outputs here
+        elif out.done() and out.exception() is not None:  # so do its readers here
             made.update(((gang.node, o), out) for o in range(len(gang.outputs)))
             self._keep_earlier(epoch, gang.node, out.exception(), len(gang.outputs))
         return gang, gang_id, held, out

@@ -279,10 +279,10 @@ class Cluster:
         outputs: Sequence[Promise[Any]],
     ) -> None:
         """One ``run_graph`` call: ``outputs`` (a promise per graph output)
-        follow the graph's outputs; the inputs it
-        reads are kept until every gang took them. The run is tagged, and so
-        are its outputs, so that a later run reading one where it was made
-        need not wait for it to come back (``Controller.run_graph``)."""
+        follow the graph's outputs; the inputs it reads are kept until every
+        gang took them. The run is tagged, and so are its outputs, so that a
+        later run reading one where it was made need not wait for it to come
+        back (``Controller.run_graph``)."""
         self._sent(inputs, outputs, "run_graph", graph, inputs, temporary, owner)
 
     def _send_call(
@@ -399,7 +399,7 @@ class Cluster:
         """Copy a host array onto physical ``device``; returns its handle's
         promise (freed once the promise and the handle are gone, or by hand)."""
         promise = self._put(array, device, owner or self.owner)
-        return self._refs.track(promise) if promise_owner(owner, self.owner) else promise
+        return self._refs.track(promise) if _is_mine(owner, self.owner) else promise
 
     def _put(self, array: Any, device: int, owner: str) -> Promise[BufferHandle]:
         self.topology.device(device)
@@ -452,7 +452,7 @@ def _nothing(_: Any) -> None:
     return None
 
 
-def promise_owner(asked: str, mine: str) -> bool:
+def _is_mine(asked: str, mine: str) -> bool:
     """Whether a buffer made for owner ``asked`` ('' : the client's) is this client's."""
     return not asked or asked == mine
 

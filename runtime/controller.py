@@ -630,10 +630,6 @@ def _default_axes(rank: int) -> tuple[str, ...]:
     return ("x", "y", "z", "w")[:rank] if rank <= 4 else tuple(f"a{i}" for i in range(rank))
 
 
-def _first(handles: list[BufferHandle]) -> BufferHandle:
-    return handles[0]
-
-
 def _free_after(value: Promise[BufferHandle], readers: Sequence[Promise[Any]]) -> None:
     """Drop the value's reference once every reader has run (or failed) and
     the value itself settled (a reader fed by a push may finish first)."""

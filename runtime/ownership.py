@@ -64,6 +64,7 @@ class Ownership:
         self._prune_at: dict[str, int] = {}  # buffer id -> readers before the next prune
         self._handles: set[int] = set()  # ids of the handle objects counted as references
         self._by_hand: set[str] = set()  # freed by the caller: not to be freed again
+        self._dying: set[str] = set()  # released, their free not sent yet
         self._gone: deque[str] = deque()  # collected references' buffers, for the loop
         self._doomed: dict[ActorRef[Any], list[str]] = {}  # to free at the end of the turn
         self._scheduled = False
@@ -87,7 +88,9 @@ class Ownership:
 
     def by_hand(self, handle: BufferHandle) -> None:
         """The caller freed ``handle``'s buffer itself (``cluster.free``)."""
-        self._by_hand.add(handle.id)
+        if handle.id in self._live:
+            self._by_hand.add(handle.id)
+        self._dying.discard(handle.id)
 
     def close(self) -> None:
         """The client went: its buffers are freed with its session, not here."""
@@ -95,6 +98,7 @@ class Ownership:
         self._live.clear()
         self._readers.clear()
         self._doomed.clear()
+        self._dying.clear()
 
     # -- on the loop ---------------------------------------------------------
     def _settled(self, reference: _Reference, promise: Promise[BufferHandle]) -> None:
@@ -111,8 +115,12 @@ class Ownership:
             weakref.finalize(handle, self._handle_collected, id(handle), handle.id)
 
     def _count(self, handle: BufferHandle) -> None:
+        """One more reference to ``handle``'s buffer (one released but not yet
+        freed comes back: a program that passes an input through to an
+        output hands out a new reference to it)."""
         self._live[handle.id] = self._live.get(handle.id, 0) + 1
         self._hosts.setdefault(handle.id, handle.host)
+        self._dying.discard(handle.id)
 
     def _read_by(self, value: Promise[Any], done: Promise[Any]) -> None:
         if value.exception() is None and isinstance(handle := value.result(), BufferHandle):
@@ -146,6 +154,7 @@ class Ownership:
         if self._closed or host is None or buffer_id in self._by_hand:
             self._by_hand.discard(buffer_id)
             return
+        self._dying.add(buffer_id)
         if not readers:
             self._doomed.setdefault(host, []).append(buffer_id)
             return
@@ -159,11 +168,15 @@ class Ownership:
         self._schedule()
 
     def _flush(self) -> None:
-        """One ``free_many`` per host for every buffer doomed this turn."""
+        """One ``free_many`` per host for every buffer doomed this turn (and
+        still released: a reference that came back since keeps it)."""
         doomed, self._doomed = self._doomed, {}
         for host, buffer_ids in doomed.items():
-            self.freed += len(buffer_ids)
-            host.free_many(buffer_ids, self.owner).add_done_callback(_log_unfreed)
+            dying = [b for b in buffer_ids if b in self._dying]
+            self._dying.difference_update(dying)
+            if dying:
+                self.freed += len(dying)
+                host.free_many(dying, self.owner).add_done_callback(_log_unfreed)
 
     def _schedule(self) -> None:
         if not self._scheduled:

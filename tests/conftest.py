@@ -1,8 +1,9 @@
-"""Shared fixtures: every async test runs on asyncio and on trio."""
+"""Shared fixtures: every async test runs on asyncio and on trio; other machines."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,3 +15,16 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     backend: str = request.param
     return backend
+
+
+@pytest.fixture
+def other_machines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every process (this one and the hosts started from here) a machine of its
+    own: large arrays between them take the bulk byte stream, not shared memory."""
+    from atoll.transports import shm
+
+    monkeypatch.setenv("ATOLL_MACHINE_ID", "per-process")
+    shm.machine_id.cache_clear()
+    yield
+    monkeypatch.delenv("ATOLL_MACHINE_ID")
+    shm.machine_id.cache_clear()

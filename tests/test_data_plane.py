@@ -14,7 +14,7 @@ import gc
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -85,16 +85,6 @@ async def until(check: Callable[[], Awaitable[bool]] | Callable[[], bool], what:
         if time.monotonic() > deadline:
             raise AssertionError(f"not within 20 s: {what}")
         await asyncio.sleep(0.05)
-
-
-@pytest.fixture
-def other_machines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every process (this one and the hosts started from here) a machine of its own."""
-    monkeypatch.setenv("ATOLL_MACHINE_ID", "per-process")
-    shm.machine_id.cache_clear()
-    yield
-    monkeypatch.delenv("ATOLL_MACHINE_ID")
-    shm.machine_id.cache_clear()
 
 
 async def _made_and_read(cluster: Cluster) -> tuple[dict[str, list[int]], np.ndarray]:

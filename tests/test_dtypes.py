@@ -11,8 +11,6 @@ Values are compared byte for byte, so NaNs and every bit pattern count.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -20,7 +18,6 @@ import pytest
 import atoll
 from atoll.devices import Computation, CostModel
 from atoll.runtime import Cluster
-from atoll.transports import shm
 from atoll.transports.dtypes import dtype_from_wire, raw_bytes, wire_dtype
 
 pytestmark = pytest.mark.anyio
@@ -113,16 +110,6 @@ async def test_every_dtype_over_host_processes() -> None:
         assert [u["buffers"] for u in usage] == [0, 0]
         assert sum(u["lane_out"] for u in usage) > 0  # small pushes took lanes
         assert sum(u["shm_in"] for u in usage) > 0  # large ones were mapped
-
-
-@pytest.fixture
-def other_machines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Every process a machine of its own: large arrays take the byte stream."""
-    monkeypatch.setenv("ATOLL_MACHINE_ID", "per-process")
-    shm.machine_id.cache_clear()
-    yield
-    monkeypatch.delenv("ATOLL_MACHINE_ID")
-    shm.machine_id.cache_clear()
 
 
 @pytest.mark.timeout(120)

@@ -61,3 +61,24 @@ async def test_a_dropped_input_is_kept_until_its_run_has_read_it() -> None:
         assert await held(cluster) == 2  # out, and the gate's put (the gate holds its handle)
         del gate
         assert await held(cluster) == 1  # x went once read, the put with the gate
+
+
+async def test_an_input_passed_through_to_an_output_stays_with_the_output() -> None:
+    """A program that returns its input: dropping the input keeps the buffer,
+    which the output now names; dropping that frees it."""
+    import atoll.runtime.graph as graphs
+
+    async with atoll.local_cluster(1, 1, 1) as cluster:
+        devices = await cluster.devices(1)
+        builder = graphs.GraphBuilder()
+        x = builder.input(atoll.devices.Aval((4,), "float64"))
+        [y] = builder.add(ADD, devices, [x, x], [atoll.devices.Aval((4,), "float64")])
+        graph = builder.build([x, y])  # x passes through
+        put = cluster.put(np.full(4, 1.0), 0)
+        same, doubled = cluster.run_graph(graph, [put])
+        del put
+        np.testing.assert_array_equal(await cluster.fetch(doubled), np.full(4, 2.0))
+        assert await held(cluster) == 2
+        np.testing.assert_array_equal(await cluster.fetch(same), np.full(4, 1.0))
+        del same
+        assert await held(cluster) == 1

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll.devices import Aval, Computation
+from atoll.devices import MADE_HERE, PUSHED_IN, Aval, Computation
+from atoll.devices._device import _release_points
 from atoll.kernel import AtollError, VirtualClock
 from atoll.runtime import Allocation, GraphBuilder, SliceSpec, Topology
 from atoll.runtime.graph import Graph
-from atoll.runtime.planner import PlanCache, instantiate, plan
+from atoll.runtime.planner import PlanCache, compile_plan, instantiate, plan
 
 AVAL = Aval((4,), "float32")
 TOPOLOGY = Topology.even(islands=1, hosts_per_island=2, devices_per_host=4)
@@ -67,6 +68,29 @@ def test_with_push_each_output_goes_once_to_each_reader_host() -> None:
     assert sorted((p.host, p.readers) for p in a.push) == [(0, ((1, 0),)), (1, ((2, 0),))]
     assert [(p.host, p.readers) for p in b.push] == [(1, ((2, 1),))]
     assert c.push == ()
+
+
+def test_compiled_an_output_its_own_leader_reads_next_stays_where_it_is() -> None:
+    """a -> b on device 0: b takes a's output as it is, with no push; c on
+    device 4 (host 1) still gets a and b pushed."""
+    kernel = Computation("k", np.negative)
+    one = {0: Allocation(0, (0,), 0, "me"), 1: Allocation(1, (0,), 0, "me")}
+    placement = {**one, 2: Allocation(2, (4,), 0, "me")}
+    builder = GraphBuilder()
+    x = builder.input(AVAL)
+    (a,) = builder.add(kernel, SliceSpec(0, (1,), ("x",)), [x], [AVAL], "a")
+    (b,) = builder.add(kernel, SliceSpec(1, (1,), ("x",)), [a], [AVAL], "b")
+    (c,) = builder.add(kernel, SliceSpec(2, (1,), ("x",)), [a, b], [AVAL], "c")
+    graph = builder.build([c])
+    made = plan(graph, placement, TOPOLOGY, ADDRESSES, push=True)
+    compiled = compile_plan(made, graph, 1, ADDRESSES, [None, None])
+    assert compiled is not None
+    first, second = compiled.programs[0].gangs
+    assert second.inputs == (MADE_HERE,) and second.local == ((0, 0),)
+    assert [t.keys for t in first.push] == [("2/0",)]  # to c on host 1 only, not to b
+    [last] = compiled.programs[4].gangs
+    assert last.inputs == (PUSHED_IN, PUSHED_IN) and last.local == ()
+    assert _release_points(compiled.programs[0]) == [[], [0, 1]]  # a: once b took it
 
 
 def test_intermediates_are_freed_after_their_last_reader() -> None:
