@@ -149,9 +149,11 @@ def _value(values: dict[Any, Any], src: int, local: tuple[int, int] | None) -> A
 
 class SegmentCache:
     """Compiled segments, shared by segments of one shape (the kernels held,
-    so that an id in a shape is never another kernel's)."""
+    so that an id in a shape is never another kernel's); the ``kept`` most
+    recently compiled."""
 
-    def __init__(self) -> None:
+    def __init__(self, kept: int = 256) -> None:
+        self._kept = kept
         self._compiled: dict[tuple[Any, ...], tuple[list[Any], Any]] = {}
 
     def executable(
@@ -167,6 +169,8 @@ class SegmentCache:
             )
             kernels = [gang.kernel for gang in segment.gangs]
             found = self._compiled[key] = (kernels, build(jitted.lower(*arrays).compile()))
+            while len(self._compiled) > self._kept:
+                del self._compiled[next(iter(self._compiled))]
         return found[1]
 
 
