@@ -31,7 +31,7 @@ class PushTarget:
 
     output: int
     host_id: int
-    host: Any  # ActorRef[Host] or None; Any keeps devices/_gang free of devices/_base
+    host: Any  # ActorRef[Host] or None; Any keeps devices/_gang free of devices/_host
     address: str
     keys: tuple[str, ...]
 

@@ -1,8 +1,8 @@
 """Producers push outputs straight to their readers' hosts (parallel dispatch).
 
-In one process pushing is off by default (the promise path is immediate), so
-these tests turn it on with ``push=True``; ``test_up``-style process clusters
-push by default, which ``test_chain_over_host_processes_pushes`` checks.
+Pushing is on by default (compiled plans need it); these tests say so with
+``push=True``; ``test_up``-style process clusters push too, which
+``test_chain_over_host_processes_pushes`` checks.
 Store usage is read after the results: frees and pushes reach a host before
 the ``store_usage`` call that follows them on the same link.
 """
