@@ -110,6 +110,8 @@ class JaxDevice(Device):
         self.inflight = InFlight(_block, _is_ready, WINDOW, f"device{self.device_id}")
         self._last_done = 0.0  # perf_counter time the last gang in flight finished
         self._enqueued: set[str] = set()  # gangs run_shard enqueued; the watcher reports them
+        # outputs in flight, by id: the promise that they exist (see _finished)
+        self._futures: dict[int, Promise[None]] = {}
 
     async def on_start(self) -> None:
         """Join the hosts' JAX runtime if there is one, then take the device.
@@ -422,11 +424,17 @@ class JaxDevice(Device):
             for out, (shape, dtype, size) in zip(outs, compiled.outputs, strict=True)
         ]
         began_us = timeline.start()
-        done = functools.partial(self._finished, ready, owner, enqueued, began_us, task)
         if not self.inflight.count and all(out.is_ready() for out in outs):
-            done(None, time.perf_counter())  # it ran inline (small, on a CPU)
-        else:
-            self.inflight.add(outs, done)
+            self._finished(
+                ready, owner, enqueued, began_us, task, (), None, None, time.perf_counter()
+            )
+            return handles  # it ran inline (small, on a CPU)
+        upstream = [p for a in arrays if (p := self._futures.get(id(a))) is not None]
+        self._futures.update((id(out), ready) for out in outs)
+        done = functools.partial(
+            self._finished, ready, owner, enqueued, began_us, task, upstream, outs
+        )
+        self.inflight.add(outs, done)
         return handles
 
     def _finished(
@@ -436,11 +444,17 @@ class JaxDevice(Device):
         enqueued: float,
         began_us: float,
         task: GangTask | _Ran | None,
+        upstream: Sequence[Promise[None]],
+        outs: Sequence[Any] | None,
         error: BaseException | None,
         finished: float,
     ) -> None:
         """The watcher saw a gang finish (on the loop): settle its outputs, and
-        charge its device time, from when it could start to when it ended."""
+        charge its device time, from when it could start to when it ended.
+        A gang that failed because an input in flight with it failed fails
+        with that input's error: the real one, not XLA's word for it."""
+        for out in outs or ():
+            self._futures.pop(id(out), None)
         started = max(enqueued, self._last_done)
         busy = max(0.0, finished - started)
         self._last_done = finished
@@ -452,8 +466,9 @@ class JaxDevice(Device):
             timeline.gang(self.host_id, self.device_id, task, owner, start_us, True, end_us)
         if error is None:
             ready.set_result(None)
-        else:
-            ready.set_exception(portable(error, task.gang_id if task else "computation"))
+            return
+        root = next((e for p in upstream if (e := p.exception()) is not None), None)
+        ready.set_exception(root or portable(error, task.gang_id if task else "computation"))
 
     def ran(self, task: GangTask, owner: str, began: float, busy_s: float, leader: bool) -> None:
         if task.gang_id in self._enqueued:  # the watcher reports it once it finished
