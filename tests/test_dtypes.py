@@ -119,3 +119,24 @@ async def test_ml_dtypes_over_the_byte_stream(other_machines: None) -> None:
             await _round_trips(cluster, dtype, SIZES[-1])
         usage = await cluster.store_usage()
         assert sum(u["stream_in"] for u in usage) > 0
+
+
+def ident(x: np.ndarray) -> np.ndarray:
+    """The identity as a JAX device runs it (host processes import it by name)."""
+    return x
+
+
+@pytest.mark.timeout(180)
+async def test_jax_dtypes_computed_in_a_host_process_come_back_exact() -> None:
+    """Arrays made by a JAX device in a host process (device arrays, not
+    numpy) fetched from there: bfloat16 above 1 MiB among them."""
+    from atoll.devices.jax_device import JaxDevice
+
+    kinds = [np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)]
+    kinds += [np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.bool_), np.dtype(FLOAT8[0])]
+    async with atoll.local_cluster(1, 1, 1, device_cls=JaxDevice, transport="capnp") as cluster:
+        for dtype in kinds:
+            for nbytes in (1 << 10, (2 << 20) + 4096):
+                want = sample(dtype, nbytes)
+                out = cluster.run(Computation("ident", ident), 0, [cluster.put(want, 0)])
+                assert_exact(await cluster.fetch(out), want)
