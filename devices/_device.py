@@ -56,7 +56,7 @@ __all__ = ["PLANS_KEPT", "Device", "Made"]
 _log = logging.getLogger(__name__)
 
 PLANS_KEPT = 256  # compiled plans a device keeps (the controller's plan cache size)
-EARLIER_KEPT = 4096  # outputs of recent runs a device keeps for later runs (Earlier)
+EARLIER_KEPT = 1024  # recent runs whose outputs a device keeps for later runs (Earlier)
 
 
 class Device(Actor):
@@ -103,7 +103,7 @@ class Device(Actor):
         self._fused: dict[int, dict[int, Any]] = {}  # by plan: see fused_segments
         # outputs of compiled runs' gangs led here, by (run, node, output): a
         # handle, or the error the gang failed with (see Earlier)
-        self._earlier: dict[tuple[int, int, int], BufferHandle | BaseException] = {}
+        self._earlier: dict[int, dict[tuple[int, int], BufferHandle | BaseException]] = {}
         self._failed_runs: dict[int, AtollError] = {}  # runs that never ran here, by epoch
 
     @property
@@ -159,6 +159,8 @@ class Device(Actor):
         try:
             outputs = await self._run_here(task, inputs, owner)
         except _InputFailed as failure:  # as it is, not boxed
+            if task.made is not None and self.device_id == task.leader:
+                self._keep_earlier(*task.made, failure.error, len(task.outputs))
             return failed(failure.error)
         leader = self.device_id == task.leader
         if leader and task.made is not None:  # a compiled run's gang, sent gang by gang
@@ -364,19 +366,21 @@ class Device(Actor):
     ) -> None:
         """Keep a compiled run's gang's outputs (from output ``offset`` on), or
         its error (for ``count`` outputs), for later runs."""
+        kept = self._earlier.get(run)
+        if kept is None:  # the runs kept are the most recent (a run's outputs, all of them)
+            kept = self._earlier[run] = {}
+            while len(self._earlier) > EARLIER_KEPT:
+                del self._earlier[next(iter(self._earlier))]
         if isinstance(outputs, BaseException) or outputs is None:
             error = outputs or AtollError(f"run {run} node {node} failed")
-            self._earlier.update(((run, node, o), error) for o in range(count))
+            kept.update(((node, o), error) for o in range(count))
         else:  # copies: in one process the client counts the handles it holds
-            kept = enumerate(outputs, offset)
-            self._earlier.update(((run, node, o), copy.copy(h)) for o, h in kept)
-        while len(self._earlier) > EARLIER_KEPT:
-            del self._earlier[next(iter(self._earlier))]
+            kept.update(((node, o), copy.copy(h)) for o, h in enumerate(outputs, offset))
 
     def earlier(self, value: Earlier) -> BufferHandle | Promise[BufferHandle]:
         """The output an ``Earlier`` names, as this device kept it (raising the
         error its gang failed with); else its promise."""
-        found = self._earlier.get(value.key)
+        found = self._earlier.get(value.run, {}).get((value.node, value.index))
         if found is None and value.value is not None:
             promise: Promise[BufferHandle] = as_promise(value.value)
             return promise

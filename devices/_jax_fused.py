@@ -115,7 +115,6 @@ class FusedSegment:
         """What makes two segments the same function: their kernels (by
         object), how each gang's inputs are wired (a source's place, or an
         earlier gang's output by distance), and which outputs leave."""
-        first = self.gangs[0].node
         position = {gang.node: k for k, gang in enumerate(self.gangs)}
         wiring: list[tuple[Any, ...]] = []
         for gang in self.gangs:
@@ -126,7 +125,7 @@ class FusedSegment:
                 else:
                     source = ("input", src) if src >= 0 else ("made", local)
                     wiring.append(("source", self.sources.index(source)))
-        leaving = tuple((node - first, o) for node, o in self.exported)
+        leaving = tuple((position[node], o) for node, o in self.exported)
         return (tuple(id(g.kernel) for g in self.gangs), tuple(wiring), leaving)
 
 

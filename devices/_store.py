@@ -44,6 +44,7 @@ __all__ = ["BufferMissing", "ObjectStore", "StoreFull"]
 _SETTLED_KEPT = 4096  # settled inbox keys remembered, to drop late notices for them
 
 
+_FAILED_KEPT = 1024  # buffers dropped after their computation failed, remembered with why
 HOLD_TTL_S = 30.0  # a hold for a push not taken within this lapses
 
 
@@ -100,6 +101,9 @@ class ObjectStore:
         self._settled: dict[str, None] = {}  # oldest first, at most _SETTLED_KEPT
         self.ledger = OwnerLedger()  # per-owner bytes, device time and quotas
         self._holds: dict[int, tuple[int, float]] = {}  # id -> (bytes, lapses at)
+        # buffers dropped because their computation failed, oldest first: a
+        # reader that comes later gets that error, not BufferMissing
+        self._failed: dict[str, Promise[None]] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -240,23 +244,36 @@ class ObjectStore:
         return peak
 
     def get(self, buffer_id: str) -> Any:
+        """The array of ``buffer_id`` (raising why it was never made, if its
+        computation failed and it was dropped since)."""
+        failed = self._failed.get(buffer_id)
+        if failed is not None and buffer_id not in self._entries:
+            raise failed.exception() or BufferMissing(buffer_id)
         return self._entry(buffer_id).array
 
     def pending(self, buffer_id: str) -> Promise[None] | None:
         """The promise that buffer ``buffer_id`` exists, while an accelerator
         still computes it (or after it failed); None once it is there."""
-        ready = self._entry(buffer_id).ready
+        ready = self._ready(buffer_id)
         return None if ready is None or (ready.done() and ready.exception() is None) else ready
 
     def failure(self, buffer_id: str) -> BaseException | None:
         """Why buffer ``buffer_id`` will never exist, once that is known."""
-        ready = self._entry(buffer_id).ready
-        return None if ready is None else ready.exception()
+        ready = self._ready(buffer_id)
+        return None if ready is None or not ready.done() else ready.exception()
+
+    def _ready(self, buffer_id: str) -> Promise[None] | None:
+        entry = self._entries.get(buffer_id)
+        if entry is None and buffer_id in self._failed:
+            return self._failed[buffer_id]
+        return self._entry(buffer_id).ready
 
     def check_owner(self, buffer_id: str, asker: str) -> None:
         """Raise ``NotYours`` unless session ``asker`` ('' : the runtime) may
         use buffer ``buffer_id`` (see ``devices/_ledger.py``)."""
         entry = self._entries.get(buffer_id)
+        if entry is None and buffer_id in self._failed:
+            return  # its readers get the error it failed with
         if entry is None:
             self._entry(buffer_id)  # raises BufferMissing
         else:
@@ -378,6 +395,10 @@ class ObjectStore:
 
     def _drop(self, buffer_id: str) -> None:
         entry = self._entries.pop(buffer_id)
+        if entry.ready is not None and entry.ready.done() and entry.ready.exception():
+            self._failed[buffer_id] = entry.ready
+            while len(self._failed) > _FAILED_KEPT:
+                del self._failed[next(iter(self._failed))]
         self.used_bytes -= entry.nbytes
         self.ledger.removed(entry.owner, entry.nbytes)
         if entry.segment is not None:

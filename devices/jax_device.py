@@ -57,7 +57,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..kernel import Promise, all_settled, endpoint, failed, forward
+from ..kernel import ActorStopped, Promise, all_settled, endpoint, failed, forward
 from . import _jax_multi, timeline
 from ._device import Device, Made
 from ._gang import GangTask, PushTarget
@@ -403,7 +403,8 @@ class JaxDevice(Device):
         self.store.ledger.check(owner, nbytes)
         await self.store.reserve(nbytes)
         enqueued = time.perf_counter()
-        try:
+        try:  # the session may have ended while this waited; from here on, no await
+            self.store.ledger.check_open(owner)
             outs = compiled(*arrays)
         except BaseException:
             self.store.unreserve(nbytes)
@@ -513,10 +514,11 @@ class JaxDevice(Device):
                 self.pusher.drop(outputs)
                 raise
             forward(await self.pusher.push(targets, outputs, owner, held), pushed)
-        except BaseException as exc:
+        except Exception as exc:
             pushed.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
+        except BaseException:  # cancelled: the device stopped
+            pushed.set_exception(ActorStopped(f"device {self.device_id} stopped"))
+            raise
 
     def _pending(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
         """One promise that every output here exists (None: they all do)."""

@@ -185,10 +185,10 @@ class IslandScheduler(Actor):
         other outputs as ``held`` (the controller frees them once the whole
         run is over). A gang that fails fails its readers' inboxes at once."""
         self.gang_by_gang += 1
-        values: dict[int, Any] = {}
+        values: dict[int, dict[int, Any]] = {}  # per device: an Earlier is its own
         planned: dict[int, PlannedGang] = {}
         for device, program in compiled.programs.items():
-            values.update(zip(program.inputs, inputs.get(device, ()), strict=True))
+            values[device] = dict(zip(program.inputs, inputs.get(device, ()), strict=True))
             planned.update((gang.node, gang) for gang in program.gangs)
         reports: dict[int, RunReport] = {}
         ran: dict[int, list[Promise[Any]]] = {}
@@ -196,7 +196,7 @@ class IslandScheduler(Actor):
         for node, devices in compiled.gangs:
             gang, leader = planned[node], devices[0]
             task = gang.task(epoch, gang.host, leader)
-            result = self.submit_gang(task, gang.given(values, made), owner, weight)
+            result = self.submit_gang(task, gang.given(values[leader], made), owner, weight)
             made.update(
                 ((node, o), then(result, operator.itemgetter(o))) for o in range(len(gang.outputs))
             )

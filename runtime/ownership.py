@@ -128,7 +128,10 @@ class Ownership:
 
     def _add_reader(self, buffer_id: str, done: Promise[Any]) -> None:
         """One more run reading ``buffer_id``; the ones that took it are let go
-        of now and then (a buffer every step reads, a weight, gathers many)."""
+        of now and then (a buffer every step reads, a weight, gathers many).
+        A buffer nobody here holds (a temporary put) is not tracked."""
+        if buffer_id not in self._live:
+            return
         readers = self._readers.setdefault(buffer_id, [])
         readers.append(done)
         if len(readers) >= self._prune_at.get(buffer_id, 16):  # amortized: at most twice
@@ -172,7 +175,7 @@ class Ownership:
         still released: a reference that came back since keeps it)."""
         doomed, self._doomed = self._doomed, {}
         for host, buffer_ids in doomed.items():
-            dying = [b for b in buffer_ids if b in self._dying]
+            dying = [b for b in dict.fromkeys(buffer_ids) if b in self._dying]
             self._dying.difference_update(dying)
             if dying:
                 self.freed += len(dying)

@@ -9,10 +9,12 @@ pushes, and stores left empty.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -295,3 +297,48 @@ async def test_a_sessions_compiled_runs_go_through_its_gang_quota() -> None:
         assert (await cluster.controller.plan_stats())["compiled_runs"] == 18
         await cluster.free(x)
         await empty_stores(cluster)
+
+
+def _double(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v * 2, np.float32)
+
+
+def _slow_double(v: np.ndarray) -> np.ndarray:
+    """Long enough that the run after it is sent while it runs."""
+    time.sleep(0.2)
+    return _double(v)
+
+
+def _plus_one(v: np.ndarray) -> np.ndarray:
+    return np.asarray(v + 1, np.float32)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(120)
+async def test_an_input_still_on_its_way_reaches_every_reader_gang_by_gang() -> None:
+    """A run reads the output of the one before it, still under way, on the
+    device that made it and on another, in host processes, gang by gang:
+    each reader gets its own kind of input (the maker takes it from what it
+    kept, the other one the value)."""
+    double, plus_one = Computation("double", _double), Computation("plus_one", _plus_one)
+    slow = Computation("slow_double", _slow_double)
+    async with atoll.local_cluster(
+        1, 2, 1, transport="capnp", scheduler="test-holding-fifo"
+    ) as cluster:
+        a, b = [await cluster.devices(1) for _ in range(2)]
+        builder = GraphBuilder()
+        x = builder.input(Aval((1,), "float32"))
+        [y] = builder.add(slow, a, [x], [Aval((1,), "float32")])
+        first = builder.build([y])
+        builder = GraphBuilder()
+        y_in = builder.input(Aval((1,), "float32"))
+        [on_b] = builder.add(plus_one, b, [y_in], [Aval((1,), "float32")])  # b's part first
+        [on_a] = builder.add(double, a, [y_in], [Aval((1,), "float32")])
+        second = builder.build([on_b, on_a])
+        for _ in range(3):
+            [made] = cluster.run_graph(first, [np.ones(1, np.float32)])
+            for _ in range(3):  # sent on its own, not batched with the next
+                await anyio.sleep(0)
+            there, here = cluster.run_graph(second, [made])
+            assert (await cluster.fetch(there))[0] == 3 and (await cluster.fetch(here))[0] == 4
+        assert (await island_load(cluster))["compiled_gang_by_gang"] == 6

@@ -15,7 +15,7 @@ import pytest
 
 import atoll
 from atoll.devices import Computation
-from atoll.kernel import Promise
+from atoll.kernel import Promise, as_promise
 
 pytestmark = pytest.mark.anyio
 
@@ -82,3 +82,16 @@ async def test_an_input_passed_through_to_an_output_stays_with_the_output() -> N
         np.testing.assert_array_equal(await cluster.fetch(same), np.full(4, 1.0))
         del same
         assert await held(cluster) == 1
+
+
+async def test_runs_reading_a_buffer_no_reference_here_holds_track_nothing() -> None:
+    """A temporary input (put for one run and freed by it) is not this
+    client's to free: however many runs read it, nothing is kept for it."""
+    from atoll.devices import BufferHandle
+    from atoll.runtime.ownership import Ownership
+
+    ownership = Ownership("session")
+    handle = BufferHandle("h0:1", None, 0, 0, (4,), "float64", 32)  # type: ignore[arg-type]
+    for _ in range(100):
+        ownership.reading([handle, as_promise(handle)], Promise("a run"))
+    assert not ownership._readers

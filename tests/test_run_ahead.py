@@ -279,3 +279,48 @@ async def test_consecutive_gangs_fuse_and_give_what_they_give_one_by_one(
                 assert not fused
     np.testing.assert_allclose(results[0], expected(216), rtol=1e-5)
     np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
+
+
+class _Kernel:
+    """A kernel as a fused segment sees one: a function (not a JaxKernel)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+
+def _chain_program(nodes: Sequence[int], keep: int, kernel: _Kernel) -> Any:
+    """A device's program: a chain of ``kernel`` over graph ``nodes`` (the
+    gaps are gangs on other devices), keeping the output of ``nodes[keep]``."""
+    from atoll.devices._aval import Aval
+    from atoll.devices._plan import MADE_HERE, DeviceProgram, PlannedGang
+
+    aval = Aval((2,), "float32")
+    gangs = []
+    for k, node in enumerate(nodes):
+        made = k > 0
+        gangs.append(
+            PlannedGang(
+                node, kernel, (0,), (1,), ("x",), (aval,),
+                inputs=(MADE_HERE if made else 0,),
+                resident=(made,),
+                push=(),
+                keep=(k == keep,),
+                local=((nodes[k - 1], 0) if made else None,),
+            )
+        )  # fmt: skip
+    return DeviceProgram(0, 0, tuple(gangs), (0,))
+
+
+def test_fused_segments_that_keep_different_gangs_never_share_an_executable() -> None:
+    """Two chains of the same kernel, one with gaps in its node numbers: the
+    one keeping its middle gang's output is not the one keeping its last's."""
+    from atoll.devices._jax_fused import FusedSegment
+
+    kernel = _Kernel(lambda x: x + 1)
+    device = jax.devices()[0]
+    middle = FusedSegment(_chain_program((0, 2, 3), 1, kernel), 0, 3, device)
+    last = FusedSegment(_chain_program((0, 1, 2), 2, kernel), 0, 3, device)
+    assert middle.exported == [(2, 0)] and last.exported == [(2, 0)]
+    assert middle.shape != last.shape
+    ones = jnp.ones(2, jnp.float32)
+    assert float(middle(ones)[0][0]) == 3.0 and float(last(ones)[0][0]) == 4.0

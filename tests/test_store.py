@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from atoll.devices import BufferMissing, ObjectStore
-from atoll.kernel import AtollError, wait_idle
+from atoll.kernel import AtollError, Promise, wait_idle
 
 pytestmark = pytest.mark.anyio
 
@@ -25,6 +25,29 @@ def test_refcounts_and_owners() -> None:
     assert store.free_owner("bob") == 1 and store.used_bytes == 0
     with pytest.raises(BufferMissing):
         store.decref(b)
+
+
+def test_a_buffer_dropped_after_its_computation_failed_says_why() -> None:
+    """A reader that comes after the failed future was dropped gets the
+    computation's error, not BufferMissing; a buffer merely freed does not."""
+    store = ObjectStore("h0")
+    ready: Promise[None] = Promise("computed")
+    failed_id = store.put(np.ones(4, np.float32), owner="alice", ready=ready)
+    freed_id = store.put(np.ones(4, np.float32), owner="alice")
+    ready.set_exception(ValueError("the kernel failed"))
+    store.decref(failed_id)
+    store.decref(freed_id)
+    store.check_owner(failed_id, "alice")
+    assert isinstance(store.failure(failed_id), ValueError)
+    pending = store.pending(failed_id)
+    assert pending is not None and isinstance(pending.exception(), ValueError)
+    with pytest.raises(ValueError, match="the kernel failed"):
+        store.get(failed_id)
+    with pytest.raises(BufferMissing):
+        store.decref(failed_id)  # nothing is held for it
+    with pytest.raises(BufferMissing):
+        store.get(freed_id)
+    assert store.used_bytes == 0
 
 
 def test_stored_arrays_are_read_only() -> None:
