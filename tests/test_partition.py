@@ -171,6 +171,7 @@ def test_public_api_is_pinned() -> None:
             "Chiplets",
             "Edge",
             "Graph",
+            "GraphError",
             "InfeasibleError",
             "Node",
             "Op",

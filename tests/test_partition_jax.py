@@ -33,6 +33,32 @@ def test_from_jax_fuses_elementwise_and_keeps_anchors() -> None:
     assert (0, 3) in {(e.src, e.dst) for e in g.edges}  # the residual edge
 
 
+def test_from_jax_takes_the_first_argument_as_weights_by_default() -> None:
+    """``fn(params, x)``, called the common way, gets a graph with weights
+    that chiplets can be sized to; one with no weights says why it cannot."""
+    import jax
+    import jax.numpy as jnp
+
+    def mlp(params: Any, x: Any) -> Any:
+        for w in params:
+            x = jnp.tanh(x @ w)
+        return x
+
+    spec: Any = jax.ShapeDtypeStruct
+    params = [spec((128, 128), jnp.float32)] * 4
+    x = spec((16, 128), jnp.float32)
+    g = P.from_jax(mlp, params, x)
+    assert g.total_weight_bytes == 4 * 128 * 128 * 4
+    assert P.Chiplets.default_for(g, 2).sram_bytes > 0
+    assert P.from_jax(mlp, params, x, weight_argnums=(-2,)) == g
+    assert P.from_jax(lambda x: jnp.tanh(x @ x.T), x).total_weight_bytes == 0
+    weightless = P.from_jax(mlp, params, x, weight_argnums=())
+    with pytest.raises(P.GraphError, match="holds no weights"):
+        P.Chiplets.default_for(weightless, 2)
+    with pytest.raises(P.GraphError, match="name no argument"):
+        P.from_jax(mlp, params, x, weight_argnums=(2,))
+
+
 def test_bert_layer_structure() -> None:
     g = P.bert_graph()
     kinds = [n.kind for n in g.nodes]

@@ -24,6 +24,7 @@ from ._cost import throughput as throughput
 from ._cost import violations as violations
 from ._dp import dp_split as dp_split
 from ._graph import Edge as Edge
+from ._graph import GraphError as GraphError
 from ._graph import Op as Op
 from ._graph import OpGraph as OpGraph
 from ._graph import load_graph as load_graph
@@ -59,6 +60,7 @@ __all__ = [
     "Chiplets",
     "Edge",
     "Graph",  # deprecated alias of OpGraph, kept for existing code
+    "GraphError",
     "InfeasibleError",
     "Node",  # deprecated alias of Op, kept for existing code
     "Op",

@@ -28,7 +28,7 @@ import numpy as np
 
 from ._cost import node_times
 from ._dp import cut_traffic, dp_split
-from ._graph import OpGraph
+from ._graph import GraphError, OpGraph
 from ._hardware import Chiplets, register_sizer
 
 __all__ = ["LINK_SHARE", "default_chiplets"]
@@ -59,6 +59,12 @@ def _calibrated(graph: OpGraph, count: int, hop_limit: int | None, topology: str
             f"{count} chiplets with hop limit {hop}"
         )
     weights = graph.array("weights")
+    if not weights.sum() > 0:
+        raise GraphError(
+            f"graph {graph.name!r} holds no weights, so chiplets cannot be sized to it "
+            "(memory would never bind): import it with its parameters as weights "
+            "(from_jax's weight_argnums), or give Chiplets(count, sram_bytes=...) yourself"
+        )
     w_free = float(np.bincount(split, weights=weights, minlength=count).max())
     s_min = _least_sram(graph, free, lo=max(float(weights.max()), weights.sum() / count), hi=w_free)
     sram = max(1.1 * s_min, (s_min + w_free) / 2, 1.0)

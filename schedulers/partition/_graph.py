@@ -22,9 +22,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["Edge", "Op", "OpGraph", "load_graph", "save_graph"]
+from ...kernel import AtollError
+
+__all__ = ["Edge", "GraphError", "Op", "OpGraph", "load_graph", "save_graph"]
 
 FORMAT = "atoll.partition.graph/1"
+
+
+class GraphError(AtollError, ValueError):
+    """A graph the partitioner cannot use as it is given (no nodes, edges
+    that go backwards, nothing to size the chiplets' memory by)."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +70,10 @@ class OpGraph:
     def __post_init__(self) -> None:
         n = len(self.nodes)
         if n == 0:
-            raise ValueError(f"graph {self.name!r} has no nodes")
+            raise GraphError(f"graph {self.name!r} has no nodes")
         for e in self.edges:
             if not (0 <= e.src < e.dst < n):
-                raise ValueError(
+                raise GraphError(
                     f"graph {self.name!r}: edge {e.src}->{e.dst} is not forward in node order"
                 )
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._graph import Op, OpGraph
+from ._graph import GraphError, Op, OpGraph
 
 __all__ = ["from_jax"]
 
@@ -218,7 +218,7 @@ def _kind(g: _Group) -> str:
 def from_jax(
     fn: Callable[..., Any],
     *example_args: Any,
-    weight_argnums: Sequence[int] = (),
+    weight_argnums: Sequence[int] | None = None,
     name: str | None = None,
 ) -> OpGraph:
     """Trace ``fn(*example_args)`` by shapes and coarsen its jaxpr into a :class:`OpGraph`.
@@ -226,9 +226,13 @@ def from_jax(
     ``example_args`` may be arrays or ``jax.ShapeDtypeStruct`` pytrees: nothing
     is computed and no weights need exist. Arguments whose index is in
     ``weight_argnums`` hold weights (resident in SRAM); the others are inputs.
+    By default the first argument holds the weights when ``fn`` takes more
+    than one (``fn(params, x)``, as JAX models are written), and none does
+    when it takes one; ``weight_argnums=()`` says there are none.
     """
     import jax
 
+    weight_argnums = _weight_argnums(weight_argnums, len(example_args))
     closed = jax.make_jaxpr(fn)(*example_args)
     st = _State()
     env: dict[Any, int | None] = {v: None for v in closed.jaxpr.constvars}
@@ -250,6 +254,19 @@ def from_jax(
         if out is not None and out in st.group:
             st.groups[st.group[out]].outputs.add(st.alias.get(out, out))
     return _to_graph(st, str(name or getattr(fn, "__name__", "jax")))
+
+
+def _weight_argnums(given: Sequence[int] | None, count: int) -> tuple[int, ...]:
+    """The indices of the arguments that hold weights (see :func:`from_jax`)."""
+    if given is None:
+        return (0,) if count > 1 else ()
+    argnums = tuple(given)
+    if not all(isinstance(i, int) and -count <= i < count for i in argnums):
+        raise GraphError(
+            f"weight_argnums {argnums} name no argument: from_jax was given {count} "
+            f"example argument(s)"
+        )
+    return tuple(i % count for i in argnums)
 
 
 def _to_graph(st: _State, name: str) -> OpGraph:
