@@ -4,16 +4,14 @@ An asyncio/trio actor microkernel (:mod:`atoll.kernel`), transports that give
 actor calls the same semantics in-process and across processes
 (:mod:`atoll.transports`), device actors (:mod:`atoll.devices`), island
 scheduling policies (:mod:`atoll.schedulers`) and the control plane built on
-them (:mod:`atoll.runtime`). :func:`local_cluster` starts a whole cluster in
+them (:mod:`atoll.runtime`); beside them, the multi-chip partitioner
+(:mod:`atoll.partition`). :func:`local_cluster` starts a whole cluster in
 one process, which is the embedded default. This module is only a facade: it
 re-exports the names most programs need.
 """
 
-import importlib.abc
-import importlib.machinery
+import importlib
 import os
-import sys
-import types
 from typing import Any
 
 from .kernel import Actor as Actor
@@ -38,39 +36,8 @@ from .runtime import program as program
 __version__ = "0.1.0"
 
 
-class _PartitionAlias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """``atoll.partition`` is another name for :mod:`atoll.schedulers.partition`.
-
-    ``import atoll.partition`` gives that very module object, imported on
-    first use (it pulls in the solver's imports).
-    """
-
-    name = f"{__name__}.partition"
-    target = f"{__name__}.schedulers.partition"
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self)
-
-    def create_module(self, spec: Any) -> types.ModuleType:
-        module = importlib.import_module(self.target)
-        self._own_spec = module.__spec__
-        return module
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        # the import system has just stamped the alias's spec on the module:
-        # give it back its own, and keep the module under both names
-        module.__spec__ = self._own_spec
-        sys.modules[self.name] = module
-
-
-if not any(isinstance(finder, _PartitionAlias) for finder in sys.meta_path):
-    sys.meta_path.append(_PartitionAlias())
-
-
 def __getattr__(name: str) -> Any:
-    """``atoll.partition`` on first use."""
+    """``atoll.partition`` on first use (it pulls in the solver's imports)."""
     if name == "partition":
         return importlib.import_module(f"{__name__}.partition")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

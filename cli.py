@@ -117,7 +117,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an example (each is checked against plain JAX)")
     run.add_argument("example", choices=EXAMPLES)
     run.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    from .schedulers.partition.cli import add_commands as add_partition_commands
+    from .partition.cli import add_commands as add_partition_commands
 
     add_partition_commands(sub)
     sub.add_parser("version", help="print the version")
@@ -396,8 +396,8 @@ def _command(args: argparse.Namespace) -> int:
         return _up(args)
     if args.command == "run":
         return _run(args)
-    from .schedulers.partition.cli import COMMANDS as PARTITION_COMMANDS
-    from .schedulers.partition.cli import run as run_partition
+    from .partition.cli import COMMANDS as PARTITION_COMMANDS
+    from .partition.cli import run as run_partition
 
     if args.command in PARTITION_COMMANDS:
         return run_partition(args)

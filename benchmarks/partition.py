@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from atoll.benchmarks._common import Row, emit, system_column, table, unit_column
-from atoll.schedulers.partition import (
+from atoll.partition import (
     METHODS,
     Chiplets,
     OpGraph,
@@ -54,9 +54,9 @@ from atoll.schedulers.partition import (
     synthetic_cases,
     throughput,
 )
-from atoll.schedulers.partition._heldout import heldout_graph, heldout_names
-from atoll.schedulers.partition._plot import plot_wall_curves
-from atoll.schedulers.partition._solver import solve_bottleneck
+from atoll.partition._heldout import heldout_graph, heldout_names
+from atoll.partition._plot import plot_wall_curves
+from atoll.partition._solver import solve_bottleneck
 
 __all__ = ["Config", "format_table", "main", "run_bench", "valid_counts"]
 

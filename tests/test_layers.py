@@ -3,7 +3,9 @@
 kernel, then transports, then devices, then schedulers, then runtime, then
 the top (cli, examples, benchmarks, and the ``atoll`` facade itself). A
 module may import from its own layer or any layer below it, never above;
-imports under ``TYPE_CHECKING`` and inside functions count too. Only the
+imports under ``TYPE_CHECKING`` and inside functions count too. Beside the
+stack stand packages that only the top uses (``SIDE``): the partitioner, a
+placement optimizer, imports nothing but the kernel, and no layer imports it. Only the
 kernel touches the kernel's private modules and the private members of its
 promises and references; transports use ``atoll.kernel.lowlevel``.
 """
@@ -20,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ["kernel", "transports", "devices", "schedulers", "runtime"]
 TOP = len(LAYERS)  # cli, examples, benchmarks, the facade
+SIDE = {"partition": {"kernel"}}  # beside the stack: the layers each may import
 SKIP = {"tests", ".venv", ".typecheck", "build", "dist"}
 PRIVATE_KERNEL_MEMBERS = re.compile(
     r"(?<!self)\._(channel|pipe|answer|canceller|resolve|reject|follow|copy_from)\b"
@@ -97,18 +100,29 @@ MODULES = dict(modules())
 
 
 def test_the_walk_sees_every_layer() -> None:
-    for name in LAYERS:
+    for name in [*LAYERS, *SIDE]:
         assert f"atoll.{name}" in MODULES
     assert "atoll.cli" in MODULES and "atoll.runtime.planner" in MODULES
 
 
+def package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_imports_point_down(module: str) -> None:
-    mine = layer(module)
+    mine, side = layer(module), SIDE.get(package(module))
     upward = []
     for line, target in imported(module, MODULES[module]):
         found = known(target, set(MODULES))
-        if found is not None and layer(found) > mine:
+        if found is None or package(found) == package(module):
+            continue
+        if side is not None and package(found) not in side:
+            upward.append(f"line {line}: {found} ({package(module)} imports only {side})")
+        elif side is None and package(found) in SIDE and mine < TOP:
+            upward.append(f"line {line}: {found} (only the top may import it)")
+        elif side is None and layer(found) > mine:
             upward.append(f"line {line}: {found} ({LAYERS[mine]} may not import it)")
     assert not upward, "\n".join(upward)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atoll.schedulers import partition as P
+from atoll import partition as P
 
 
 def chain_graph(n: int, weight: float = 10.0) -> P.OpGraph:
@@ -170,10 +170,8 @@ def test_public_api_is_pinned() -> None:
             "METHODS",
             "Chiplets",
             "Edge",
-            "Graph",
             "GraphError",
             "InfeasibleError",
-            "Node",
             "Op",
             "OpGraph",
             "Partition",
@@ -208,12 +206,6 @@ def test_public_api_is_pinned() -> None:
     )
     for name in P.__all__:
         assert hasattr(P, name), name
-
-
-def test_deprecated_graph_and_node_alias_op_graph_and_op() -> None:
-    assert P.Graph is P.OpGraph and P.Node is P.Op
-    g = P.Graph.build("old", [P.Node("a"), P.Node("b")], [(0, 1, 1.0)])
-    assert isinstance(g, P.OpGraph) and g.nodes == (P.Op("a"), P.Op("b"))
 
 
 def test_a_repair_that_times_out_scores_zero_and_the_search_goes_on() -> None:

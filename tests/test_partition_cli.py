@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from atoll import partition as P
 from atoll.benchmarks import partition as bench
 from atoll.benchmarks._common import Row
-from atoll.schedulers import partition as P
-from atoll.schedulers.partition import cli
+from atoll.partition import cli
 
 
 def run_cli(argv: list[str]) -> int:
@@ -74,7 +74,7 @@ def test_pretrain_save_load_finetune_from_cli(
     assert rc == 0 and ckpt.exists() and (tmp_path / "train.png").exists()
     module = tmp_path / "mymodel.py"
     module.write_text(
-        "from atoll.schedulers.partition._models import mlp_graph\n\n\n"
+        "from atoll.partition._models import mlp_graph\n\n\n"
         "def build():\n    return mlp_graph([256] * 12, batch=64)\n"
     )
     rc = run_cli(

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atoll.schedulers import partition as P
-from atoll.schedulers.partition import _heldout, _synthetic
-from atoll.schedulers.partition._policy import PRETRAINED, init_params
+from atoll import partition as P
+from atoll.partition import _heldout, _synthetic
+from atoll.partition._policy import PRETRAINED, init_params
 
 
 def test_heldout_set_is_real_architectures_apart_from_training() -> None:
@@ -91,7 +91,7 @@ def test_dp_with_hop_limits_above_one(seed: int) -> None:
 
 
 def test_pretrained_policy_ships_and_loads() -> None:
-    ref = resources.files("atoll.schedulers.partition") / PRETRAINED
+    ref = resources.files("atoll.partition") / PRETRAINED
     assert ref.is_file() and len(ref.read_bytes()) < 4 << 20
     policy = P.Policy.pretrained()
     assert set(policy.params) == set(init_params())
@@ -102,9 +102,9 @@ def test_pretrained_policy_ships_and_loads() -> None:
 
 
 def test_pyproject_ships_the_checkpoint_in_the_wheel() -> None:
-    root = Path(P.__file__).resolve().parents[2]
+    root = Path(P.__file__).resolve().parents[1]
     data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    patterns = data["package-data"]["atoll.schedulers.partition"]
+    patterns = data["package-data"]["atoll.partition"]
     assert any(Path(PRETRAINED).match(p) for p in patterns)
 
 

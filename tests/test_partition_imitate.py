@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atoll.schedulers import partition as P
-from atoll.schedulers.partition import _heldout, _imitate, _policy, _solver
+from atoll import partition as P
+from atoll.partition import _heldout, _imitate, _policy, _solver
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atoll.schedulers import partition as P
+from atoll import partition as P
 
 
 def test_from_jax_fuses_elementwise_and_keeps_anchors() -> None:
@@ -70,7 +70,7 @@ def test_bert_layer_structure() -> None:
 def test_policy_handles_any_size_and_count(tmp_path: Path) -> None:
     policy = P.Policy(seed=3)
     for g, chips in P.synthetic_cases(3, seed=1):
-        from atoll.schedulers.partition._policy import encode
+        from atoll.partition._policy import encode
 
         lg = policy.logits(encode(g, chips))
         assert lg.shape == (len(g), chips.count) and np.isfinite(lg).all()
@@ -103,7 +103,7 @@ def test_load_rejects_other_files(tmp_path: Path) -> None:
 
 def test_pretrain_scores_repairs_that_time_out_as_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every repair timing out: rewards are floored, nothing divides by zero or warns."""
-    from atoll.schedulers.partition import _rl
+    from atoll.partition import _rl
 
     class Slow:
         def __init__(self, *args: object, **kwargs: object) -> None:
@@ -118,7 +118,7 @@ def test_pretrain_scores_repairs_that_time_out_as_zero(monkeypatch: pytest.Monke
 
 
 def test_finetuning_heats_up_while_every_sample_scores_the_same() -> None:
-    from atoll.schedulers.partition._rl import MAX_TEMPERATURE, _next_temperature
+    from atoll.partition._rl import MAX_TEMPERATURE, _next_temperature
 
     same, spread = np.full(8, 2.0), np.linspace(1.0, 2.0, 8)
     temps = [1.0]
@@ -143,8 +143,8 @@ ALONE: dict[str, Any] = {"rl_hint": False, "rl_local": 0, "rl_solver_s": 0.0}
 def test_rl_escapes_a_collapsed_policy_on_a_heldout_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """When a policy is near-deterministic on a graph, the temperature lets
     fine-tuning leave the few partitions its samples repair to."""
-    from atoll.schedulers.partition import _rl
-    from atoll.schedulers.partition._heldout import heldout_graph
+    from atoll.partition import _rl
+    from atoll.partition._heldout import heldout_graph
 
     g = heldout_graph("unet")
     chips = P.Chiplets.default_for(g, 8)
@@ -158,7 +158,7 @@ def test_rl_escapes_a_collapsed_policy_on_a_heldout_graph(monkeypatch: pytest.Mo
 def test_local_moves_beside_the_policy_count_in_the_budget() -> None:
     """Neighbours of the best partition (``rl_local``) find what the collapsed
     policy's own samples take longer to reach, within the same budget."""
-    from atoll.schedulers.partition._heldout import heldout_graph
+    from atoll.partition._heldout import heldout_graph
 
     g = heldout_graph("unet")
     chips = P.Chiplets.default_for(g, 8)

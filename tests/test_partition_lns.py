@@ -7,11 +7,11 @@ import io
 import numpy as np
 import pytest
 
-from atoll.schedulers import partition as P
-from atoll.schedulers.partition import _heldout, _lns, _solver
-from atoll.schedulers.partition._baselines import Tracker
-from atoll.schedulers.partition._progress import ProgressBar
-from atoll.schedulers.partition._repair import Repairer
+from atoll import partition as P
+from atoll.partition import _heldout, _lns, _solver
+from atoll.partition._baselines import Tracker
+from atoll.partition._progress import ProgressBar
+from atoll.partition._repair import Repairer
 
 
 def test_windows_touch_the_slowest_stage_or_a_neighbour() -> None:

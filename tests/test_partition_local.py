@@ -6,16 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atoll.schedulers import partition as P
-from atoll.schedulers.partition._baselines import (
+from atoll import partition as P
+from atoll.partition._baselines import (
     Tracker,
     _bottleneck_neighbour,
     _local_neighbour,
     accept,
     anneal_temperature,
 )
-from atoll.schedulers.partition._repair import Repairer
-from atoll.schedulers.partition._rl import LocalWalk
+from atoll.partition._repair import Repairer
+from atoll.partition._rl import LocalWalk
 
 
 def branches_graph(length: int = 6) -> P.OpGraph:

@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from atoll.schedulers import partition as P
+from atoll import partition as P
 
 
 def line(n: int, skips: list[tuple[int, int]]) -> P.OpGraph:
@@ -39,7 +39,7 @@ def test_ring_routes_each_tensor_the_shorter_way() -> None:
     a = np.array([0, 1, 2, 3, 3])
     # node 0's tensor is read on chips 1 and 3: forward 0 -> 3 takes 3 links; backward
     # it must reach chip 1 too (0 -> 3 -> 2 -> 1), 3 links as well: a tie goes forward
-    from atoll.schedulers.partition._cost import link_traffic
+    from atoll.partition._cost import link_traffic
 
     assert list(link_traffic(g, ring, a)) == [1.0, 2.0, 2.0, 0.0]
     b = np.array([0, 0, 1, 2, 3])  # node 0 read on chips 0 and 3 only: wrap link, 1 hop
@@ -76,7 +76,7 @@ def test_ring_repair_matches_brute_force(seed: int) -> None:
 
 @pytest.mark.parametrize("method", P.METHODS)
 def test_every_method_is_valid_on_a_ring(method: str) -> None:
-    from atoll.schedulers.partition._heldout import heldout_graph
+    from atoll.partition._heldout import heldout_graph
 
     g = heldout_graph("unet")  # skips across the whole net: the wrap link helps
     chips = P.Chiplets.default_for(g, 6, hop_limit=1, topology="ring")

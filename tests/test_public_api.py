@@ -17,7 +17,7 @@ PUBLIC_MODULES = [
     "atoll.transports.capnp",
     "atoll.devices",
     "atoll.schedulers",
-    "atoll.schedulers.partition",
+    "atoll.partition",
     "atoll.runtime",
 ]
 

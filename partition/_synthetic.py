@@ -15,6 +15,7 @@ import numpy as np
 
 from ._cost import node_times
 from ._dp import cut_traffic, dp_split
+from ._errors import InfeasibleError
 from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._models import (
@@ -25,7 +26,6 @@ from ._models import (
     residual_mlp_graph,
     transformer_graph,
 )
-from ._repair import InfeasibleError
 
 __all__ = ["scaled_chiplets", "synthetic_cases", "synthetic_graph"]
 

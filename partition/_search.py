@@ -12,11 +12,12 @@ import numpy as np
 from ._baselines import Progress, Tracker, random_search, simulated_annealing
 from ._cost import IntArray, Partition, evaluate, valid_throughput
 from ._dp import dp_split
+from ._errors import InfeasibleError, RepairTimeout
 from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._lns import lns_polish
 from ._policy import Policy, encode
-from ._repair import InfeasibleError, Repairer, RepairTimeout
+from ._repair import Repairer
 from ._rl import finetune
 from ._solver import solve_bottleneck, solver_step
 

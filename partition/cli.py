@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from ._cost import Partition
+from ._errors import InfeasibleError
 from ._graph import OpGraph, load_graph
 from ._hardware import Chiplets, MiB
 from ._models import builtin_graph, builtin_names
 from ._policy import Policy
 from ._progress import ProgressBar
-from ._repair import InfeasibleError
 from ._rl import TrainLog
 from ._search import METHODS, search
 

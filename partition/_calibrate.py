@@ -23,37 +23,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ._cost import node_times
 from ._dp import cut_traffic, dp_split
-from ._graph import GraphError, OpGraph
-from ._hardware import Chiplets, register_sizer
+from ._errors import GraphError, InfeasibleError
+from ._graph import OpGraph
 
-__all__ = ["LINK_SHARE", "default_chiplets"]
+if TYPE_CHECKING:
+    from ._hardware import Chiplets
+
+__all__ = ["LINK_SHARE", "calibrated"]
 
 LINK_SHARE = 0.3  # a typical cut costs this share of a balanced stage's compute
-UNBOUNDED = float("inf")
-
-
-def default_chiplets(
-    graph: OpGraph, count: int, hop_limit: int | None = None, topology: str = "chain"
-) -> Chiplets:
-    """See the module docstring; cached per (graph, count, hop limit, topology)."""
-    return _calibrated(graph, count, hop_limit, topology)
 
 
 @functools.lru_cache(maxsize=256)
-def _calibrated(graph: OpGraph, count: int, hop_limit: int | None, topology: str) -> Chiplets:
-    base = Chiplets(count, sram_bytes=UNBOUNDED, topology=topology)
+def calibrated(graph: OpGraph, unbounded: Chiplets, hop_limit: int | None) -> Chiplets:
+    """``unbounded`` (chiplets with unbounded SRAM) sized to ``graph`` (see the
+    module docstring); cached per (graph, chiplets, hop limit)."""
+    count, base = unbounded.count, unbounded
     base = dataclasses.replace(base, link_bytes_per_s=_link_speed(graph, base))
     hop = hop_limit if hop_limit is not None else _least_hop(graph, base)
     free = dataclasses.replace(base, hop_limit=hop)
     split = dp_split(graph, free)
     if split is None:
-        from ._repair import InfeasibleError
-
         raise InfeasibleError(
             f"graph {graph.name!r} ({len(graph)} nodes) has no contiguous split onto "
             f"{count} chiplets with hop limit {hop}"
@@ -97,6 +93,3 @@ def _least_sram(graph: OpGraph, chips: Chiplets, lo: float, hi: float, steps: in
         else:
             lo = mid
     return hi
-
-
-register_sizer(default_chiplets)

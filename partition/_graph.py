@@ -4,11 +4,7 @@ An :class:`OpGraph` is what every partitioning method reads. Its ops
 (``OpGraph.nodes``) are kept in a topological order (every edge goes from a
 lower index to a higher one), which the cost model, the dynamic-programming
 split and the policy features all rely on. Op graphs read and write a small
-JSON format.
-
-``Graph`` and ``Node`` are deprecated aliases of :class:`OpGraph` and
-:class:`Op`, kept so that older code keeps importing; they are unrelated to
-the runtime's dataflow ``Graph``/``Node``.
+JSON format. (They are unrelated to the runtime's dataflow ``Graph``.)
 """
 
 from __future__ import annotations
@@ -22,16 +18,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ...kernel import AtollError
+from ._errors import GraphError
 
-__all__ = ["Edge", "GraphError", "Op", "OpGraph", "load_graph", "save_graph"]
+__all__ = ["Edge", "Op", "OpGraph", "load_graph", "save_graph"]
 
 FORMAT = "atoll.partition.graph/1"
-
-
-class GraphError(AtollError, ValueError):
-    """A graph the partitioner cannot use as it is given (no nodes, edges
-    that go backwards, nothing to size the chiplets' memory by)."""
 
 
 @dataclass(frozen=True)

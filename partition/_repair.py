@@ -14,24 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...kernel import AtollError
 from ._cost import IntArray, as_assignment, is_valid_array
+from ._errors import InfeasibleError, RepairTimeout
 from ._graph import OpGraph
 from ._hardware import Chiplets
 
 if TYPE_CHECKING:
     from ortools.sat.python import cp_model
 
-__all__ = ["InfeasibleError", "Repairer", "SolverModel", "build_model", "repair"]
-
-
-class InfeasibleError(AtollError):
-    """No assignment of this graph to these chiplets meets every constraint."""
-
-
-class RepairTimeout(InfeasibleError):
-    """The solver found no valid assignment within its time limit (none proved
-    impossible either). Searches score such a candidate 0 and go on."""
+__all__ = ["Repairer", "SolverModel", "build_model", "repair"]
 
 
 @dataclass

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._graph import OpGraph
-from ._hardware import Chiplets
+
+if TYPE_CHECKING:
+    from ._hardware import Chiplets
 
 __all__ = ["Partition", "Stage", "evaluate", "is_valid", "stage_times", "violations"]
 

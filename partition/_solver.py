@@ -21,9 +21,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._cost import IntArray, node_times
+from ._errors import InfeasibleError, RepairTimeout
 from ._graph import OpGraph
 from ._hardware import Chiplets
-from ._repair import InfeasibleError, RepairTimeout, SolverModel, build_model, describe_infeasible
+from ._repair import SolverModel, build_model, describe_infeasible
 
 __all__ = ["BottleneckModel", "bottleneck_model", "solve_bottleneck", "solver_step"]
 

@@ -9,11 +9,10 @@ and ``method="rl"`` fine-tunes the pre-trained policy shipped with atoll
 held-out architectures in ``_heldout.py`` test it. See ``docs/partition.md``
 for the constraints, the cost model and the methods.
 
->>> from atoll.schedulers.partition import bert_graph, search
+>>> from atoll.partition import bert_graph, search
 >>> part = search(bert_graph(), 4, method="dp")  # doctest: +SKIP
 """
 
-from . import _calibrate  # noqa: F401  (registers Chiplets.default_for's sizer)
 from ._baselines import Tracker as Tracker
 from ._cost import Partition as Partition
 from ._cost import Stage as Stage
@@ -23,8 +22,10 @@ from ._cost import stage_times as stage_times
 from ._cost import throughput as throughput
 from ._cost import violations as violations
 from ._dp import dp_split as dp_split
+from ._errors import GraphError as GraphError
+from ._errors import InfeasibleError as InfeasibleError
+from ._errors import RepairTimeout as RepairTimeout
 from ._graph import Edge as Edge
-from ._graph import GraphError as GraphError
 from ._graph import Op as Op
 from ._graph import OpGraph as OpGraph
 from ._graph import load_graph as load_graph
@@ -38,9 +39,7 @@ from ._plot import plot_curves as plot_curves
 from ._plot import plot_partition as plot_partition
 from ._policy import Policy as Policy
 from ._progress import ProgressBar as ProgressBar
-from ._repair import InfeasibleError as InfeasibleError
 from ._repair import Repairer as Repairer
-from ._repair import RepairTimeout as RepairTimeout
 from ._repair import repair as repair
 from ._rl import TrainLog as TrainLog
 from ._rl import finetune as finetune
@@ -50,19 +49,12 @@ from ._search import search as search
 from ._synthetic import scaled_chiplets as scaled_chiplets
 from ._synthetic import synthetic_cases as synthetic_cases
 
-# Deprecated aliases: the op graph's old names, which clashed with the runtime's
-# dataflow Graph/Node. Use OpGraph and Op.
-Graph = OpGraph
-Node = Op
-
 __all__ = [
     "METHODS",
     "Chiplets",
     "Edge",
-    "Graph",  # deprecated alias of OpGraph, kept for existing code
     "GraphError",
     "InfeasibleError",
-    "Node",  # deprecated alias of Op, kept for existing code
     "Op",
     "OpGraph",
     "Partition",

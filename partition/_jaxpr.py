@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._graph import GraphError, Op, OpGraph
+from ._errors import GraphError
+from ._graph import Op, OpGraph
 
 __all__ = ["from_jax"]
 

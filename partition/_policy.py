@@ -228,7 +228,7 @@ class Policy:
         """
         from importlib import resources
 
-        ref = resources.files(__package__ or "atoll.schedulers.partition") / PRETRAINED
+        ref = resources.files(__package__ or "atoll.partition") / PRETRAINED
         if not ref.is_file():
             raise FileNotFoundError(
                 f"the pre-trained partition policy {PRETRAINED} is not installed"

@@ -15,9 +15,10 @@ from typing import Any
 import numpy as np
 
 from ._cost import IntArray, is_valid_array, stage_times, valid_throughput
+from ._errors import RepairTimeout
 from ._graph import OpGraph
 from ._hardware import Chiplets
-from ._repair import Repairer, RepairTimeout
+from ._repair import Repairer
 
 __all__ = [
     "Progress",

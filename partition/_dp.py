@@ -22,13 +22,16 @@ before ``p``.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ._cost import IntArray, node_times
 from ._graph import OpGraph
-from ._hardware import Chiplets
+
+if TYPE_CHECKING:
+    from ._hardware import Chiplets
 
 __all__ = ["cut_traffic", "dp_split"]
 

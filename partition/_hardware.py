@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,17 +15,6 @@ __all__ = ["Chiplets"]
 
 MiB = 1 << 20
 TOPOLOGIES = ("chain", "ring")
-
-# Chiplets.default_for's sizer lives in _calibrate, which needs the cost model
-# (and so this module): it registers itself here on import, keeping the module
-# graph free of cycles. The package's __init__ imports it.
-Sizer = Callable[["OpGraph", int, "int | None", str], "Chiplets"]
-_SIZERS: list[Sizer] = []
-
-
-def register_sizer(sizer: Sizer) -> None:
-    """Make ``sizer`` the implementation of :meth:`Chiplets.default_for`."""
-    _SIZERS[:] = [sizer]
 
 
 @dataclass(frozen=True)
@@ -65,9 +53,9 @@ class Chiplets:
         """Chiplets sized to ``graph`` so that memory and links bind but a valid
         partition exists (see :mod:`._calibrate`). ``hop_limit=None`` picks the
         least hop limit under which the graph fits at all."""
-        if not _SIZERS:
-            raise RuntimeError("import atoll.schedulers.partition to size chiplets to a graph")
-        return _SIZERS[0](graph, count, hop_limit, topology)
+        from ._calibrate import calibrated  # the cost model, which reads Chiplets
+
+        return calibrated(graph, cls(count, sram_bytes=float("inf"), topology=topology), hop_limit)
 
     @property
     def links(self) -> int:
