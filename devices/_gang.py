@@ -25,8 +25,10 @@ class PushTarget:
 
     The host ``host_id`` (dialled at capnp ``address`` when it is a process
     of its own, else through ``host``) gets the bytes once and delivers them
-    to each of ``keys``, the inbox keys its readers wait on. A push that
-    cannot be made is logged and skipped: its readers fetch instead.
+    to each of ``keys``, the inbox keys its readers wait on. A push the
+    reader's host declines (no room) redirects them: they read the output
+    where it is. If the producer fails, or the reader's host cannot be
+    reached, the inboxes fail with why (``devices/_push.py``).
     """
 
     output: int

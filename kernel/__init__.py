@@ -93,16 +93,3 @@ __all__ = [
     "value_of",
     "wait_idle",
 ]
-
-
-def __getattr__(name: str) -> object:
-    """Names that moved out of the kernel, still reachable here (deprecated)."""
-    if name in ("ObjectStore", "BufferMissing"):
-        import importlib
-        import warnings
-
-        warnings.warn(
-            f"atoll.kernel.{name} moved to atoll.devices.{name}", DeprecationWarning, stacklevel=2
-        )
-        return getattr(importlib.import_module("atoll.devices"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

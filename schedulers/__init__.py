@@ -10,14 +10,12 @@ through the ``atoll.schedulers`` entry-point group.
 """
 
 from ._fifo import FifoPolicy as FifoPolicy
-from ._fifo import FifoScheduler as FifoScheduler
 from ._protocol import Completed as Completed
 from ._protocol import Dispatch as Dispatch
 from ._protocol import Event as Event
 from ._protocol import Instruction as Instruction
 from ._protocol import IslandPolicy as IslandPolicy
 from ._protocol import PolicyError as PolicyError
-from ._protocol import Scheduler as Scheduler
 from ._protocol import Submit as Submit
 from ._protocol import UnknownScheduler as UnknownScheduler
 from ._protocol import get_scheduler as get_scheduler
@@ -35,11 +33,9 @@ __all__ = [
     "Dispatch",
     "Event",
     "FifoPolicy",
-    "FifoScheduler",  # deprecated alias of FifoPolicy, kept for existing code
     "Instruction",
     "IslandPolicy",
     "PolicyError",
-    "Scheduler",  # deprecated alias of IslandPolicy, kept for existing code
     "SharePolicy",
     "Submit",
     "UnknownScheduler",

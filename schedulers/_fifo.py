@@ -1,4 +1,5 @@
-"""The default island policy: gang FIFO (registered as ``"fifo"``).
+"""Gang FIFO, an island policy (registered as ``"fifo"``; the default,
+``"share"``, orders gangs the same way while one client alone uses the island).
 
 Every gang gets one position (``seq``) in a single island-wide order, in the
 order gangs were submitted, and every device is sent its shards in that order.
@@ -19,7 +20,7 @@ from ._protocol import (
     register_scheduler,
 )
 
-__all__ = ["FifoPolicy", "FifoScheduler"]
+__all__ = ["FifoPolicy"]
 
 
 class FifoPolicy:
@@ -63,7 +64,5 @@ class FifoPolicy:
     def validate(self) -> None:
         assert all(self._left.values()), "a finished gang is still tracked"
 
-
-FifoScheduler = FifoPolicy  # deprecated alias: the old name
 
 register_scheduler("fifo", FifoPolicy)

@@ -27,7 +27,6 @@ __all__ = [
     "Instruction",
     "IslandPolicy",
     "PolicyError",
-    "Scheduler",
     "Submit",
     "UnknownScheduler",
     "get_scheduler",
@@ -90,9 +89,6 @@ class IslandPolicy(Protocol):
     def validate(self) -> None:
         """Raise AssertionError if internal invariants are broken (for tests)."""
         ...
-
-
-Scheduler = IslandPolicy  # deprecated alias: the old name, too close to the IslandScheduler actor
 
 
 class PolicyError(AtollError, ValueError):

@@ -56,10 +56,14 @@ def layer(module: str) -> int:
 
 def imported(module: str, path: Path, typing: bool = True) -> Iterator[tuple[int, str]]:
     """(line, absolute module) for every import of an atoll module in ``path``
-    (without those under ``if TYPE_CHECKING:`` when ``typing`` is False)."""
+    (without those under ``if TYPE_CHECKING:`` when ``typing`` is False),
+    including those by name: ``importlib.import_module("atoll.x")``."""
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     tree = ast.parse(path.read_text(), str(path))
     for node in _walk(tree, typing):
+        by_name = _imported_by_name(node, module) if isinstance(node, ast.Call) else None
+        if isinstance(node, ast.Call) and by_name and by_name.split(".")[0] == "atoll":
+            yield node.lineno, by_name
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == "atoll":
@@ -71,6 +75,27 @@ def imported(module: str, path: Path, typing: bool = True) -> Iterator[tuple[int
             yield node.lineno, base
             for alias in node.names:  # ``from . import x`` may name a submodule
                 yield node.lineno, f"{base}.{alias.name}"
+
+
+def _imported_by_name(node: ast.Call, module: str) -> str | None:
+    """The module a call ``import_module(...)`` or ``__import__(...)`` names:
+    a string, or an f-string that starts from ``__name__``."""
+    if not node.args:
+        return None
+    func = node.func
+    called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+    if called not in ("import_module", "__import__"):
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.JoinedStr) and arg.values:
+        first = arg.values[0]
+        if isinstance(first, ast.FormattedValue) and ast.unparse(first.value) == "__name__":
+            rest = arg.values[1] if len(arg.values) > 1 else None
+            tail = rest.value if isinstance(rest, ast.Constant) else ""
+            return module + str(tail).split("{")[0].rstrip(".")
+    return None
 
 
 def _walk(node: ast.AST, typing: bool) -> Iterator[ast.AST]:
@@ -189,3 +214,16 @@ def _find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
         if node not in state and (found := visit(node)):
             return found
     return None
+
+
+def test_an_import_by_name_counts_as_an_import(tmp_path: Path) -> None:
+    """``importlib.import_module("atoll.devices")`` in the kernel is seen."""
+    source = tmp_path / "mod.py"
+    source.write_text(
+        "import importlib\n"
+        "def later():\n"
+        "    return importlib.import_module('atoll.devices'), "
+        "importlib.import_module(f'{__name__}.sub')\n"
+    )
+    found = [target for _, target in imported("atoll.kernel.mod", source)]
+    assert found == ["atoll.devices", "atoll.kernel.mod.sub"]

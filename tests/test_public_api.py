@@ -102,12 +102,9 @@ def test_kernel_api() -> None:
         assert hasattr(atoll.kernel, name), name
 
 
-def test_names_that_left_the_kernel_are_deprecated_aliases() -> None:
-    import atoll.devices
-
+def test_the_kernel_knows_nothing_of_devices() -> None:
     for name in ("ObjectStore", "BufferMissing"):
-        with pytest.warns(DeprecationWarning, match=f"atoll.devices.{name}"):
-            assert getattr(atoll.kernel, name) is getattr(atoll.devices, name)
+        assert not hasattr(atoll.kernel, name)
 
 
 def public_errors(module: ModuleType) -> list[type[BaseException]]:

@@ -60,10 +60,3 @@ def test_custom_scheduler_plugs_in_by_name() -> None:
     assert isinstance(get_scheduler("test-reverse"), Reverse)
     with pytest.raises(KeyError, match="no scheduler named"):
         get_scheduler("does-not-exist")
-
-
-def test_the_old_names_are_aliases() -> None:
-    import atoll.schedulers as schedulers
-
-    assert schedulers.FifoScheduler is FifoPolicy
-    assert schedulers.Scheduler is schedulers.IslandPolicy

@@ -8,7 +8,7 @@ import atoll
 from atoll.devices import CostModel
 from atoll.kernel import VirtualClock
 from atoll.runtime import BadClusterSpec, ClusterSpec
-from atoll.schedulers import FifoScheduler, register_scheduler
+from atoll.schedulers import FifoPolicy, register_scheduler
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def anyio_backend() -> str:
 
 @pytest.mark.anyio
 async def test_store_bytes_and_per_island_policies_reach_host_processes() -> None:
-    register_scheduler("fifo-too", FifoScheduler)
+    register_scheduler("fifo-too", FifoPolicy)
     async with atoll.local_cluster(
         2,
         1,
