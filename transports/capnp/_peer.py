@@ -405,8 +405,7 @@ def _buffer_layout(reader: Any) -> tuple[tuple[int, ...], int]:
 
     Checked before any byte is pulled: a reference whose size does not match
     its shape, or whose dtype is not a plain one, fails the call that carries
-    it at once (a mismatch found after the pull used to leave its promise
-    pending for ever).
+    it at once (found after the pull, it would leave its promise pending).
     """
     shape = tuple(int(n) for n in reader.shape)
     nbytes = int(reader.nbytes)
