@@ -69,6 +69,7 @@ from ..kernel import ActorStopped, AtollError, HostLost, RemoteActorError
 from ..runtime.connect import connect
 from ..transports import bulk
 from ..transports.capnp import ClusterFile, peer_of
+from ..transports.processes import reap
 from ..transports.testing import line_with, pid_alive
 
 __all__ = ["FAULT_KINDS", "Report", "main", "run_faults"]
@@ -488,14 +489,8 @@ async def until_lost(cluster: Cluster, host_id: int, timeout: float = 15.0) -> N
 
 
 def _wait_exit(process: subprocess.Popen[Any], timeout: float) -> None:
-    try:
-        process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
+    """Wait for a process that is leaving by itself; kill it after ``timeout`` s."""
+    reap([process], time.monotonic() + timeout)
 
 
 def _segments_of(pids: set[int]) -> int:

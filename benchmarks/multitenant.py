@@ -51,6 +51,7 @@ from atoll.benchmarks._common import Row, system_column, table, unit_column
 from atoll.devices import BufferHandle, Computation
 from atoll.kernel import AtollError, Promise
 from atoll.runtime.connect import Client, connect
+from atoll.transports.processes import stop_processes
 
 __all__ = ["PROGRAM_S", "WEIGHTS", "main", "run"]
 
@@ -185,21 +186,7 @@ def _stop(running: Running) -> None:
             with suppress(OSError):
                 client.stdin.close()
     for group in (list(running.clients.values()), [running.up]):
-        for process in group:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        _reap(group)
-
-
-def _reap(processes: Sequence[subprocess.Popen[str]]) -> None:
-    for process in processes:
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-        if process.stdout is not None:
-            process.stdout.close()
+        stop_processes(group, 30)
 
 
 async def _sessions(client: Client) -> dict[str, dict[str, Any]]:

@@ -55,6 +55,7 @@ from ..transports.capnp import (
     peer_of,
     stop_on_signals,
 )
+from ..transports.processes import reap
 from .controller import Controller, spawn_control
 from .dashboard import Dashboard
 from .island import IslandScheduler
@@ -414,18 +415,8 @@ async def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 1
             for process in group:
                 if process.poll() is None:
                     process.terminate()
-            await anyio.to_thread.run_sync(_reap, group, deadline)
+            await anyio.to_thread.run_sync(reap, group, deadline)
     shm.sweep()  # what hosts that died without cleaning up left in shared memory
-
-
-def _reap(processes: list[subprocess.Popen[bytes]], deadline: float) -> None:
-    """Wait for each process until ``deadline``; SIGKILL those still running then."""
-    for process in processes:
-        try:
-            process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 @asynccontextmanager

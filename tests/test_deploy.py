@@ -29,6 +29,8 @@ from typing import Any
 import jax.numpy as jnp
 import pytest
 
+from atoll.transports.processes import stop_processes
+
 HELPERS = '''
 import jax.numpy as jnp
 
@@ -213,18 +215,7 @@ def test_controller_hosts_and_client_in_four_network_namespaces(tmp_path: Path) 
             assert net["h0"] in hosts and net["h1"] in hosts  # each serves on its own address
             assert client.wait(30) == 0
         finally:
-            for process in processes:  # all at once: JAX hosts leave their runtime together
-                if process.poll() is None:
-                    process.send_signal(signal.SIGTERM)
-            for process in processes:
-                try:
-                    process.wait(60)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait(10)
-                for stream in (process.stdin, process.stdout):
-                    if stream is not None:
-                        stream.close()
+            stop_processes(processes, 60)  # all at once: JAX hosts leave their runtime together
 
 
 def spread_sum(x: Any) -> Any:

@@ -20,6 +20,7 @@ from typing import IO
 
 from ..kernel import TransportError
 from .capnp._process import READY_PREFIX
+from .processes import KILL_WAIT_S, stop_processes
 
 __all__ = ["READY_PREFIX", "NodeProcess", "line_with", "pid_alive"]
 
@@ -87,20 +88,14 @@ class NodeProcess:
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM, then wait; returns the exit code (kills after ``timeout``)."""
-        if self.alive():
-            self.process.terminate()
-        try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            code = self.process.wait(10)
+        [code] = stop_processes([self.process], timeout, close=False)
         self._close_pipes()
         return code
 
     def kill(self) -> None:
         if self.alive():
             self.process.kill()
-            self.process.wait(10)
+            self.process.wait(KILL_WAIT_S)
         self._close_pipes()
 
     def _close_pipes(self) -> None:
