@@ -32,6 +32,7 @@ from ..kernel import (
     as_promise,
     flatten,
     forward,
+    log_failure,
     then,
 )
 from ..transports.lane import LaneMessage
@@ -45,9 +46,10 @@ from ._values import Arrival, BufferHandle
 if TYPE_CHECKING:
     from ._host import Host
 
-__all__ = ["HOLD_ABOVE_BYTES", "Pusher", "log_unsent"]
+__all__ = ["HOLD_ABOVE_BYTES", "Pusher"]
 
 _log = logging.getLogger(__name__)
+_log_unsent = log_failure(_log, "a notice to a reader's inbox")
 
 # pushes above this size (what Cap'n Proto sends as a pulled buffer, not
 # inline) ask the reader's host for room first (Host.hold)
@@ -146,7 +148,7 @@ class Pusher:
             except Exception as exc:  # unreachable: its readers fail with the host
                 _log.warning("cannot fail inboxes on host %s: %s", target.host_id, exc)
                 continue
-            host.fail_inbox(list(target.keys), error).add_done_callback(log_unsent)
+            host.fail_inbox(list(target.keys), error).add_done_callback(_log_unsent)
 
     def _offer(
         self, host: ActorRef[Host], keys: list[str], array: np.ndarray, owner: str
@@ -200,11 +202,6 @@ class Pusher:
                 self.store.decref(handle.id)
 
 
-def log_unsent(notice: Promise[Any]) -> None:
-    if notice.exception() is not None:
-        _log.warning("could not fail a reader's inbox: %s", notice.exception())
-
-
 def _push_by_call(host: ActorRef[Host], message: LaneMessage) -> None:
     """A lane closed before its receiver acknowledged ``message``: push it the
     ordinary way (a copy that did land is ignored there). If that push is
@@ -219,7 +216,7 @@ def _push_by_call(host: ActorRef[Host], message: LaneMessage) -> None:
         if done.exception() is not None:
             _log.warning("a push sent again by call failed: %s", done.exception())
         value = BufferHandle.of("lane", message.array, host, -1, -1, message.island)
-        host.redirect_inbox(keys, value).add_done_callback(log_unsent)
+        host.redirect_inbox(keys, value).add_done_callback(_log_unsent)
 
     answer.add_done_callback(landed)
 

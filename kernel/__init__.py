@@ -24,6 +24,7 @@ from ._combinators import failed as failed
 from ._combinators import first_settled as first_settled
 from ._combinators import flatten as flatten
 from ._combinators import forward as forward
+from ._combinators import log_failure as log_failure
 from ._combinators import then as then
 from ._combinators import value_of as value_of
 from ._errors import ActorCancelled as ActorCancelled
@@ -88,6 +89,7 @@ __all__ = [
     "first_settled",
     "flatten",
     "forward",
+    "log_failure",
     "resolve_actor_class",
     "then",
     "value_of",

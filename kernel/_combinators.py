@@ -3,17 +3,20 @@
 The controller uses :func:`then` and :func:`flatten` to hand out one promise
 per output of a node whose result is not there yet; :func:`forward` settles
 one promise like another. The others convert between values and promises, and
-join several promises, for code that may be handed either. None of them
+join several promises, for code that may be handed either;
+:func:`log_failure` logs the failure of a notice nobody awaits. None of them
 blocks: each returns at once and settles from promise callbacks, on the event
 loop's thread.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from ._errors import ActorStopped, HostLost
 from ._promise import Promise
 
 __all__ = [
@@ -23,6 +26,7 @@ __all__ = [
     "first_settled",
     "flatten",
     "forward",
+    "log_failure",
     "then",
     "value_of",
 ]
@@ -135,3 +139,20 @@ async def first_settled(*promises: Promise[Any]) -> None:
     for promise in promises:
         promise.add_done_callback(lambda _: either.set_result(None))
     await either
+
+
+def log_failure(
+    logger: logging.Logger, what: str, level: int = logging.WARNING
+) -> Callable[[Promise[Any]], None]:
+    """A done-callback for ``what`` (a notice, a free: a call whose answer
+    nobody awaits) that logs its failure: at DEBUG when its actor stopped or
+    its host was lost (expected while a cluster or a host goes down), else at
+    ``level``."""
+
+    def logged(answer: Promise[Any]) -> None:
+        error = answer.exception()
+        if error is not None:
+            quiet = isinstance(error, (HostLost, ActorStopped))
+            logger.log(logging.DEBUG if quiet else level, "%s failed: %s", what, error)
+
+    return logged

@@ -46,6 +46,7 @@ from ..kernel import (
     as_promise,
     endpoint,
     forward,
+    log_failure,
     then,
 )
 from .batching import call_graph, device_of_slice
@@ -69,6 +70,7 @@ from .tracing import VirtualSlice
 __all__ = ["Controller", "spawn_control"]
 
 _log = logging.getLogger(__name__)
+_log_failed_notice = log_failure(_log, "a notice to a host")
 
 
 class Controller(Actor):
@@ -616,14 +618,6 @@ async def _unless_lost(answer: Promise[Any]) -> Any:
         return await answer
     except (HostLost, ActorStopped):
         return None
-
-
-def _log_failed_notice(notice: Promise[None]) -> None:
-    error = notice.exception()
-    if error is None:
-        return
-    quiet = isinstance(error, (HostLost, ActorStopped))  # the cluster going down, or that host
-    _log.log(logging.DEBUG if quiet else logging.WARNING, "a notice to a host failed: %s", error)
 
 
 def _default_axes(rank: int) -> tuple[str, ...]:

@@ -37,6 +37,7 @@ from ..kernel import (
     all_settled,
     endpoint,
     forward,
+    log_failure,
     then,
 )
 from ..schedulers import Completed, Dispatch, PolicyError, Submit, get_scheduler
@@ -46,6 +47,7 @@ from .planner import CompiledPlan
 __all__ = ["IslandScheduler"]
 
 _log = logging.getLogger(__name__)
+_log_failed = log_failure(_log, "a notice to a device or host")
 
 
 class IslandScheduler(Actor):
@@ -333,14 +335,6 @@ class IslandScheduler(Actor):
                 self._running[gang_id] = left
             self._carry_out(self.policy.handle(Completed(next(self._events), gang_id, device)))
         return len(done)
-
-
-def _log_failed(sent: Promise[Any]) -> None:
-    """Log a notice that failed: quietly when its host is lost (expected then)."""
-    error = sent.exception()
-    if error is not None:
-        level = logging.INFO if isinstance(error, HostLost) else logging.WARNING
-        _log.log(level, "a notice to a device or host failed: %s", error)
 
 
 def _given(report: RunReport, _: Promise[None]) -> RunReport:

@@ -30,12 +30,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..devices import BufferHandle
-from ..kernel import ActorRef, Promise, all_settled
+from ..kernel import ActorRef, Promise, all_settled, log_failure
 from ..kernel.lowlevel import threadsafe_caller
 
 __all__ = ["Ownership"]
 
 _log = logging.getLogger(__name__)
+_log_unfreed = log_failure(_log, "a free", logging.DEBUG)
 
 
 class _Reference:
@@ -199,9 +200,3 @@ class Ownership:
         self._handles.discard(handle_id)
         self._gone.append(buffer_id)
         self._schedule()
-
-
-def _log_unfreed(answer: Promise[Any]) -> None:
-    error = answer.exception()
-    if error is not None:
-        _log.debug("a free was not answered: %s", error)

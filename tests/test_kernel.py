@@ -566,3 +566,26 @@ async def test_a_call_that_needs_no_waiting_settles_at_once() -> None:
         answer = ref.double(waiting)  # a promise argument: resolved first
         waiting.set_result(4)
         assert await answer == 8
+
+
+def test_a_notice_nobody_awaits_logs_its_failure_quietly_when_its_host_went(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from atoll.kernel import HostLost, log_failure
+
+    logger = logging.getLogger("atoll.test.notices")
+    logged = log_failure(logger, "a notice")
+    with caplog.at_level(logging.DEBUG, logger.name):
+        for error in (HostLost("gone"), ValueError("wrong")):
+            notice: Promise[None] = Promise("notice")
+            notice.set_exception(error)
+            logged(notice)
+        done: Promise[None] = Promise("notice")
+        done.set_result(None)
+        logged(done)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.DEBUG, "a notice failed: gone"),
+        (logging.WARNING, "a notice failed: wrong"),
+    ]

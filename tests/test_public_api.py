@@ -92,6 +92,7 @@ def test_kernel_api() -> None:
             "first_settled",
             "flatten",
             "forward",
+            "log_failure",
             "resolve_actor_class",
             "then",
             "value_of",
