@@ -13,8 +13,7 @@ import asyncio
 import gc
 import os
 import signal
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from atoll.runtime.connect import connect
 from atoll.runtime.process import _controller
 from atoll.transports import bulk, shm
 from atoll.transports.capnp import CapnpTransport, capnp_runtime
+from atoll.transports.testing import eventually
 
 pytestmark = pytest.mark.anyio
 CONF = "atoll.transports.conformance"
@@ -74,17 +74,6 @@ def segment_of(array: np.ndarray) -> str:
     where = shm.locate(array)
     assert where is not None, "not in shared memory"
     return where[0]
-
-
-async def until(check: Callable[[], Awaitable[bool]] | Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        done = check()
-        if done if isinstance(done, bool) else await done:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within 20 s: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def _made_and_read(cluster: Cluster) -> tuple[dict[str, list[int]], np.ndarray]:
@@ -161,7 +150,7 @@ async def test_a_killed_host_leaves_nothing_in_shared_memory() -> None:
         pid = (await cluster.store_usage())[0]["pid"]
         assert segments(pid)
         os.kill(pid, signal.SIGKILL)
-        await until(lambda: not segments(pid), "the controller sweeps the dead host's segment")
+        await eventually(lambda: not segments(pid), "the controller sweeps the dead host's segment")
     assert segments(pid) == []
 
 
@@ -187,7 +176,7 @@ async def test_a_session_that_ends_frees_its_shared_memory() -> None:
             async def freed() -> bool:
                 return (await watcher.store_usage())[0]["buffers"] == 0
 
-            await until(freed, "the ended session's buffers are freed")
+            await eventually(freed, "the ended session's buffers are freed")
             assert not linked(name)
 
 

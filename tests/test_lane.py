@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from atoll.transports import lane
+from atoll.transports.testing import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -38,14 +39,6 @@ async def listening() -> AsyncIterator[tuple[str, list[lane.LaneMessage]]]:
         await lane.aclose()
 
 
-async def until(condition: object, what: str) -> None:
-    for _ in range(2000):
-        if callable(condition) and condition():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError(f"never happened: {what}")
-
-
 def message(value: float, shape: tuple[int, ...] = (3,)) -> lane.LaneMessage:
     return lane.LaneMessage(7, ("k1", "k2"), "alice", 0, np.full(shape, value, np.float32))
 
@@ -60,13 +53,13 @@ async def test_frames_arrive_in_order_and_are_acknowledged(
         assert lane.send(address, message(float(i)), lost.append)
     scalar = lane.LaneMessage(7, ("s",), "", 1, np.array(2.5, np.float64))
     assert lane.send(address, scalar, lost.append)
-    await until(lambda: len(got) == 51, "51 frames delivered")
+    await eventually(lambda: len(got) == 51, "51 frames delivered", every=0.001)
     assert [float(m.array[0]) for m in got[:50]] == [float(i) for i in range(50)]
     assert got[0].keys == ("k1", "k2") and got[0].owner == "alice"
     assert got[50].array.shape == () and float(got[50].array) == 2.5  # 0-d stays 0-d
     assert not got[0].array.flags.writeable
     link = lane._links[address]
-    await until(lambda: not link.unacked, "every frame acknowledged")
+    await eventually(lambda: not link.unacked, "every frame acknowledged", every=0.001)
     assert lost == []
 
 
@@ -78,7 +71,7 @@ async def test_a_wrong_token_is_refused_and_nothing_is_delivered(
     assert await lane.connect(address, b"w" * 32)
     lost: list[lane.LaneMessage] = []
     assert lane.send(address, message(1.0), lost.append)
-    await until(lambda: lost, "the unacknowledged frame handed back")
+    await eventually(lambda: lost, "the unacknowledged frame handed back", every=0.001)
     assert got == [] and lane.stats["refused"] == refused + 1
 
 
@@ -90,11 +83,11 @@ async def test_a_closed_lane_is_not_used_and_a_new_one_opens(
     link = lane._links[address]
     lost: list[lane.LaneMessage] = []
     link.close()  # closes before any acknowledgement can come back
-    await until(lambda: link.closed, "the lane closed")
+    await eventually(lambda: link.closed, "the lane closed", every=0.001)
     assert not lane.send(address, message(1.0), lost.append)  # no lane: push by call
     assert await lane.connect(address, TOKEN)  # a new one opens
     assert lane.send(address, message(2.0), lost.append)
-    await until(lambda: len(got) == 1, "delivered on the new lane")
+    await eventually(lambda: len(got) == 1, "delivered on the new lane", every=0.001)
 
 
 async def test_hostile_frames_close_only_their_connection(
@@ -114,7 +107,7 @@ async def test_hostile_frames_close_only_their_connection(
         writer.close()
     assert await lane.connect(address, TOKEN)  # the listener still serves
     assert lane.send(address, message(3.0), lambda m: None)
-    await until(lambda: len(got) == 1, "a good frame still delivered")
+    await eventually(lambda: len(got) == 1, "a good frame still delivered", every=0.001)
 
 
 async def test_a_connection_that_shows_no_token_in_time_is_closed(
@@ -171,7 +164,7 @@ async def test_frames_cut_at_every_byte_still_arrive(
     for i in range(len(data)):
         writer.write(data[i : i + 1])
         await writer.drain()
-    await until(lambda: len(got) == 1, "the frame, whole")
+    await eventually(lambda: len(got) == 1, "the frame, whole", every=0.001)
     assert got[0].array.tolist() == [1.5, 2.5]
     assert struct.unpack("!Q", await reader.readexactly(8)) == (1,)  # acknowledged
     writer.close()
@@ -185,5 +178,7 @@ async def test_a_frame_for_a_host_not_there_is_handed_back(
     lost: list[lane.LaneMessage] = []
     stray = lane.LaneMessage(99, ("k",), "", 0, np.zeros(1, np.float32))
     assert lane.send(address, stray, lost.append)
-    await until(lambda: lost == [stray], "the stray frame handed back, unacknowledged")
+    await eventually(
+        lambda: lost == [stray], "the stray frame handed back, unacknowledged", every=0.001
+    )
     assert got == []

@@ -7,17 +7,16 @@ never a clock.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 import pytest
 
 from atoll.kernel import ActorSystem, MailboxFull, Promise
 from atoll.transports.capnp import CapnpTransport, _peer, capnp_runtime
 from atoll.transports.capnp._peer import LaterServer, Peer
-from atoll.transports.testing import NodeProcess
+from atoll.transports.testing import NodeProcess, eventually
 
 pytestmark = pytest.mark.anyio
 CONF = "atoll.transports.conformance"
@@ -27,13 +26,6 @@ TOKEN = b"test-load-token"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-async def _until(check: Callable[[], bool], what: str) -> None:
-    """Yield to the loop until ``check()`` holds (fails after 20 s: ``what``)."""
-    with anyio.fail_after(20):  # raises TimeoutError, naming nothing: see `what`
-        while not check():
-            await anyio.sleep(0.001)
 
 
 @asynccontextmanager
@@ -74,7 +66,7 @@ async def test_a_flood_is_held_near_the_bound_and_loses_nothing() -> None:
     call is answered or refused (answers the client has not taken yet count
     against the bound too), every admitted one answered."""
     async with flooded() as (listener, _, other, calls):
-        await _until(lambda: any(p.held for p in listener.peers), "a hold")
+        await eventually(lambda: any(p.held for p in listener.peers), "a hold", every=0.001)
         held = next(p for p in listener.peers if p.held)
         echo = await other.node.spawn(f"{CONF}:Echo")
         assert [await echo.echo(i) for i in range(20)] == list(range(20))
@@ -95,7 +87,7 @@ async def test_a_hold_that_lasts_turns_into_refusals(monkeypatch: pytest.MonkeyP
     beyond the bound are refused; the admitted ones complete on release."""
     monkeypatch.setattr(_peer, "HOLD_S", 0.01)
     async with flooded() as (listener, flooder, other, calls):
-        await _until(lambda: any(p.refusing for p in listener.peers), "refusals")
+        await eventually(lambda: any(p.refusing for p in listener.peers), "refusals", every=0.001)
         held = next(p for p in listener.peers if p.refusing)
         with pytest.raises(MailboxFull, match="ATOLL_CONNECTION_CALLS"):
             await flooder.node.ping()

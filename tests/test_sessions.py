@@ -16,7 +16,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,6 +33,7 @@ from atoll.runtime.process import ClusterBuilder, ClusterInfo
 from atoll.runtime.sessions import SessionAnchor
 from atoll.transports.capnp import CapnpTransport, ClusterFile, capnp_runtime
 from atoll.transports.capnp._peer import Peer
+from atoll.transports.testing import eventually
 
 pytestmark = pytest.mark.anyio
 TOKEN = b"session-test-token"
@@ -68,15 +68,6 @@ async def buffers(info: ClusterInfo) -> int:
     return usage["buffers"]
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20) -> None:
-    """Wait for another party to act: poll ``check`` until true, or fail."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
-
-
 async def test_a_killed_client_frees_its_buffers_and_slices_not_anothers(tmp_path: Path) -> None:
     cluster_file = tmp_path / "cluster.json"
     async with served_cluster() as (address, info, _):
@@ -99,7 +90,7 @@ async def test_a_killed_client_frees_its_buffers_and_slices_not_anothers(tmp_pat
             async def freed() -> bool:
                 return await buffers(info) == 1
 
-            await until(freed, "the killed client's buffer is freed")
+            await eventually(freed, "the killed client's buffer is freed")
             assert await info.sessions.sessions() == {1: mine.owner}
             await mine.devices(DEVICES)  # its slice is back too
             np.testing.assert_array_equal(await mine.fetch(kept), np.arange(4))
@@ -120,11 +111,11 @@ async def test_a_reconnecting_client_gets_a_fresh_owner_and_keeps_new_buffers() 
             async def first_freed() -> bool:
                 return await buffers(info) == 1
 
-            await until(first_freed, "the first connection's buffers are freed")
+            await eventually(first_freed, "the first connection's buffers are freed")
             assert await info.sessions.sessions() == {2: after.owner}
             np.testing.assert_array_equal(await after.fetch(handle), np.full(3, 7.0))
             await after.devices(DEVICES)  # the first one's slice is back
-        await until(_empty(info), "the second connection's buffer is freed")
+        await eventually(_empty(info), "the second connection's buffer is freed")
 
 
 async def test_a_dropped_tcp_link_frees_what_the_client_owned() -> None:
@@ -137,7 +128,7 @@ async def test_a_dropped_tcp_link_frees_what_the_client_owned() -> None:
                 held = await cluster.put(np.zeros(16, dtype=np.float32), 0)
                 assert await buffers(info) == 1 and held.nbytes == 64
                 proxy.cut()  # the client process lives on; its link is gone
-                await until(_empty(info), "the cut-off client's buffer is freed")
+                await eventually(_empty(info), "the cut-off client's buffer is freed")
         finally:
             proxy.close()
 

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from atoll.runtime.connect import Client, connect
 from atoll.runtime.process import ClusterBuilder, ClusterInfo
 from atoll.runtime.tenancy import STALL_FACTOR
 from atoll.transports.capnp import CapnpTransport, ClusterFile, capnp_runtime
+from atoll.transports.testing import eventually
 
 pytestmark = pytest.mark.anyio
 TOKEN = b"tenancy-test-token"
@@ -294,24 +295,16 @@ async def test_a_killed_client_releases_only_what_it_owned(tmp_path: Path) -> No
                 usage: dict[str, int] = await info.hosts[0].store_usage()
                 return usage["buffers"] == 1 and set(await sessions(client)) == {"stays#1"}
 
-            await _until(only_stays, "the killed client's buffers and session are gone")
+            await eventually(only_stays, "the killed client's buffers and session are gone")
 
             async def idle() -> bool:
                 rows = await info.controller.tenant_usage()
                 return not any(row["queued"] or row["running"] for row in rows.values())
 
-            await _until(idle, "the killed client's gangs ran (or failed)")
+            await eventually(idle, "the killed client's gangs ran (or failed)")
             assert await only_stays()  # they stored nothing for the gone session
             np.testing.assert_array_equal(await stays.fetch(kept), BIG)
             await stays.release(mine)  # its slice is still its own
-
-
-async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def _doomed_client(cluster_file: str) -> None:

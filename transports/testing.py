@@ -3,20 +3,24 @@
 :class:`NodeProcess` starts a Cap'n Proto node (``atoll node``) as a child
 process and waits, with a real timeout, for the line that says it listens.
 The conformance suite's process harness, the transport tests and the
-transport benchmark use it.
+transport benchmark use it. :func:`eventually` waits for what another party
+(a process, a thread) does.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import selectors
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
+
+import anyio
 
 from ..kernel import TransportError
 from .capnp._process import READY_PREFIX
@@ -146,3 +150,23 @@ def line_with(process: subprocess.Popen[str], text: str) -> str:
         if text in line:
             return line
     raise RuntimeError(f"the process ended before printing {text!r}")
+
+
+async def eventually(
+    check: Callable[[], Any], what: str, timeout: float = 20.0, every: float = 0.01
+) -> None:
+    """Wait until ``check()`` (or what it returns, when that is awaitable)
+    holds: for what another process or thread does, which no clock of ours
+    sequences. Fails with ``what`` after ``timeout`` wall-clock seconds.
+    Asynchronous: polls every ``every`` seconds on the running loop (asyncio
+    or trio), which meanwhile runs everything else."""
+    deadline = time.monotonic() + timeout
+    while True:
+        done = check()
+        if inspect.isawaitable(done):
+            done = await done
+        if done:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        await anyio.sleep(every)
