@@ -227,3 +227,26 @@ def test_an_import_by_name_counts_as_an_import(tmp_path: Path) -> None:
     )
     found = [target for _, target in imported("atoll.kernel.mod", source)]
     assert found == ["atoll.devices", "atoll.kernel.mod.sub"]
+
+
+CONTROL_PLANE = {
+    "graph", "tracing", "resources", "topology", "latency", "planner", "island",
+    "controller", "sessions", "tenancy", "client", "batching", "ownership",
+}  # fmt: skip
+# the runtime's other modules: deployment (spec, local, process, connect) and
+# tools (status, timelines, admin, dashboard); see docs/architecture.md
+CONTROL_PLANE_MAY = {("client", "timelines")}  # Cluster.recording starts the recorder
+
+
+def test_the_runtime_control_plane_imports_no_deployment_or_tool() -> None:
+    runtime = {m.split(".")[2] for m in MODULES if m.startswith("atoll.runtime.")}
+    assert runtime > CONTROL_PLANE
+    wrong = []
+    for name in sorted(CONTROL_PLANE):
+        module = f"atoll.runtime.{name}"
+        for line, target in imported(module, MODULES[module]):
+            found = known(target, set(MODULES)) or ""
+            other = found.split(".")[2] if found.startswith("atoll.runtime.") else None
+            if other in runtime - CONTROL_PLANE and (name, other) not in CONTROL_PLANE_MAY:
+                wrong.append(f"{module} line {line}: {found}")
+    assert not wrong, "\n".join(dict.fromkeys(wrong))
