@@ -39,8 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--step-ms", type=float, default=2.0, help="device time per step")
     demo.add_argument("--virtual-clock", action="store_true", help="simulate time, no sleeping")
     demo.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
-    demo.add_argument("--trace", metavar="JSON", help="write the run's timeline (Chrome trace)")
-    demo.add_argument("--trace-page", metavar="HTML", help="and a page that draws it (--trace)")
+    demo.add_argument("--timeline", metavar="JSON", help="write the run's timeline (Chrome trace)")
+    demo.add_argument(
+        "--timeline-page", metavar="HTML", help="and a page that draws it (--timeline)"
+    )
     demo.add_argument("--elements", type=_positive, default=8, help="size of the array that moves")
     bench = sub.add_parser("bench", help="run a benchmark (args after the name go to it)")
     bench.add_argument("name", choices=sorted(BENCHMARKS))
@@ -87,10 +89,12 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="hosts, islands and sessions of a running cluster")
     status.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
     status.add_argument("--json", action="store_true", help="print the rows as JSON")
-    trace = sub.add_parser("trace", help="record a running cluster's timeline (Chrome trace)")
-    trace.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
-    trace.add_argument("-o", "--output", default="trace.json", help="where to write it")
-    trace.add_argument("--seconds", type=float, help="how long to record (default: until Ctrl-C)")
+    timeline = sub.add_parser("timeline", help="record a running cluster's timeline (Chrome trace)")
+    timeline.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
+    timeline.add_argument("-o", "--output", default="timeline.json", help="where to write it")
+    timeline.add_argument(
+        "--seconds", type=float, help="how long to record (default: until Ctrl-C)"
+    )
     dashboard = sub.add_parser("dashboard", help="serve a cluster's web page from its controller")
     dashboard.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
     dashboard.add_argument("--port", type=int, default=0, help="0: any free one")
@@ -213,7 +217,7 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _trace(args: argparse.Namespace) -> int:
+def _timeline(args: argparse.Namespace) -> int:
     import asyncio
 
     from .kernel import AtollError
@@ -222,7 +226,7 @@ def _trace(args: argparse.Namespace) -> int:
     try:
         print(asyncio.run(record_timeline(args.cluster_file, args.output, args.seconds)))
     except AtollError as exc:
-        raise SystemExit(f"atoll trace: {exc}") from None
+        raise SystemExit(f"atoll timeline: {exc}") from None
     return 0
 
 
@@ -348,23 +352,23 @@ def _demo(args: argparse.Namespace) -> int:
         args.steps,
         args.step_ms,
         virtual=args.virtual_clock,
-        trace=args.trace,
+        timeline=args.timeline,
         elements=args.elements,
     )
     result = anyio.run(job, backend=args.backend)
     print(format_demo(result, args.step_ms))
-    if args.trace:
-        print(f"trace written to {args.trace} (open it in https://ui.perfetto.dev)")
-    if args.trace and args.trace_page:
+    if args.timeline:
+        print(f"timeline written to {args.timeline} (open it in https://ui.perfetto.dev)")
+    if args.timeline and args.timeline_page:
         import json
         from pathlib import Path
 
         from .runtime.dashboard import timeline_page
 
-        trace = json.loads(Path(args.trace).read_text())
+        document = json.loads(Path(args.timeline).read_text())
         title = f"atoll demo: a chain of {args.steps} steps"
-        Path(args.trace_page).write_text(timeline_page(trace, title))
-        print(f"page that draws it written to {args.trace_page}")
+        Path(args.timeline_page).write_text(timeline_page(document, title))
+        print(f"page that draws it written to {args.timeline_page}")
     return 0
 
 
@@ -407,8 +411,8 @@ def _command(args: argparse.Namespace) -> int:
         return _status(args)
     if args.command == "down":
         return _down(args)
-    if args.command == "trace":
-        return _trace(args)
+    if args.command == "timeline":
+        return _timeline(args)
     if args.command == "dashboard":
         return _dashboard(args)
     from . import __version__

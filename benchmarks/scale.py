@@ -50,11 +50,11 @@ whatever code runs (at 512 devices, 1,040 µs per computation instead of 265).
 
 Each size and form runs twice: once with the control plane's meters only
 (the thread's CPU then, against the metered run's, is what the meters cost)
-and once with every meter. ``--trace PATH`` runs one more, recorded, at
-``--trace-hosts`` hosts, and writes it as Chrome trace JSON (Perfetto, or
-chrome://tracing): per form, one track for the control plane's entry
-points, one for its actor tasks, one per host; each slice is a stretch of
-thread CPU time drawn at the wall-clock time it started.
+and once with every meter. ``--timeline PATH`` runs one more, recorded, at
+``--timeline-hosts`` hosts, and writes its timeline as Chrome trace JSON
+(Perfetto, or chrome://tracing): per form, one track for the control
+plane's entry points, one for its actor tasks, one per host; each slice is
+a stretch of thread CPU time drawn at the wall-clock time it started.
 """
 
 from __future__ import annotations
@@ -282,11 +282,12 @@ class Pass:
 
 
 async def metered_pass(
-    once: Callable[[], Awaitable[None]], runs: int, per_host: bool, trace: bool = False
+    once: Callable[[], Awaitable[None]], runs: int, per_host: bool, record: bool = False
 ) -> Pass:
-    """Run ``once`` ``runs`` times inside :func:`metering`."""
+    """Run ``once`` ``runs`` times inside :func:`metering` (with ``record``,
+    segment by segment)."""
     with metering(per_host) as ledger:
-        if trace:
+        if record:
             ledger.segments = []
         started, cpu = time.perf_counter(), time.thread_time()
         for _ in range(runs):
@@ -301,10 +302,10 @@ async def measure(
     runs: int,
     compiled: bool,
     charge: tuple[float, float],
-    traced: list[Pass] | None = None,
+    recorded: list[Pass] | None = None,
 ) -> list[Row]:
     """One cluster size and form: the rows of :func:`figures` (``charge``: see
-    :func:`frame_charge`). With ``traced``, one more run is recorded segment
+    :func:`frame_charge`). With ``recorded``, one more run is recorded segment
     by segment and appended there."""
     devices = hosts * DEVICES_PER_HOST
     cost = CostModel(flops_per_s=1e12, link_latency_s=0.0, link_bytes_per_s=float("inf"))
@@ -326,8 +327,8 @@ async def measure(
         try:
             bare = await metered_pass(once, runs, per_host=False)
             full = await metered_pass(once, runs, per_host=True)
-            if traced is not None:
-                traced.append(await metered_pass(once, 1, per_host=True, trace=True))
+            if recorded is not None:
+                recorded.append(await metered_pass(once, 1, per_host=True, record=True))
         finally:
             gc.unfreeze()
     form = "compiled" if compiled else "per gang"
@@ -431,11 +432,11 @@ async def run(
     sizes: Sequence[int],
     nodes: int,
     progress: Callable[[str], None],
-    trace_hosts: int | None = None,
-    traced: list[tuple[str, Pass]] | None = None,
+    timeline_hosts: int | None = None,
+    timelines: list[tuple[str, Pass]] | None = None,
 ) -> list[Row]:
     """Both forms at every size; the largest sizes run fewer times. At
-    ``trace_hosts`` hosts, a recorded run of each form goes into ``traced``."""
+    ``timeline_hosts`` hosts, a recorded run of each form goes into ``timelines``."""
     rows: list[Row] = []
     charge = frame_charge()
     for hosts in sizes:
@@ -443,10 +444,10 @@ async def run(
         for compiled in (True, False):
             form = "compiled" if compiled else "per gang"
             progress(f"scale: {hosts} hosts, {form}")
-            recorded: list[Pass] | None = [] if hosts == trace_hosts else None
+            recorded: list[Pass] | None = [] if hosts == timeline_hosts else None
             measured = await measure(hosts, nodes, runs, compiled, charge, recorded)
-            if traced is not None and recorded:
-                traced.append((f"{form}, {hosts} hosts", recorded[0]))
+            if timelines is not None and recorded:
+                timelines.append((f"{form}, {hosts} hosts", recorded[0]))
             rows += measured
             got = {row.case: row.value or 0.0 for row in measured}
             control, busiest = got["control plane CPU"], got["busiest host's CPU"]
@@ -482,28 +483,32 @@ def format_table(rows: Sequence[Row]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``atoll bench scale [--quick] [--json] [--nodes N] [--trace PATH]``."""
+    """``atoll bench scale [--quick] [--json] [--nodes N] [--timeline PATH]``."""
     parser = argparse.ArgumentParser(prog="atoll bench scale", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help=f"hosts {QUICK_HOSTS} only")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--nodes", type=int, default=32, help="computations per program")
     parser.add_argument("--hosts", type=int, nargs="+", help="these host counts instead")
-    parser.add_argument("--trace", type=Path, help="write per-host timelines (Chrome trace JSON)")
-    parser.add_argument("--trace-hosts", type=int, default=16, help="the size --trace records")
+    parser.add_argument(
+        "--timeline", type=Path, help="write per-host timelines (Chrome trace JSON)"
+    )
+    parser.add_argument(
+        "--timeline-hosts", type=int, default=16, help="the size --timeline records"
+    )
     args = parser.parse_args(argv)
     sizes = args.hosts or (QUICK_HOSTS if args.quick else HOSTS)
-    if args.trace and args.trace_hosts not in sizes:
-        parser.error(f"--trace-hosts {args.trace_hosts} is not among the sizes {sizes}")
+    if args.timeline and args.timeline_hosts not in sizes:
+        parser.error(f"--timeline-hosts {args.timeline_hosts} is not among the sizes {sizes}")
 
     def progress(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
-    traced: list[tuple[str, Pass]] = []
-    trace_hosts = args.trace_hosts if args.trace else None
-    rows = anyio.run(run, sizes, args.nodes, progress, trace_hosts, traced)
-    if args.trace:
-        args.trace.write_text(json.dumps(chrome_trace(traced)))
-        progress(f"scale: per-host timelines of {args.trace_hosts} hosts in {args.trace}")
+    timelines: list[tuple[str, Pass]] = []
+    timeline_hosts = args.timeline_hosts if args.timeline else None
+    rows = anyio.run(run, sizes, args.nodes, progress, timeline_hosts, timelines)
+    if args.timeline:
+        args.timeline.write_text(json.dumps(chrome_trace(timelines)))
+        progress(f"scale: per-host timelines of {args.timeline_hosts} hosts in {args.timeline}")
     emit(rows, args.json, format_table)
     return 0
 

@@ -53,12 +53,12 @@ async def run_demo(
     step_ms: float = 2.0,
     *,
     virtual: bool = False,
-    trace: str | None = None,
+    timeline: str | None = None,
     elements: int = 8,
 ) -> DemoResult:
     """Run the chain on a fresh in-process cluster; returns what it measured.
 
-    With ``trace``, the cluster's timeline is written there (Chrome trace
+    With ``timeline``, the cluster's timeline is written there (Chrome trace
     event JSON, see ``docs/observability.md``). ``elements``: the size of
     the array that travels (above 4096 float32 it no longer rides in its
     handle, and each hop is a transfer of its own)."""
@@ -71,7 +71,7 @@ async def run_demo(
     async with local_cluster(
         islands, hosts_per_island, devices_per_host, clock=clock, cost=cost
     ) as cluster:
-        async with _tracing(cluster, trace):
+        async with _recording(cluster, timeline):
             started, t0 = time.perf_counter(), clock.now()
             handle = _dispatch(cluster, step, plan, x0)
             dispatch_s = time.perf_counter() - started
@@ -85,8 +85,8 @@ async def run_demo(
     return DemoResult(result, expected, plan, stats, dispatch_s, device_elapsed, wall_s)
 
 
-def _tracing(cluster: Cluster, path: str | None) -> AbstractAsyncContextManager[Any]:
-    return cluster.tracing(path) if path else nullcontext()
+def _recording(cluster: Cluster, path: str | None) -> AbstractAsyncContextManager[Any]:
+    return cluster.recording(path) if path else nullcontext()
 
 
 def _dispatch(

@@ -1,4 +1,4 @@
-"""``atoll status``, ``atoll trace`` and ``atoll down``: a running cluster, seen,
+"""``atoll status``, ``atoll timeline`` and ``atoll down``: a running cluster, seen,
 recorded and stopped from outside.
 
 Both find the cluster the way ``atoll.connect()`` does: the cluster file
@@ -44,21 +44,21 @@ async def status_rows(path: str | os.PathLike[str] | None, timeout: float = 5.0)
 async def record_timeline(
     path: str | os.PathLike[str] | None, output: str | os.PathLike[str], seconds: float | None
 ) -> str:
-    """``atoll trace``: record the cluster's timeline for ``seconds`` (or until
+    """``atoll timeline``: record the cluster's timeline for ``seconds`` (or until
     SIGINT/SIGTERM) and write it to ``output``; what was written, in words."""
     from ..transports.capnp import stop_on_signals
 
     stop = stop_on_signals()
     async with connect(cluster_file_of(path)) as client:
-        cluster = await client.cluster(owner="atoll-trace")
-        async with cluster.tracing(output) as log:
+        cluster = await client.cluster(owner="atoll-timeline")
+        async with cluster.recording(output) as log:
             until = f"for {seconds:g} s" if seconds is not None else "until Ctrl-C"
-            print(f"atoll trace: recording {until}", flush=True)
+            print(f"atoll timeline: recording {until}", flush=True)
             with anyio.move_on_after(seconds if seconds is not None else math.inf):
                 await stop.wait()
-        await client.node.lookup("cluster").keep_trace(log.trace)  # for the dashboard
+        await client.node.lookup("cluster").keep_timeline(log.document)  # for the dashboard
     gangs = sum(1 for e in log.events if e.get("cat") == "gang")
-    return f"atoll trace: {len(log.events)} events ({gangs} gangs) written to {output}"
+    return f"atoll timeline: {len(log.events)} events ({gangs} gangs) written to {output}"
 
 
 async def open_dashboard(

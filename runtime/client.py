@@ -99,18 +99,19 @@ class Outputs:
         return self._fetch().__await__()
 
     async def timeline(self, path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
-        """For ``run(..., trace=True)``: once the outputs exist, stop recording
-        and return the Chrome trace (written to ``path`` too, if given)."""
-        from .timelines import stop, write_trace
+        """For ``run(..., record=True)``: once the outputs exist, stop recording
+        and return the timeline, a Chrome trace event file (written to ``path``
+        too, if given)."""
+        from .timelines import stop, write_timeline
 
         await all_settled([ref.promise for ref in self.flat])
         for ref in self.flat:  # computed: every gang that made them is recorded
             with contextlib.suppress(Exception):
                 await self.client.ready(ref)
-        trace = await stop(self.client)
+        document = await stop(self.client)
         if path is not None:
-            write_trace(trace, path)
-        return trace
+            write_timeline(document, path)
+        return document
 
     async def _fetch(self) -> Any:
         import jax
@@ -163,10 +164,10 @@ class Cluster:
         """The host actors (for tools; users go through run)."""
         return list(self._hosts)
 
-    def tracing(self, path: str | os.PathLike[str] | None = None) -> Any:
-        """``async with cluster.tracing("run.json") as log:`` records what every
-        device, host and island does in the block, and writes it as a Chrome
-        trace event file (``log.trace``; see ``docs/observability.md``)."""
+    def recording(self, path: str | os.PathLike[str] | None = None) -> Any:
+        """``async with cluster.recording("run.json") as log:`` records what
+        every device, host and island does in the block, and writes it as a
+        Chrome trace event file (``log.document``; see ``docs/observability.md``)."""
         from .timelines import record
 
         return record(self, path)
@@ -228,21 +229,23 @@ class Cluster:
         owner: str = "",
     ) -> Promise[BufferHandle]: ...
     @overload
-    def run(self, target: Program | PlacedFunction, *args: Any, trace: bool = False) -> Outputs: ...
+    def run(
+        self, target: Program | PlacedFunction, *args: Any, record: bool = False
+    ) -> Outputs: ...
     def run(self, target: Any, *args: Any, **kwargs: Any) -> Any:
         """Run a program (or a placed function, as a one-node program).
 
         Returns :class:`Outputs` at once; every node is already on its way to
         its devices. ``run(computation, device, inputs)`` is the low-level
         form: one :class:`Computation` on one physical device. With
-        ``trace=True`` the cluster records its timeline until
+        ``record=True`` the cluster records its timeline until
         ``await outputs.timeline(path)`` (``docs/observability.md``).
         """
         if isinstance(target, Computation):
             return self._run_computation(target, *args, **kwargs)
         program = _program_of(target)
-        leaves, trace = _trace(program, args)
-        if kwargs.pop("trace", False):  # Outputs.timeline() gives what it recorded
+        leaves, traced = _trace(program, args)
+        if kwargs.pop("record", False):  # Outputs.timeline() gives what it recorded
             from .timelines import start
 
             start(self)
@@ -250,15 +253,15 @@ class Cluster:
             raise TypeError(f"run got unexpected keyword arguments {sorted(kwargs)}")
         if _timelines.RECORDER.on:  # the node names cost a list per run
             _timelines.control(
-                "run", "client", program=program.name, nodes=_names(trace.graph), client=self.owner
+                "run", "client", program=program.name, nodes=_names(traced.graph), client=self.owner
             )
-        return Outputs(self, self.run_graph(trace.graph, leaves), trace.out_tree, trace.graph)
+        return Outputs(self, self.run_graph(traced.graph, leaves), traced.out_tree, traced.graph)
 
     async def run_sequential(self, target: Program | PlacedFunction, *args: Any) -> Outputs:
         """Like ``run``, but each node is dispatched only after the one before finished."""
-        leaves, trace = _trace(_program_of(target), args)
-        refs = await self.run_graph_sequential(trace.graph, leaves)
-        return Outputs(self, refs, trace.out_tree, trace.graph)
+        leaves, traced = _trace(_program_of(target), args)
+        refs = await self.run_graph_sequential(traced.graph, leaves)
+        return Outputs(self, refs, traced.out_tree, traced.graph)
 
     def run_graph(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
         """Parallel asynchronous dispatch of a graph; returns its outputs at once."""

@@ -5,11 +5,12 @@
 
 * ``/``: one page (HTML and a little JavaScript, no external assets) that
   polls the API every two seconds and draws hosts and their health, device
-  utilization over the last minute, sessions, store usage, and the timeline
-  of the last traced run;
+  utilization over the last minute, sessions, store usage, and the last
+  recorded timeline;
 * ``/api/status``: ``{"rows": [...], "utilization": {device: fraction},
   "window_s": ...}``; the rows are ``atoll status``'s;
-* ``/api/trace``: the last trace ``atoll trace`` recorded (Chrome trace JSON).
+* ``/api/timeline``: the last timeline ``atoll timeline`` recorded (Chrome
+  trace JSON).
 
 Every request must show the cluster token: header ``X-Atoll-Token: HEX`` or
 cookie ``atoll_token=HEX``. Opening ``/?token=HEX`` once sets the cookie.
@@ -53,7 +54,7 @@ class Dashboard:
         self.status = status
         self.devices = list(devices)
         self.samples: dict[int, deque[tuple[float, float]]] = {}  # device -> (t, busy_s)
-        self.trace: dict[str, Any] = {"traceEvents": []}
+        self.timeline: dict[str, Any] = {"traceEvents": []}
         self.server: asyncio.Server | None = None
         self._sampler: asyncio.Task[None] | None = None
         self.address = ""
@@ -142,8 +143,9 @@ class Dashboard:
                 "window_s": WINDOW_S,
             }
             return "200 OK", {"Content-Type": "application/json"}, json.dumps(data).encode()
-        if url.path == "/api/trace":
-            return "200 OK", {"Content-Type": "application/json"}, json.dumps(self.trace).encode()
+        if url.path == "/api/timeline":
+            body = json.dumps(self.timeline).encode()
+            return "200 OK", {"Content-Type": "application/json"}, body
         return "404 Not Found", {}, b"not found"
 
     def _allowed(self, given: str) -> bool:
@@ -170,12 +172,13 @@ def _cookie(headers: dict[str, str]) -> str:
     return ""
 
 
-def timeline_page(trace: dict[str, Any], title: str = "atoll timeline") -> str:
-    """A standalone HTML page that draws ``trace`` (Chrome trace JSON) as the
-    dashboard does: one lane per device, gangs as bars, transfers as arrows.
-    (``atoll demo --trace-page``; a headless browser can screenshot it.)"""
-    data = json.dumps(trace).replace("</", "<\\/")
-    return TIMELINE_PAGE.replace("%TITLE%", title).replace("%TRACE%", data)
+def timeline_page(document: dict[str, Any], title: str = "atoll timeline") -> str:
+    """A standalone HTML page that draws ``document`` (a timeline, as Chrome
+    trace JSON) as the dashboard does: one lane per device, gangs as bars,
+    transfers as arrows. (``atoll demo --timeline-page``; a headless browser
+    can screenshot it.)"""
+    data = json.dumps(document).replace("</", "<\\/")
+    return TIMELINE_PAGE.replace("%TITLE%", title).replace("%TIMELINE%", data)
 
 
 TIMELINE_PAGE = """<!doctype html>
@@ -184,12 +187,12 @@ TIMELINE_PAGE = """<!doctype html>
 svg text{font:11px sans-serif}</style></head>
 <body><h3>%TITLE%</h3><svg id="timeline" width="1100" height="40"></svg>
 <script>
-const trace = %TRACE%;
+const timeline = %TIMELINE%;
 const names = {};
-for (const e of trace.traceEvents)
+for (const e of timeline.traceEvents)
   if (e.ph === "M" && e.name === "thread_name") names[e.pid + "/" + e.tid] = e.args.name;
   else if (e.ph === "M" && e.name === "process_name") names[e.pid] = e.args.name;
-const slices = trace.traceEvents.filter(e => e.ph === "X");
+const slices = timeline.traceEvents.filter(e => e.ph === "X");
 const lanes = [...new Set(slices.map(e => e.pid + "/" + e.tid))]
   .sort((a, b) => a.split("/").map(Number) < b.split("/").map(Number) ? -1 : 1);
 const end = Math.max(...slices.map(e => e.ts + e.dur)), x = 900 / end, h = 22;
@@ -210,7 +213,7 @@ for (const e of slices) {
     <title>${e.name} ${JSON.stringify(e.args)}</title></rect>`;
 }
 const flows = {};
-for (const e of trace.traceEvents.filter(e => e.ph === "s" || e.ph === "f"))
+for (const e of timeline.traceEvents.filter(e => e.ph === "s" || e.ph === "f"))
   (flows[e.id] = flows[e.id] || {})[e.ph] = e;
 for (const f of Object.values(flows)) if (f.s && f.f)
   out += `<line x1=${150 + f.s.ts * x} y1=${h * lane(f.s) + 11} x2=${150 + f.f.ts * x}
@@ -239,7 +242,7 @@ svg text{font:10px sans-serif}
 <h2>hosts</h2><table id="hosts"></table>
 <h2>devices (utilization, last minute)</h2><table id="devices"></table>
 <h2>sessions</h2><table id="sessions"></table>
-<h2>last traced run</h2><svg id="timeline" width="900" height="40"></svg>
+<h2>last recorded timeline</h2><svg id="timeline" width="900" height="40"></svg>
 <script>
 function table(id, rows) {
   const el = document.getElementById(id); el.innerHTML = "";
@@ -271,7 +274,7 @@ async function refresh() {
   document.body.dataset.lost = s.rows.filter(r => r.kind === "host" && !r.alive).length;
 }
 async function timeline() {
-  const t = await (await fetch("/api/trace")).json();
+  const t = await (await fetch("/api/timeline")).json();
   const gangs = t.traceEvents.filter(e => e.cat === "gang");
   const svg = document.getElementById("timeline"); svg.innerHTML = "";
   if (!gangs.length) return;

@@ -112,7 +112,7 @@ class IslandScheduler(Actor):
             promise.add_done_callback(functools.partial(self._report, gang_id, device))
             self._running[gang_id] = self._running.get(gang_id, 0) + 1
             if device == task.leader:
-                self._traced(gang_id, task.leader, owner)
+                self._record_dispatch(gang_id, task.leader, owner)
                 forward(promise, result)
             sent += 1
             if sent == len(task.devices):
@@ -159,7 +159,7 @@ class IslandScheduler(Actor):
         self._running[run] = len(devices)
         if timeline.RECORDER.on:  # the run's gangs: consecutive places in the order
             for node, gang_devices in compiled.gangs:
-                self._traced(f"{run}/{node}", gang_devices[0], owner)
+                self._record_dispatch(f"{run}/{node}", gang_devices[0], owner)
         else:
             self._positions += len(compiled.gangs)
         reports = {}
@@ -285,7 +285,7 @@ class IslandScheduler(Actor):
     def _lane(self) -> str:
         return f"island{self.island}"
 
-    def _traced(self, gang_id: str, leader: int, owner: str) -> None:
+    def _record_dispatch(self, gang_id: str, leader: int, owner: str) -> None:
         """Record a gang's dispatch, with its place in the island's order (timelines)."""
         if timeline.RECORDER.on:
             timeline.control(

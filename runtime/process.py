@@ -117,7 +117,7 @@ class ClusterBuilder(Actor):
         self.jax_env = dict(jax_env or {})  # the JAX runtime the launcher serves, if any
         self.token = token  # what the dashboard asks of its visitors
         self.web: Dashboard | None = None
-        self.last_trace: dict[str, Any] = {"traceEvents": []}
+        self.last_timeline: dict[str, Any] = {"traceEvents": []}
         self.on_shutdown = on_shutdown  # what `atoll down` (shutdown) sets off
         self.jax_ids = itertools.count(spec.local_hosts)  # JAX process ids of joiners
         self.islands: list[ActorRef[IslandScheduler]] = []
@@ -243,7 +243,7 @@ class ClusterBuilder(Actor):
             raise AtollError("this cluster has no token to protect a dashboard with")
         if self.web is None:
             self.web = Dashboard(self.token, self._status_now, self.devices)
-            self.web.trace = self.last_trace
+            self.web.timeline = self.last_timeline
         return await self.web.start(host, port)
 
     async def _status_now(self) -> list[dict[str, Any]]:
@@ -252,11 +252,11 @@ class ClusterBuilder(Actor):
         )
 
     @endpoint
-    def keep_trace(self, trace: dict[str, Any]) -> None:
-        """Keep the last recorded timeline (``atoll trace``), for the dashboard."""
-        self.last_trace = trace
+    def keep_timeline(self, document: dict[str, Any]) -> None:
+        """Keep the last recorded timeline (``atoll timeline``), for the dashboard."""
+        self.last_timeline = document
         if self.web is not None:
-            self.web.trace = trace
+            self.web.timeline = document
 
     async def on_stop(self) -> None:
         if self.web is not None:

@@ -1,10 +1,10 @@
-"""Recording a cluster's timeline from a client: ``async with cluster.tracing(path)``.
+"""Recording a cluster's timeline from a client: ``async with cluster.recording(path)``.
 
 ``devices/timeline.py`` records events in each process; this module switches
 the recorders of every process of a cluster (this one, the controller's, each
 host's) on and off, gathers what they hold, and writes the Chrome trace event
-file. ``Cluster.tracing``, ``Cluster.run(..., trace=True)``, ``atoll trace``
-and ``atoll demo --trace`` all come here. See ``docs/observability.md``.
+file. ``Cluster.recording``, ``Cluster.run(..., record=True)``, ``atoll timeline``
+and ``atoll demo --timeline`` all come here. See ``docs/observability.md``.
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from ..kernel import Promise, all_settled
 if TYPE_CHECKING:
     from .client import Cluster
 
-__all__ = ["Timeline", "record", "start", "stop", "write_trace"]
+__all__ = ["Timeline", "record", "start", "stop", "write_timeline"]
 
 
 class Timeline:
-    """What a ``tracing`` block recorded: ``trace`` (the Chrome trace event
-    file, as a dict) once the block has ended."""
+    """What a ``recording`` block recorded: ``document`` (the Chrome trace
+    event file, as a dict) once the block has ended."""
 
     def __init__(self) -> None:
-        self.trace: dict[str, Any] = {"traceEvents": []}
+        self.document: dict[str, Any] = {"traceEvents": []}
 
     @property
     def events(self) -> list[dict[str, Any]]:
-        """The trace's events (metadata included)."""
-        events: list[dict[str, Any]] = self.trace["traceEvents"]
+        """The recorded events (metadata included)."""
+        events: list[dict[str, Any]] = self.document["traceEvents"]
         return events
 
 
@@ -71,10 +71,11 @@ async def stop(cluster: Cluster) -> dict[str, Any]:
     return timeline.chrome_trace(events)
 
 
-def write_trace(trace: dict[str, Any], path: str | os.PathLike[str]) -> Path:
-    """Write ``trace`` as JSON (what Perfetto UI and chrome://tracing open)."""
+def write_timeline(document: dict[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``document`` (a Chrome trace event file) as JSON (what Perfetto UI
+    and chrome://tracing open)."""
     target = Path(path)
-    target.write_text(json.dumps(trace))
+    target.write_text(json.dumps(document))
     return target
 
 
@@ -88,6 +89,6 @@ async def record(
     try:
         yield log
     finally:
-        log.trace = await stop(cluster)
+        log.document = await stop(cluster)
         if path is not None:
-            write_trace(log.trace, path)
+            write_timeline(log.document, path)

@@ -8,7 +8,7 @@ and testable without any network, and lets users plug in their own by name
 (the registry keeps the word "scheduler": ``scheduler="fifo"``).
 
 Every event carries an ``event_id`` and every instruction names the event that
-caused it, so a trace can explain each decision.
+caused it, so a log of both can explain each decision.
 """
 
 from __future__ import annotations

@@ -93,9 +93,9 @@ def test_metering_puts_every_method_back() -> None:
 
 
 def run_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
-    trace = tmp_path / "scale.json"
-    argv = ["--hosts", "2", "4", "--nodes", "4", "--json", "--trace", str(trace)]
-    assert scale.main([*argv, "--trace-hosts", "2"]) == 0
+    timeline = tmp_path / "scale.json"
+    argv = ["--hosts", "2", "4", "--nodes", "4", "--json", "--timeline", str(timeline)]
+    assert scale.main([*argv, "--timeline-hosts", "2"]) == 0
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
@@ -129,7 +129,7 @@ def test_rows_per_host_and_control_plane(
             assert got["parity point, no overlap (sum)"] == pytest.approx((control + busiest) / 1e3)
 
 
-def test_trace_has_a_track_per_host_and_one_for_the_control_plane(
+def test_timeline_has_a_track_per_host_and_one_for_the_control_plane(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_quick(tmp_path, capsys)
@@ -152,9 +152,10 @@ def test_trace_has_a_track_per_host_and_one_for_the_control_plane(
             assert start + length <= following + 1e-3
 
 
-def test_a_trace_size_not_measured_is_refused(tmp_path: Path) -> None:
+def test_a_timeline_size_not_measured_is_refused(tmp_path: Path) -> None:
+    argv = ["--hosts", "2", "--timeline", str(tmp_path / "t.json"), "--timeline-hosts", "3"]
     with pytest.raises(SystemExit):
-        scale.main(["--hosts", "2", "--trace", str(tmp_path / "t.json"), "--trace-hosts", "3"])
+        scale.main(argv)
 
 
 def test_it_is_an_atoll_bench() -> None:

@@ -114,7 +114,7 @@ def test_the_dashboard_needs_the_token_and_shows_hosts_die(
     assert set(data["utilization"]) <= {"0", "1"} and data["window_s"] == 60
 
     _atoll(
-        "trace",
+        "timeline",
         "--cluster-file",
         str(cluster_file),
         "--seconds",
@@ -123,8 +123,8 @@ def test_the_dashboard_needs_the_token_and_shows_hosts_die(
         str(cluster_file.parent / "t.json"),
         env=env,
     )
-    code, _, trace = _get(base + "api/trace", **{"X-Atoll-Token": token})
-    assert code == 200 and "traceEvents" in json.loads(trace)
+    code, _, timeline = _get(base + "api/timeline", **{"X-Atoll-Token": token})
+    assert code == 200 and "traceEvents" in json.loads(timeline)
 
     os.kill(hosts[1]["pid"], signal.SIGKILL)
     deadline = time.monotonic() + 30
@@ -171,15 +171,15 @@ def test_the_page_in_a_headless_browser(cluster: tuple[Path, dict[str, str], str
 
 @pytest.mark.skipif(_browser() is None, reason="browser test skipped: no chromium on this machine")
 @pytest.mark.timeout(120)
-def test_a_trace_page_draws_the_demo_in_a_headless_browser(tmp_path: Path) -> None:
+def test_a_timeline_page_draws_the_demo_in_a_headless_browser(tmp_path: Path) -> None:
     from atoll.cli import main
 
-    trace, page = tmp_path / "demo.json", tmp_path / "demo.html"
+    timeline, page = tmp_path / "demo.json", tmp_path / "demo.html"
     args = ["demo", "--virtual-clock", "--steps", "16", "--elements", "65536"]
-    assert main([*args, "--trace", str(trace), "--trace-page", str(page)]) == 0
+    assert main([*args, "--timeline", str(timeline), "--timeline-page", str(page)]) == 0
     browser = _browser()
     assert browser is not None
     dom = _rendered(browser, page.as_uri())
-    slices = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    slices = [e for e in json.loads(timeline.read_text())["traceEvents"] if e["ph"] == "X"]
     assert f'data-slices="{len(slices)}"' in dom and len(slices) >= 16 + 15  # gangs, hops
     assert dom.count('<rect x="') == len(slices)  # drawn, not the script's template

@@ -80,10 +80,10 @@ async def test_status_connect_and_down_find_the_last_cluster_up(
             labels = [str(s.get("owner", s.get("name"))) for s in sessions]
             assert any(label.startswith("tester#") for label in labels), sessions
 
-            # atoll trace records what the cluster does meanwhile, from outside
-            out = tmp_path / "trace.json"
+            # atoll timeline records what the cluster does meanwhile, from outside
+            out = tmp_path / "timeline.json"
             recording = subprocess.Popen(
-                [sys.executable, "-m", "atoll.cli", "trace", "--seconds", "4", "-o", str(out)],
+                [sys.executable, "-m", "atoll.cli", "timeline", "--seconds", "4", "-o", str(out)],
                 env=env,
                 stdout=subprocess.PIPE,
                 text=True,

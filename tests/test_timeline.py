@@ -1,5 +1,6 @@
-"""Timelines: ``cluster.tracing``, ``run(..., trace=True)`` and ``atoll demo --trace``
-write Chrome trace event files with the right events on the right devices."""
+"""Timelines: ``cluster.recording``, ``run(..., record=True)`` and
+``atoll demo --timeline`` write Chrome trace event files with the right events
+on the right devices."""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ REQUIRED = {  # what the trace event format needs of each phase
 }
 
 
-def check_format(trace: dict[str, Any]) -> list[dict[str, Any]]:
+def check_format(document: dict[str, Any]) -> list[dict[str, Any]]:
     """Every event has its phase's fields, every arrow has both ends; the events."""
-    events: list[dict[str, Any]] = trace["traceEvents"]
+    events: list[dict[str, Any]] = document["traceEvents"]
     for event in events:
         assert REQUIRED[event["ph"]] <= set(event), event
         assert isinstance(event["pid"], int) and isinstance(event["tid"], int)
@@ -55,7 +56,7 @@ def gangs(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def test_a_chain_across_hosts_is_on_the_right_devices_in_order(tmp_path: Path) -> None:
     path = tmp_path / "chain.json"
-    async with atoll.local_cluster(1, 2, 2) as cluster, cluster.tracing(path) as log:
+    async with atoll.local_cluster(1, 2, 2) as cluster, cluster.recording(path) as log:
         handle = cluster.put(np.arange(1 << 16, dtype=np.float32), 0)  # 256 KiB
         for device in [0, 2, 1, 3]:  # hosts 0, 1, 0, 1
             handle = cluster.run(STEP, device, [handle])
@@ -86,7 +87,7 @@ async def test_a_chain_across_hosts_is_on_the_right_devices_in_order(tmp_path: P
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.timeout(180)
-async def test_a_pipeline_program_traced_with_run_trace_true(tmp_path: Path) -> None:
+async def test_a_pipeline_program_recorded_with_run_record_true(tmp_path: Path) -> None:
     """GPipe: 4 stages on 4 hosts, 4 micro-batches, 16 nodes. Each stage's
     device runs micro-batches 0..3 in order, and micro-batch m passes the
     stages in order; every gang names the program and its node."""
@@ -100,12 +101,12 @@ async def test_a_pipeline_program_traced_with_run_trace_true(tmp_path: Path) -> 
             for s in range(stages_n)
         ]
         micro = np.split(pipeline.inputs(8), 4)
-        run = cluster.run(pipeline.gpipe(stages), pipeline.init(), micro, trace=True)
-        trace = await run.timeline(tmp_path / "gpipe.json")
+        run = cluster.run(pipeline.gpipe(stages), pipeline.init(), micro, record=True)
+        document = await run.timeline(tmp_path / "gpipe.json")
         outs = await run
     np.testing.assert_allclose(np.concatenate(outs), pipeline.reference(8), atol=1e-4)
     events = check_format(json.loads((tmp_path / "gpipe.json").read_text()))
-    assert events == trace["traceEvents"]
+    assert events == document["traceEvents"]
     ran = gangs(events)
     assert len(ran) == 16 and {e["args"]["program"] for e in ran} == {"gpipe"}
     for s in range(stages_n):
@@ -137,23 +138,23 @@ def _nth(ran: list[dict[str, Any]], event: dict[str, Any]) -> int:
 async def test_hosts_in_processes_send_their_timelines(tmp_path: Path) -> None:
     async with (
         atoll.local_cluster(1, 2, 1, transport="capnp") as cluster,
-        cluster.tracing() as log,
+        cluster.recording() as log,
     ):
         handle = cluster.put(np.arange(1 << 16, dtype=np.float32), 0)
         for device in [0, 1, 0]:
             handle = cluster.run(STEP, device, [handle])
         await cluster.fetch(handle)
-    events = check_format(log.trace)
+    events = check_format(log.document)
     ran = gangs(events)
     assert [(e["pid"], e["tid"]) for e in ran] == [(2, 1), (3, 2), (2, 1)]
     moved = [e for e in events if e.get("cat") == "transfer" and e["ph"] == "X"]
     assert moved and all(e["args"]["bytes"] == 1 << 18 for e in moved if "bytes" in e["args"])
 
 
-def test_demo_writes_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_writes_a_timeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "demo.json"
-    assert main(["demo", "--virtual-clock", "--steps", "8", "--trace", str(path)]) == 0
-    assert f"trace written to {path}" in capsys.readouterr().out
+    assert main(["demo", "--virtual-clock", "--steps", "8", "--timeline", str(path)]) == 0
+    assert f"timeline written to {path}" in capsys.readouterr().out
     events = check_format(json.loads(path.read_text()))
     assert len(gangs(events)) == 8
 
@@ -192,8 +193,8 @@ def test_gangs_name_the_latest_run_of_their_client_and_fetches_the_gang_before()
         {"kind": "pull", "host": 1, "device": 4, "from_host": 0, "from_device": 0}
         | {"buffer": "x", "bytes": 4, "ts": 65, "end": 66},
     ]
-    trace = chrome_trace(events)["traceEvents"]
-    programs = [e["args"].get("program") for e in trace if e.get("cat") == "gang"]
+    drawn = chrome_trace(events)["traceEvents"]
+    programs = [e["args"].get("program") for e in drawn if e.get("cat") == "gang"]
     assert programs == ["first", "second", "first", None]
-    [leaves] = [e for e in trace if e.get("ph") == "s"]
+    [leaves] = [e for e in drawn if e.get("ph") == "s"]
     assert leaves["ts"] == 60 - 0 - 0.5  # the end of the last gang done before the fetch

@@ -103,9 +103,9 @@ async def test_programs_and_chained_outputs(up: tuple[Path, dict[str, str]]) -> 
         again = cluster.run(head, first.refs)  # chained: no fetch in between
         np.testing.assert_allclose(await first, (np.tanh(x) * 2).sum(-1), rtol=1e-5)
         np.testing.assert_allclose(await again, (np.tanh(x) * 2).sum(-1).sum(), rtol=1e-5)
-        async with cluster.tracing() as log:
+        async with cluster.recording() as log:
             await cluster.run(model, x)
-        ran = [e for e in log.trace["traceEvents"] if e.get("cat") == "gang"]
+        ran = [e for e in log.document["traceEvents"] if e.get("cat") == "gang"]
         assert {e["name"] for e in ran} == {"layer", "head"}
         assert {e["args"]["program"] for e in ran} == {"model"}
         await cluster.release(a)
