@@ -67,8 +67,8 @@ from ..devices import Computation, StoreFull
 from ..examples.demo import affine
 from ..kernel import ActorStopped, AtollError, HostLost, RemoteActorError
 from ..runtime.connect import connect
-from ..transports import bulk
 from ..transports.capnp import ClusterFile, peer_of
+from ..transports.dataplane import bulk
 from ..transports.processes import reap
 from ..transports.testing import line_with, pid_alive
 
@@ -332,7 +332,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 class Relay:
     """The bulk relay the hosts read arrays through (``ATOLL_BULK_RELAY``, see
-    ``transports/bulk.py``); :meth:`cut_next` cuts the next transfer midway."""
+    ``transports/dataplane/bulk.py``); :meth:`cut_next` cuts the next transfer midway."""
 
     def __init__(self) -> None:
         self.server: asyncio.base_events.Server | None = None

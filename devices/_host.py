@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..kernel import Actor, ActorRef, Promise, endpoint, then
-from ..transports import bulk, lane, shm
-from ..transports.lane import LaneMessage
+from ..transports.dataplane import bulk, lane, shm
+from ..transports.dataplane.lane import LaneMessage
 from . import timeline
 from ._plan import portable
 from ._plane import DataPlane, process_plane
@@ -89,7 +89,7 @@ class Host(Actor):
             lane.register(self.host_id, None)
 
     async def _serve_lane(self) -> None:
-        """In a host process, take small pushes by lane (``transports.lane``)."""
+        """In a host process, take small pushes by lane (``transports.dataplane.lane``)."""
         if not self.plane.address:
             return
         try:
@@ -286,7 +286,7 @@ class Host(Actor):
         received by mapping, by bulk stream, by capnp chunks; ``lane_in``,
         ``lane_out``: small pushes it took and sent by lane; ``stream_out``:
         arrays it sent by bulk stream; ``tickets_refused``; ``maps_reused``,
-        ``recycled``: shared-memory reuse (``transports.shm``); ``pid``. Those
+        ``recycled``: shared-memory reuse (``transports.dataplane.shm``); ``pid``. Those
         counters are the process's: hosts that share a process show the same.
         """
         shm_buffers, shm_bytes = self.store.shared_usage()
@@ -309,4 +309,4 @@ class Host(Actor):
 
 
 _DATA_PLANE = ("shm_in", "stream_in", "chunks_in", "stream_out", "tickets_refused")
-_SHM_REUSE = ("maps_reused", "recycled")  # see atoll.transports.shm
+_SHM_REUSE = ("maps_reused", "recycled")  # see atoll.transports.dataplane.shm

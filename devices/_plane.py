@@ -23,8 +23,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..kernel import ActorRef, ActorSystem, HostLost
-from ..transports import lane
-from ..transports.lane import LaneMessage
+from ..transports.dataplane import lane
+from ..transports.dataplane.lane import LaneMessage
 
 if TYPE_CHECKING:
     from ._gang import PushTarget

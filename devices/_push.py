@@ -35,7 +35,7 @@ from ..kernel import (
     log_failure,
     then,
 )
-from ..transports.lane import LaneMessage
+from ..transports.dataplane.lane import LaneMessage
 from . import timeline
 from ._errors import DeviceError
 from ._gang import PushTarget
@@ -169,7 +169,7 @@ class Pusher:
 
     async def _by_lane(self, target: PushTarget, array: np.ndarray, owner: str) -> bool:
         """Push a small value down the one-way lane to its reader's host process
-        (``transports.lane``), when there is one; False: push it by call."""
+        (``transports.dataplane.lane``), when there is one; False: push it by call."""
         if not target.address:
             return False
         message = LaneMessage(target.host_id, target.keys, owner, self.island, array)

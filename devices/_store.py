@@ -10,7 +10,7 @@ plus the request would exceed the capacity. That wait is the back-pressure that
 stalls new work instead of running out of memory.
 
 In a host process (``shared``), the bytes of each large numpy buffer live in
-a shared-memory segment (:mod:`atoll.transports.shm`), so that readers in
+a shared-memory segment (:mod:`atoll.transports.dataplane.shm`), so that readers in
 other processes of the machine map them instead of copying them; the segment
 loses its name when the buffer is freed (and is reused for a later buffer once
 no reader holds it).
@@ -34,7 +34,7 @@ import anyio
 import numpy as np
 
 from ..kernel import AtollError, Promise
-from ..transports import shm
+from ..transports.dataplane import shm
 from ..transports.dtypes import raw_bytes
 from ..transports.inproc import read_only
 from ._ledger import OwnerLedger, check_owner

@@ -44,7 +44,6 @@ import anyio
 
 from ..devices import Device, Host, ProcessPlane, use_plane
 from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint, logs
-from ..transports import shm
 from ..transports.capnp import (
     CapnpListener,
     CapnpTransport,
@@ -55,6 +54,7 @@ from ..transports.capnp import (
     peer_of,
     stop_on_signals,
 )
+from ..transports.dataplane import shm
 from ..transports.processes import reap
 from .controller import Controller, spawn_control
 from .dashboard import Dashboard

@@ -21,7 +21,7 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 def other_machines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every process (this one and the hosts started from here) a machine of its
     own: large arrays between them take the bulk byte stream, not shared memory."""
-    from atoll.transports import shm
+    from atoll.transports.dataplane import shm
 
     monkeypatch.setenv("ATOLL_MACHINE_ID", "per-process")
     shm.machine_id.cache_clear()

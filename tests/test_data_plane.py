@@ -26,8 +26,8 @@ from atoll.kernel import ActorSystem
 from atoll.runtime import Cluster, ClusterSpec, GraphBuilder
 from atoll.runtime.connect import connect
 from atoll.runtime.process import _controller
-from atoll.transports import bulk, shm
 from atoll.transports.capnp import CapnpTransport, capnp_runtime
+from atoll.transports.dataplane import bulk, shm
 from atoll.transports.testing import eventually
 
 pytestmark = pytest.mark.anyio

@@ -1,4 +1,4 @@
-"""Push lanes (``transports/lane.py``): token, delivery, acknowledgement, fallback.
+"""Push lanes (``transports/dataplane/lane.py``): token, delivery, acknowledgement, fallback.
 
 Lanes serve host processes, which run asyncio; these tests run a listener and
 a sender in one loop, over real TCP on loopback.
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from atoll.transports import lane
+from atoll.transports.dataplane import lane
 from atoll.transports.testing import eventually
 
 pytestmark = pytest.mark.anyio

@@ -34,10 +34,10 @@ from atoll.benchmarks.faults import up_cluster
 from atoll.kernel import ActorRef, ActorSystem, NodeActor, TransportError
 from atoll.kernel.lowlevel import channel_of
 from atoll.runtime.connect import connect
-from atoll.transports import shm
 from atoll.transports.capnp import CapnpTransport, ClusterFile, capnp_runtime, parse_address
 from atoll.transports.capnp._schema import schema
 from atoll.transports.conformance import Task
+from atoll.transports.dataplane import shm
 from atoll.transports.testing import NodeProcess
 
 pytestmark = pytest.mark.anyio

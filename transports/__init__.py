@@ -3,7 +3,9 @@
 ``inproc`` ships with the core and ``capnp`` is registered here too, but its
 package (and pycapnp) is imported only when a ``capnp`` transport is first
 asked for. The conformance suite in ``atoll.transports.conformance`` holds
-every transport to the same semantics.
+every transport to the same semantics. How array bytes travel beside the
+calls (shared memory, the bulk byte stream, push lanes) is the data plane,
+``atoll.transports.dataplane``.
 """
 
 from . import inproc as _inproc  # noqa: F401  (registers "inproc")

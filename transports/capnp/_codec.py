@@ -5,7 +5,7 @@ later: a ``promise`` (a ``Later`` capability) and a ``buffer`` (an array that
 must be streamed or pulled in chunks) decode to a kernel :class:`Promise`,
 which the receiving actor resolves before its handler runs, like any promise
 argument. A ``buffer`` in shared memory on this machine decodes at once, to a
-read-only array mapped in place (see :mod:`atoll.transports.shm`).
+read-only array mapped in place (see :mod:`atoll.transports.dataplane.shm`).
 
 All capnp objects stay on the event-loop thread, and every capability a
 decoded value holds is registered with its :class:`Peer`, which drops them all
@@ -40,7 +40,7 @@ from ...kernel import (
     failed,
 )
 from ...kernel.lowlevel import channel_of
-from .. import shm
+from ..dataplane import shm
 from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
 from ._imports import find_class
 

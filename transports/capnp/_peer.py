@@ -70,7 +70,7 @@ from ...kernel.lowlevel import (
     resolve_arguments,
     set_canceller,
 )
-from .. import bulk, shm
+from ..dataplane import bulk, shm
 from ..dtypes import dtype_from_wire
 from ._codec import (
     decode,
@@ -456,7 +456,7 @@ async def _fetch(
 
 
 async def _stream(source: Any, nbytes: int) -> np.ndarray:
-    """The bytes over a bulk stream that ``source`` opens (``transports.bulk``)."""
+    """The bytes over a bulk stream that ``source`` opens (``transports.dataplane.bulk``)."""
     response = await source.open()
     address, ticket = str(response.address), bytes(response.ticket)
     del response

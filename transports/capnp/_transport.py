@@ -30,7 +30,7 @@ from typing import Any
 import capnp
 
 from ...kernel import ActorRef, ActorSystem, NodeActor, TransportError
-from .. import bulk, lane
+from ..dataplane import bulk, lane
 from ._peer import GateServer, Peer, heartbeat
 from ._schema import schema
 from ._stream import GatheringTransport, connect_stream, serve_streams
@@ -55,7 +55,7 @@ async def capnp_runtime() -> AsyncIterator[None]:
 
     Close every connection and listener before the block ends: capnp objects
     must not outlive the loop that made them. The loop's bulk-stream listener
-    (``atoll.transports.bulk``) and its push lanes (``atoll.transports.lane``),
+    (``atoll.transports.dataplane.bulk``) and its push lanes (``atoll.transports.dataplane.lane``),
     if any were started, close with the block.
     """
     if _in_runtime.get():

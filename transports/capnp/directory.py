@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...kernel import ActorRef, ActorSystem
-from .. import bulk
+from ..dataplane import bulk
 from ._transport import CapnpConnection, CapnpTransport, parse_address
 
 __all__ = ["announce", "close_all", "direct_actor", "local_address", "local_token"]
@@ -40,7 +40,7 @@ _here = _Directory()
 def announce(address: str, token: bytes) -> None:
     """This process serves at ``address``; peers open links with ``token``.
 
-    Its bulk-stream listener (``atoll.transports.bulk``) serves on the same host.
+    Its bulk-stream listener (``atoll.transports.dataplane.bulk``) serves on the same host.
     """
     _here.address, _here.token = address, token
     bulk.serve_on(parse_address(address)[0])

@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import dtype_from_wire
+from ..dtypes import dtype_from_wire
 
 __all__ = [
     "THRESHOLD",

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dtypes import dtype_from_wire, raw_bytes, wire_dtype
+from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
 
 __all__ = [
     "MAX_BODY",
@@ -68,7 +68,7 @@ _HELLO = struct.Struct("!4sH")  # magic, token length
 _FRAME = struct.Struct("!IQ")  # header bytes, body bytes
 _ACK = struct.Struct("!Q")  # frames delivered so far on this connection
 
-_log = logging.getLogger("atoll.transports.lane")
+_log = logging.getLogger("atoll.transports.dataplane.lane")
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import TransportError
+from ...kernel import TransportError
 
 __all__ = [
     "RELAY_ENV",
@@ -68,7 +68,7 @@ RELAY_ENV = "ATOLL_BULK_RELAY"  # HOST:PORT of a relay readers go through ("" : 
 RELAY_HELLO = struct.Struct("!H")  # to a relay: the holder's address's length, then it
 
 counts: Counter[str] = Counter()
-_log = logging.getLogger("atoll.transports.bulk")
+_log = logging.getLogger("atoll.transports.dataplane.bulk")
 
 
 class StreamRefused(TransportError):
