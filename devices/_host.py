@@ -68,6 +68,7 @@ class Host(Actor):
         self.lane_address = ""  # where other host processes push small values
 
     async def on_start(self) -> None:
+        self.store.clock = self.ctx.clock  # its waits and holds run on the system's time
         await self._serve_lane()
         self.device_refs = [
             self.ctx.spawn(
@@ -280,6 +281,7 @@ class Host(Actor):
 
         ``peak_bytes``: the most bytes held at once since the store began, or
         since the last call with ``reset_peak`` (which starts a new window).
+        ``waiting_for_room``: puts and computations waiting for room now.
 
         ``shm_buffers``/``shm_bytes``: buffers held in shared memory;
         ``shm_in``, ``stream_in``, ``chunks_in``: large arrays this process
@@ -298,6 +300,7 @@ class Host(Actor):
             "bytes": self.store.used_bytes,
             "peak_bytes": self.store.reset_peak() if reset_peak else self.store.peak_bytes,
             "capacity": self.store.capacity_bytes or 0,  # 0: unbounded
+            "waiting_for_room": self.store.waiting(),
             "arrivals": self.store.pending_arrivals(),
             "pushes_in": self.pushes_in,
             "pushes_declined": self.pushes_declined,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -33,7 +32,7 @@ from typing import Any
 import anyio
 import numpy as np
 
-from ..kernel import AtollError, Promise
+from ..kernel import AtollError, Clock, Promise, current_clock, move_on_after
 from ..transports.dataplane import shm
 from ..transports.dtypes import raw_bytes
 from ..transports.inproc import read_only
@@ -81,9 +80,16 @@ class ObjectStore:
     wait_s = float(os.environ.get("ATOLL_STORE_WAIT_S", "60"))
 
     def __init__(
-        self, name: str, capacity_bytes: int | None = None, *, shared: bool = False
+        self,
+        name: str,
+        capacity_bytes: int | None = None,
+        *,
+        shared: bool = False,
+        clock: Clock | None = None,
     ) -> None:
         self.name = name
+        # the time of waits for room and of holds (its host sets its system's)
+        self.clock = clock if clock is not None else current_clock()
         self.capacity_bytes = capacity_bytes
         self.shared = shared and shm.enabled()
         self.used_bytes = 0
@@ -125,7 +131,7 @@ class ObjectStore:
             return
         if nbytes > cap:
             raise AtollError(f"{nbytes} bytes can never fit in store {self.name} ({cap} bytes)")
-        with anyio.move_on_after(self.wait_s) as waited:
+        with move_on_after(self.clock, self.wait_s) as waited:
             while cap is not None and self.used_bytes + self.reserved_bytes + nbytes > cap:
                 await self._wait_for_room()
         if waited.cancelled_caught:
@@ -139,12 +145,16 @@ class ObjectStore:
         event = anyio.Event()
         self._room.append(event)
         try:
-            with anyio.move_on_after(HOLD_TTL_S):  # then look again: holds lapse
+            with move_on_after(self.clock, HOLD_TTL_S):  # then look again: holds lapse
                 await event.wait()
             self._lapse_holds()
         finally:
             if not event.is_set():  # given up: it must not hold back fits()
                 self._room.remove(event)
+
+    def waiting(self) -> int:
+        """How many reservations wait for room now."""
+        return len(self._room)
 
     def unreserve(self, nbytes: int) -> None:
         """Give back a reservation that will not be :meth:`put` (the work failed)."""
@@ -161,7 +171,7 @@ class ObjectStore:
             return None
         self.reserved_bytes += nbytes
         hold_id = next(self._ids)
-        self._holds[hold_id] = (nbytes, time.monotonic() + HOLD_TTL_S)
+        self._holds[hold_id] = (nbytes, self.clock.now() + HOLD_TTL_S)
         return hold_id
 
     def take_hold(self, hold_id: int, nbytes: int) -> bool:
@@ -183,7 +193,7 @@ class ObjectStore:
             self.unreserve(held[0])
 
     def _lapse_holds(self) -> None:
-        now = time.monotonic()
+        now = self.clock.now()
         for hold_id, (nbytes, until) in list(self._holds.items()):
             if until < now:
                 del self._holds[hold_id]

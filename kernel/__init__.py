@@ -15,8 +15,13 @@ from ._actor import EndpointRef as EndpointRef
 from ._actor import EndpointSpec as EndpointSpec
 from ._actor import endpoint as endpoint
 from ._clock import Clock as Clock
+from ._clock import Timer as Timer
 from ._clock import VirtualClock as VirtualClock
 from ._clock import WallClock as WallClock
+from ._clock import current_clock as current_clock
+from ._clock import fail_after as fail_after
+from ._clock import move_on_after as move_on_after
+from ._clock import use_clock as use_clock
 from ._clock import wait_idle as wait_idle
 from ._combinators import all_settled as all_settled
 from ._combinators import as_promise as as_promise
@@ -77,6 +82,7 @@ __all__ = [
     "NotRunning",
     "Promise",
     "RemoteActorError",
+    "Timer",
     "TransportError",
     "VirtualClock",
     "WaitCounter",
@@ -84,14 +90,18 @@ __all__ = [
     "all_settled",
     "as_promise",
     "count_waits",
+    "current_clock",
     "endpoint",
+    "fail_after",
     "failed",
     "first_settled",
     "flatten",
     "forward",
     "log_failure",
+    "move_on_after",
     "resolve_actor_class",
     "then",
+    "use_clock",
     "value_of",
     "wait_idle",
 ]

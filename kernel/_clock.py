@@ -1,11 +1,20 @@
 """Clocks: real time for running, virtual time for testing.
 
-Simulated devices "spend" device time by sleeping on a :class:`Clock`. With
-:class:`WallClock` that is a real sleep (no host CPU used). With
-:class:`VirtualClock` nothing really sleeps: time jumps to the next deadline as
-soon as every task of the event loop is blocked, the way trio's autojump clock
-does, but on asyncio too. Tests therefore run instantly and give the same
-timings on every run and every machine.
+Simulated devices "spend" device time by sleeping on a :class:`Clock`, and
+every timeout in atoll (a store's wait for room and its holds, bulk tickets,
+lane acknowledgements, a connection's hold and heartbeats) is a timer on
+one. With :class:`WallClock` that is real time (a sleep uses no host CPU).
+With :class:`VirtualClock` nothing really sleeps: time jumps to the next
+deadline as soon as every task of the event loop is blocked, the way trio's
+autojump clock does, but on asyncio too; or, with ``autojump=False``, only
+when a test calls :meth:`VirtualClock.advance`, as trio's ``MockClock``
+without autojump. Tests therefore run instantly and give the same timings on
+every run and every machine.
+
+Which clock a component reads: the one it is given, else
+:func:`current_clock`, the one :func:`use_clock` set for this context (tasks
+started inside inherit it), else the process's wall clock. An
+``ActorSystem`` runs its actors on its own clock.
 """
 
 from __future__ import annotations
@@ -13,18 +22,41 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import logging
 import math
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Protocol
 
 import anyio
 import sniffio
 
-__all__ = ["Clock", "VirtualClock", "WallClock"]
+__all__ = [
+    "Clock",
+    "Timer",
+    "VirtualClock",
+    "WallClock",
+    "current_clock",
+    "fail_after",
+    "move_on_after",
+    "use_clock",
+]
+
+_log = logging.getLogger("atoll.kernel.clock")
+
+
+class Timer(Protocol):
+    """A callback set for later by :meth:`Clock.call_later`."""
+
+    def cancel(self) -> None:
+        """Do not call it (nothing happens if it already ran)."""
+        ...
 
 
 class Clock(Protocol):
-    """Where device time comes from."""
+    """Where device time and every timeout's time come from."""
 
     def now(self) -> float:
         """Seconds since an arbitrary, fixed origin."""
@@ -32,6 +64,13 @@ class Clock(Protocol):
 
     async def sleep(self, seconds: float) -> None:
         """Let ``seconds`` of this clock's time pass."""
+        ...
+
+    def call_later(self, seconds: float, callback: Callable[[], object]) -> Timer:
+        """Call ``callback()`` on this event loop's thread once ``seconds``
+        of this clock's time have passed, unless cancelled first. Called
+        from the event loop's thread (a task or a loop callback); not
+        asynchronous itself. A callback that raises is logged."""
         ...
 
 
@@ -69,21 +108,70 @@ class WallClock:
         while time.monotonic() < deadline:
             await anyio.lowlevel.checkpoint()
 
+    def call_later(self, seconds: float, callback: Callable[[], object]) -> Timer:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio: trio (from a task or a loop callback)
+            return _TrioTimer(seconds, callback)
+        return loop.call_later(max(0.0, seconds), _logged, callback)
+
+
+def _logged(callback: Callable[[], object]) -> None:
+    try:
+        callback()
+    except Exception:
+        _log.exception("a timer's callback raised")
+
+
+class _TrioTimer:
+    """A wall-clock timer on trio: a system task that sleeps, then calls."""
+
+    def __init__(self, seconds: float, callback: Callable[[], object]) -> None:
+        import trio
+
+        self._scope = trio.CancelScope()
+        self._callback = callback
+        trio.lowlevel.spawn_system_task(self._run, seconds, name="atoll-timer")
+
+    async def _run(self, seconds: float) -> None:
+        import trio
+
+        with self._scope:
+            await trio.sleep(max(0.0, seconds))
+            _logged(self._callback)
+
+    def cancel(self) -> None:
+        self._scope.cancel()
+
+
+class _VirtualTimer:
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable[[], object]) -> None:
+        self.callback: Callable[[], object] | None = callback
+
+    def cancel(self) -> None:
+        self.callback = None
+
 
 class VirtualClock:
     """Deterministic time that jumps whenever the event loop is idle.
 
     Start :meth:`run` in a task group (an :class:`ActorSystem` does it for
-    you). Sleepers wake in deadline order; ties wake together, in the
-    backend's order (trio deliberately shuffles it).
-    Caveat: a task blocked on real I/O also counts as idle, so use this clock
-    for in-process simulation, not across real sockets.
+    you). Sleepers and timers wake in deadline order; sleepers that tie wake
+    together, in the backend's order (trio deliberately shuffles it).
+    Caveat: a task blocked on real I/O also counts as idle, so use autojump
+    for in-process simulation, not across real sockets. With
+    ``autojump=False`` time moves only by :meth:`advance`: that one suits
+    timeouts of real connections (a test sets the clock with
+    :func:`use_clock`, does its I/O, then advances past the timeout).
     """
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = 0.0, *, autojump: bool = True) -> None:
         self._now = start
+        self.autojump = autojump
         self._seq = itertools.count()
-        self._sleepers: list[tuple[float, int, anyio.Event]] = []
+        self._sleepers: list[tuple[float, int, anyio.Event | _VirtualTimer]] = []
         self._wakeup: anyio.Event | None = None
         self.jumps = 0
 
@@ -95,13 +183,37 @@ class VirtualClock:
             await anyio.lowlevel.checkpoint()
             return
         event = anyio.Event()
-        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), event))
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._push(seconds, event)
         await event.wait()
 
+    def call_later(self, seconds: float, callback: Callable[[], object]) -> Timer:
+        timer = _VirtualTimer(callback)
+        self._push(max(0.0, seconds), timer)
+        return timer
+
+    def _push(self, seconds: float, waker: anyio.Event | _VirtualTimer) -> None:
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), waker))
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def advance(self, seconds: float) -> None:
+        """Move time on by ``seconds`` now, waking every sleeper and calling
+        every timer due by then, in deadline order. Synchronous: woken
+        tasks run at the caller's next checkpoint."""
+        if seconds < 0:
+            raise ValueError(f"a clock cannot go back ({seconds} s)")
+        until = self._now + seconds
+        while self._sleepers and self._sleepers[0][0] <= until:
+            deadline, _, waker = heapq.heappop(self._sleepers)
+            self._now = max(self._now, deadline)
+            _wake(waker)
+        self._now = until
+
     async def run(self) -> None:
-        """Drive the clock forever (until cancelled)."""
+        """Drive the clock forever (until cancelled); with ``autojump=False``
+        it only waits (time moves by :meth:`advance`)."""
+        if not self.autojump:
+            await anyio.sleep_forever()
         while True:
             if not self._sleepers:
                 self._wakeup = anyio.Event()
@@ -112,11 +224,77 @@ class VirtualClock:
                 self._advance()
 
     def _advance(self) -> None:
+        while self._sleepers and _cancelled(self._sleepers[0][2]):
+            heapq.heappop(self._sleepers)
+        if not self._sleepers:
+            return
         deadline = self._sleepers[0][0]
         self._now = max(self._now, deadline)
         self.jumps += 1
         while self._sleepers and self._sleepers[0][0] <= self._now:
-            heapq.heappop(self._sleepers)[2].set()
+            _wake(heapq.heappop(self._sleepers)[2])
+
+
+def _cancelled(waker: anyio.Event | _VirtualTimer) -> bool:
+    return isinstance(waker, _VirtualTimer) and waker.callback is None
+
+
+def _wake(waker: anyio.Event | _VirtualTimer) -> None:
+    if isinstance(waker, _VirtualTimer):
+        callback, waker.callback = waker.callback, None
+        if callback is not None:
+            _logged(callback)
+    else:
+        waker.set()
+
+
+_WALL = WallClock()
+_current: ContextVar[Clock | None] = ContextVar("atoll_clock", default=None)
+
+
+def current_clock() -> Clock:
+    """The clock :func:`use_clock` set for this context, else the wall clock."""
+    clock = _current.get()
+    return clock if clock is not None else _WALL
+
+
+@contextmanager
+def use_clock(clock: Clock) -> Iterator[Clock]:
+    """Make ``clock`` this context's :func:`current_clock` inside the block
+    (and in tasks and connections started there): the timeouts of stores,
+    transports and the data plane read it, as trio's clock covers every
+    timeout of a trio run."""
+    token = _current.set(clock)
+    try:
+        yield clock
+    finally:
+        _current.reset(token)
+
+
+@contextmanager
+def move_on_after(clock: Clock, seconds: float) -> Iterator[anyio.CancelScope]:
+    """``anyio.move_on_after`` on ``clock``'s time: the block is cancelled
+    once ``seconds`` of it have passed (``scope.cancelled_caught`` says so)."""
+    if isinstance(clock, WallClock) or seconds == math.inf:
+        with anyio.move_on_after(seconds) as scope:
+            yield scope
+        return
+    with anyio.CancelScope() as scope:
+        timer = clock.call_later(seconds, scope.cancel)
+        try:
+            yield scope
+        finally:
+            timer.cancel()
+
+
+@contextmanager
+def fail_after(clock: Clock, seconds: float) -> Iterator[anyio.CancelScope]:
+    """``anyio.fail_after`` on ``clock``'s time: ``TimeoutError`` once
+    ``seconds`` of it have passed."""
+    with move_on_after(clock, seconds) as scope:
+        yield scope
+    if scope.cancelled_caught:
+        raise TimeoutError(f"{seconds} s passed")
 
 
 async def wait_idle() -> None:

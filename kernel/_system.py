@@ -27,7 +27,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ._actor import Actor, ActorRef, Call, Directive, EndpointSpec
-from ._clock import Clock, VirtualClock, WallClock
+from ._clock import Clock, VirtualClock, current_clock
 from ._errors import (
     ActorCancelled,
     ActorFailed,
@@ -497,7 +497,9 @@ class ActorSystem:
 
     Args:
         name: prefix of actor ids; unique per process is enough.
-        clock: device time source; ``VirtualClock`` is driven automatically.
+        clock: the time of simulated devices and of the actors' timeouts
+            (default: :func:`current_clock`); a ``VirtualClock`` is driven
+            automatically.
         supervise: decides about top-level actors that fail; the default
             stops them and records the failure in ``failures``.
         on_stop_timeout: how long an actor's ``on_stop`` may run before it is
@@ -513,7 +515,7 @@ class ActorSystem:
         on_stop_timeout: float = 10.0,
     ) -> None:
         self.name = name
-        self.clock: Clock = clock if clock is not None else WallClock()
+        self.clock: Clock = clock if clock is not None else current_clock()
         self.failures: list[ActorFailed] = []
         self.on_stop_timeout = on_stop_timeout
         self._supervise = supervise

@@ -7,13 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from atoll.transports.testing import pid_alive
+from atoll.transports.testing import eventually_blocking, pid_alive
 
 # The parent: a pool as the benchmark makes it, two jobs that write their
 # worker's pid and then block. ``job`` is in a script file (not ``-c``) so
@@ -41,16 +39,6 @@ if __name__ == "__main__":
 """
 
 
-def _wait_for(ready: Callable[[], bool], deadline_s: float) -> bool:
-    """Poll ``ready`` until it holds or ``deadline_s`` passes; whether it held."""
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if ready():
-            return True
-        time.sleep(0.05)
-    return bool(ready())
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="pids from /proc, prctl")
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("keep_pdeathsig", [True, False], ids=["pdeathsig", "watcher"])
@@ -64,12 +52,12 @@ def test_workers_end_when_the_parent_is_killed(tmp_path: Path, keep_pdeathsig: b
     )
     pids: list[int] = []
     try:
-        assert _wait_for(lambda: all(f.exists() for f in files), 15), "workers never started"
+        eventually_blocking(lambda: all(f.exists() for f in files), "workers started", 15)
         pids = [int(f.read_text()) for f in files]
         assert all(pid_alive(pid) for pid in pids) and parent.pid not in pids
         parent.kill()  # SIGKILL: no cleanup of its own
         parent.wait(5)
-        assert _wait_for(lambda: not any(pid_alive(pid) for pid in pids), 5), "orphans left"
+        eventually_blocking(lambda: not any(pid_alive(pid) for pid in pids), "no orphans", 5)
     finally:
         parent.kill()
         parent.wait(5)

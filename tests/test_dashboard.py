@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from atoll.transports.capnp import ClusterFile
+from atoll.transports.testing import eventually_blocking
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
@@ -127,10 +127,11 @@ def test_the_dashboard_needs_the_token_and_shows_hosts_die(
     assert code == 200 and "traceEvents" in json.loads(timeline)
 
     os.kill(hosts[1]["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while [h["alive"] for h in _hosts(_status(base, token))] != [True, False]:
-        assert time.monotonic() < deadline, _hosts(_status(base, token))
-        time.sleep(0.5)
+
+    def shown_lost() -> bool:
+        return [h["alive"] for h in _hosts(_status(base, token))] == [True, False]
+
+    eventually_blocking(shown_lost, "host 1 shown lost", timeout=30)
 
 
 def _browser() -> str | None:
@@ -163,9 +164,11 @@ def test_the_page_in_a_headless_browser(cluster: tuple[Path, dict[str, str], str
     dom = _rendered(browser, url)  # ?token= logs in, then the page loads with the cookie
     assert 'data-hosts="2"' in dom and 'data-lost="0"' in dom
     token = ClusterFile.read(cluster_file).token.hex()
-    pid = _hosts(_status(url.split("?")[0], token))[1]["pid"]
+    base = url.split("?")[0]
+    pid = _hosts(_status(base, token))[1]["pid"]
     os.kill(pid, signal.SIGKILL)
-    time.sleep(2)
+    lost = lambda: not _hosts(_status(base, token))[1]["alive"]  # noqa: E731
+    eventually_blocking(lost, "host 1 lost in the status the page reads", timeout=30)
     assert 'data-lost="1"' in _rendered(browser, url)
 
 

@@ -22,7 +22,7 @@ import pytest
 
 import atoll
 from atoll.devices import Aval, Computation, CostModel
-from atoll.kernel import ActorSystem
+from atoll.kernel import ActorSystem, VirtualClock, use_clock
 from atoll.runtime import Cluster, ClusterSpec, GraphBuilder
 from atoll.runtime.connect import connect
 from atoll.runtime.process import _controller
@@ -251,12 +251,16 @@ async def test_a_wrong_or_reused_ticket_is_refused_and_closes_only_its_connectio
         await bulk.aclose()
 
 
-async def test_a_ticket_expires(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bulk, "TICKET_TTL_S", 0.05)
+async def test_a_ticket_expires_on_the_clock_it_was_offered_on() -> None:
     view = memoryview(bytes(16))
+    clock = VirtualClock(autojump=False)
     try:
-        address, ticket = bulk.offer(view)
-        await asyncio.sleep(0.2)
+        with use_clock(clock):
+            address, ticket = bulk.offer(view)
+            _, kept = bulk.offer(view)
+        clock.advance(bulk.TICKET_TTL_S - 0.001)
+        assert (await bulk.receive(address, kept, 16)).nbytes == 16  # not yet expired
+        clock.advance(0.001)
         with pytest.raises(bulk.StreamRefused):
             await bulk.receive(address, ticket, 16)
     finally:

@@ -44,7 +44,7 @@ from atoll.devices.jax_device import JaxDevice
 from atoll.kernel import Actor, HostLost, Promise, endpoint, failed
 from atoll.runtime import ClusterSpec, IslandScheduler, process_cluster
 from atoll.runtime.process import _collect_garbage_on_loop
-from atoll.transports.testing import pid_alive
+from atoll.transports.testing import eventually, pid_alive
 
 pytestmark = pytest.mark.anyio
 
@@ -108,9 +108,7 @@ def test_a_host_collects_garbage_on_its_event_loop_only() -> None:
     async def host() -> int:
         _collect_garbage_on_loop(asyncio.get_running_loop(), every=0.01)
         kept = await asyncio.to_thread(make_garbage)  # still counted, as allocated
-        async with asyncio.timeout(10):
-            while len(Cycle.freed_on) < 10:
-                await asyncio.sleep(0.01)
+        await eventually(lambda: len(Cycle.freed_on) >= 10, "the cycles collected", timeout=10)
         del kept
         return threading.get_ident()
 
@@ -174,9 +172,8 @@ async def test_a_lost_jax_host_fails_its_gangs_and_spares_the_rest(
         assert await cluster.run(on_kept, x) == 28.0
 
         running = cluster.run(spin, x)
-        with anyio.fail_after(60):
-            while not (tmp_path / str(pids[survivor])).exists():  # in its collectives
-                await anyio.sleep(0.05)
+        in_collectives = (tmp_path / str(pids[survivor])).exists
+        await eventually(in_collectives, "the survivor in its collectives", timeout=60)
         os.kill(pids[victim], signal.SIGKILL)
         await _fails_with_host_lost(running, COLLECTIVE_S + 15)  # its collective gave up
         await _fails_with_host_lost(cluster.run(on_lost, x), 10)  # no collective: at once

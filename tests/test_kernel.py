@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -22,8 +23,13 @@ from atoll.kernel import (
     Promise,
     RemoteActorError,
     VirtualClock,
+    WallClock,
     count_waits,
+    current_clock,
     endpoint,
+    fail_after,
+    move_on_after,
+    use_clock,
     wait_idle,
 )
 from atoll.transports.conformance import expect
@@ -406,6 +412,79 @@ async def test_virtual_clock_jumps_deterministically() -> None:
     ]
     assert [t for _, t in order] == [1.0, 1.0, 2.0, 3.0]
     assert clock.jumps == 3
+
+
+async def test_timers_fire_in_deadline_order_on_a_virtual_clock_only_when_advanced() -> None:
+    clock = VirtualClock(autojump=False)
+    fired: list[tuple[str, float]] = []
+
+    def fire(name: str) -> Callable[[], None]:
+        return lambda: fired.append((name, clock.now()))
+
+    for name, delay in [("c", 3.0), ("a", 1.0), ("b", 2.0)]:
+        clock.call_later(delay, fire(name))
+    dropped = clock.call_later(1.5, lambda: fired.append(("dropped", clock.now())))
+    dropped.cancel()
+    await anyio.lowlevel.checkpoint()
+    assert fired == []  # no autojump: nothing moves by itself
+    clock.advance(2.0)
+    assert fired == [("a", 1.0), ("b", 2.0)] and clock.now() == 2.0
+    clock.advance(5.0)
+    assert fired[-1] == ("c", 3.0) and clock.now() == 7.0
+    with pytest.raises(ValueError, match="cannot go back"):
+        clock.advance(-1)
+
+
+async def test_a_timeout_on_a_clock_takes_that_clocks_time() -> None:
+    clock = VirtualClock(autojump=False)
+    reached: list[str] = []
+
+    async def waits() -> None:
+        with move_on_after(clock, 10.0) as scope:
+            await anyio.sleep_forever()
+        reached.append("moved on" if scope.cancelled_caught else "?")
+        with pytest.raises(TimeoutError), fail_after(clock, 1.0):
+            await anyio.sleep_forever()
+        reached.append("failed")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(waits)
+        await wait_idle()
+        clock.advance(9.9)
+        await wait_idle()
+        assert reached == []
+        clock.advance(0.1)
+        await wait_idle()
+        assert reached == ["moved on"]
+        clock.advance(1.0)
+    assert reached == ["moved on", "failed"]
+
+
+async def test_a_wall_clock_timer_fires_and_a_cancelled_one_does_not() -> None:
+    clock = WallClock()
+    last = anyio.Event()
+    called: list[str] = []
+
+    def raises() -> None:
+        called.append("raised")
+        raise RuntimeError("a timer's own failure")
+
+    clock.call_later(0.0, raises)  # logged, not fatal
+    clock.call_later(0.001, lambda: called.append("cancelled")).cancel()
+    clock.call_later(0.002, last.set)
+    with anyio.fail_after(10):
+        await last.wait()
+    assert called == ["raised"]
+
+
+async def test_use_clock_sets_the_clock_of_this_context_and_its_systems() -> None:
+    assert isinstance(current_clock(), WallClock)
+    clock = VirtualClock(autojump=False)
+    with use_clock(clock):
+        assert current_clock() is clock
+        async with ActorSystem("clocked") as system:
+            assert system.clock is clock
+    assert isinstance(current_clock(), WallClock)
 
 
 async def test_system_is_required_for_spawning() -> None:

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from atoll.kernel import VirtualClock
 from atoll.transports.dataplane import lane
 from atoll.transports.testing import eventually
 
@@ -110,25 +111,53 @@ async def test_hostile_frames_close_only_their_connection(
     await eventually(lambda: len(got) == 1, "a good frame still delivered", every=0.001)
 
 
-async def test_a_connection_that_shows_no_token_in_time_is_closed(
-    listening: tuple[str, list[lane.LaneMessage]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    address, _ = listening
+async def test_a_connection_that_shows_no_token_in_time_is_closed() -> None:
+    """The hello deadline runs on the listener's clock: connections that
+    have not shown the token when it passes are closed, the others serve."""
+    clock = VirtualClock(autojump=False)
+    got: list[lane.LaneMessage] = []
+    address = await lane.serve("127.0.0.1", TOKEN, clock)
+    lane.register(7, got.append)
     host, _, port = address.rpartition(":")
-    refused = lane.stats["refused"]
-    monkeypatch.setattr(lane, "HELLO_TIMEOUT_S", 0.05)
-    silent = await asyncio.open_connection(host, int(port))
-    partial = await asyncio.open_connection(host, int(port))
-    partial[1].write(struct.pack("!4sH", lane.MAGIC, len(TOKEN)) + TOKEN[:5])  # half a hello
-    trusted = await asyncio.open_connection(host, int(port))
-    trusted[1].write(struct.pack("!4sH", lane.MAGIC, len(TOKEN)) + TOKEN)
-    for reader, writer in (silent, partial):
-        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the listener
-        writer.close()
-    assert lane.stats["refused"] == refused + 2
-    with pytest.raises(TimeoutError):  # the one that showed it stays open
-        await asyncio.wait_for(trusted[0].read(1), 0.2)
-    trusted[1].close()
+    refused, accepted = lane.stats["refused"], lane.stats["accepted"]
+    try:
+        silent = await asyncio.open_connection(host, int(port))
+        partial = await asyncio.open_connection(host, int(port))
+        partial[1].write(struct.pack("!4sH", lane.MAGIC, len(TOKEN)) + TOKEN[:5])  # half a hello
+        assert await lane.connect(address, TOKEN)  # shows it
+        assert lane.send(address, message(0.0), lambda m: None)
+        await eventually(lambda: len(got) == 1, "a frame on the trusted lane")
+        await eventually(lambda: lane.stats["accepted"] == accepted + 3, "three connections")
+        clock.advance(lane.HELLO_TIMEOUT_S - 0.001)
+        assert lane.stats["refused"] == refused  # not yet
+        clock.advance(0.001)
+        for reader, writer in (silent, partial):
+            assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the listener
+            writer.close()
+        assert lane.stats["refused"] == refused + 2
+        assert lane.send(address, message(1.0), lambda m: None)  # the one that showed it serves
+        await eventually(lambda: len(got) == 2, "another frame on the trusted lane")
+    finally:
+        lane.register(7, None)
+        await lane.aclose()
+
+
+async def test_an_acknowledgement_waits_its_delay_on_the_listeners_clock() -> None:
+    clock = VirtualClock(autojump=False)
+    got: list[lane.LaneMessage] = []
+    address = await lane.serve("127.0.0.1", TOKEN, clock)
+    lane.register(7, got.append)
+    try:
+        assert await lane.connect(address, TOKEN)
+        assert lane.send(address, message(1.0), lambda m: None)
+        await eventually(lambda: len(got) == 1, "the frame delivered")
+        link = lane._links[address]
+        assert link.unacked  # the acknowledgement waits for its delay
+        clock.advance(lane.ACK_DELAY_S)
+        await eventually(lambda: not link.unacked, "the frame acknowledged")
+    finally:
+        lane.register(7, None)
+        await lane.aclose()
 
 
 async def test_a_large_value_does_not_take_a_lane(

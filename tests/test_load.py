@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from atoll.kernel import ActorSystem, MailboxFull, Promise
+from atoll.kernel import ActorSystem, MailboxFull, Promise, VirtualClock, use_clock
 from atoll.transports.capnp import CapnpTransport, _peer, capnp_runtime
 from atoll.transports.capnp._peer import LaterServer, Peer
 from atoll.transports.testing import NodeProcess, eventually
@@ -80,22 +80,28 @@ async def test_a_flood_is_held_near_the_bound_and_loses_nothing() -> None:
         assert held.holds >= 1 and held.refused == refused
 
 
-async def test_a_hold_that_lasts_turns_into_refusals(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_hold_that_lasts_turns_into_refusals() -> None:
     """Calls that are not being answered (a latch) must not keep the socket
-    unread for ever: after ``HOLD_S`` the node reads again, so the flooding
-    client's own ping is answered (refused, beyond the bound), and the calls
-    beyond the bound are refused; the admitted ones complete on release."""
-    monkeypatch.setattr(_peer, "HOLD_S", 0.01)
-    async with flooded() as (listener, flooder, other, calls):
-        await eventually(lambda: any(p.refusing for p in listener.peers), "refusals", every=0.001)
-        held = next(p for p in listener.peers if p.refusing)
-        with pytest.raises(MailboxFull, match="ATOLL_CONNECTION_CALLS"):
-            await flooder.node.ping()
-        admitted = held.calls_in
-        await (await other.node.lookup("latch")).release("go")
-        answered, refused = await tally(calls)
-        assert answered + refused == 3000 and answered >= admitted and refused > 0
-        assert isinstance(await flooder.node.ping(), str)  # served again
+    unread for ever: after ``HOLD_S`` (of the node's clock) the node reads
+    again, so the flooding client's own ping is answered (refused, beyond
+    the bound), and the calls beyond the bound are refused; the admitted
+    ones complete on release."""
+    clock = VirtualClock(autojump=False)
+    with use_clock(clock):
+        async with flooded() as (listener, flooder, other, calls):
+            await eventually(lambda: any(p.held for p in listener.peers), "a hold", every=0.001)
+            held = next(p for p in listener.peers if p.held)
+            clock.advance(_peer.HOLD_S - 0.001)
+            assert held.held and not held.refusing  # not yet
+            clock.advance(0.001)
+            assert held.refusing
+            with pytest.raises(MailboxFull, match="ATOLL_CONNECTION_CALLS"):
+                await flooder.node.ping()
+            admitted = held.calls_in
+            await (await other.node.lookup("latch")).release("go")
+            answered, refused = await tally(calls)
+            assert answered + refused == 3000 and answered >= admitted and refused > 0
+            assert isinstance(await flooder.node.ping(), str)  # served again
 
 
 async def test_answers_not_taken_are_bounded_by_refusal() -> None:

@@ -13,8 +13,7 @@ import asyncio
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -163,28 +162,35 @@ async def test_weights_are_set_at_connect_changed_by_an_admin_and_shown_in_statu
 
 async def test_shares_follow_the_weights_over_connections() -> None:
     """Two sessions keep one device busy; its time splits about 1:3 (read
-    from ``client.status()`` over a window in which both are busy)."""
+    from ``client.status()`` over a window of 120 computations, once both
+    are past the ones they sent before sharing began)."""
     async with cluster_and_clients(("one", 1), ("three", 3)) as pairs:
         admin = pairs[0][0]
-        start = time.monotonic()
+        done = {name: 0 for name in ("one#1", "three#2")}
+        stop = anyio.Event()
         async with anyio.create_task_group() as tg:
-            for _, cluster in pairs:
-                tg.start_soon(_keep_busy, cluster, start + 2.5)
-            await anyio.sleep(0.7)  # both busy: past the first gangs, sent before sharing
-            before = await sessions(admin)
-            await anyio.sleep(1.5)
+            for (_, cluster), name in zip(pairs, done, strict=True):
+                tg.start_soon(_keep_busy, cluster, stop, done, name)
+            await eventually(lambda: min(done.values()) >= 16, "both past their first gangs")
+            before, mark = await sessions(admin), sum(done.values())
+            await eventually(lambda: sum(done.values()) >= mark + 120, "120 more computations")
             after = await sessions(admin)
-    one, three = (after[n]["device_s"] - before[n]["device_s"] for n in ("one#1", "three#2"))
+            stop.set()
+    one, three = (after[n]["device_s"] - before[n]["device_s"] for n in done)
     assert three / (one + three) == pytest.approx(0.75, abs=0.06), (one, three)
 
 
-async def _keep_busy(cluster: Cluster, until: float, depth: int = 8) -> None:
-    """Keep ``depth`` computations of 10 ms on device 0 in flight until ``until``."""
+async def _keep_busy(
+    cluster: Cluster, stop: anyio.Event, done: dict[str, int], name: str, depth: int = 8
+) -> None:
+    """Keep ``depth`` computations of 10 ms on device 0 in flight until
+    ``stop``, counting those done in ``done[name]``."""
     pending: list[Promise[BufferHandle]] = []
-    while time.monotonic() < until:
+    while not stop.is_set():
         while len(pending) < depth:
             pending.append(cluster.run(work(10), 0, []))
         await pending.pop(0)
+        done[name] += 1
     for each in pending:
         await each
 
@@ -253,12 +259,19 @@ async def test_a_full_store_stalls_only_until_room_is_made() -> None:
         first = await a.put(BIG, 0)
         second = await a.put(BIG, 0)
         third = a.put(BIG, 0)
-        await anyio.sleep(0.2)
+        await eventually(_waiting_for_room(a), "the third put waiting for room")
         assert not third.done()  # stalled: no room
         await a.free(first)
         with anyio.fail_after(10):
             await third
         assert second.nbytes == BIG.nbytes
+
+
+def _waiting_for_room(cluster: Cluster) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return any(usage["waiting_for_room"] for usage in await cluster.store_usage())
+
+    return check
 
 
 async def test_a_killed_client_releases_only_what_it_owned(tmp_path: Path) -> None:

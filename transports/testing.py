@@ -170,3 +170,16 @@ async def eventually(
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout} s: {what}")
         await anyio.sleep(every)
+
+
+def eventually_blocking(
+    check: Callable[[], Any], what: str, timeout: float = 20.0, every: float = 0.05
+) -> None:
+    """:func:`eventually` for synchronous tests: polls ``check()`` every
+    ``every`` seconds, blocking the thread, until it holds; fails with
+    ``what`` after ``timeout`` wall-clock seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(every)

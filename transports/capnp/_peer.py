@@ -59,7 +59,10 @@ from ...kernel import (
     HostLost,
     MailboxFull,
     Promise,
+    Timer,
     TransportError,
+    current_clock,
+    fail_after,
     failed,
 )
 from ...kernel.lowlevel import (
@@ -109,6 +112,7 @@ class Peer:
 
     def __init__(self, label: str, max_calls: int | None = None) -> None:
         self.label = label
+        self.clock = current_clock()  # of the context that made it: holds and heartbeats
         self.closed: str | None = None
         self.calls_sent = 0  # calls made through this peer (harnesses settle on it)
         self.calls_in = 0  # the far side's calls in flight here, not answered yet
@@ -118,7 +122,7 @@ class Peer:
         self.refused = 0  # calls refused beyond a bound
         self.held = False
         self.refusing = False
-        self._hold_timer: asyncio.TimerHandle | None = None
+        self._hold_timer: Timer | None = None
         self.max_calls = sys.maxsize if max_calls is None else max_calls
         self._resume_at = self.max_calls - max(1, self.max_calls // 4)
         # set by whoever owns the socket: stop (True) or resume (False) reading it
@@ -276,7 +280,7 @@ class Peer:
             self._hold_timer = None
         if held:
             self.holds += 1
-            self._hold_timer = asyncio.get_running_loop().call_later(HOLD_S, self._overheld)
+            self._hold_timer = self.clock.call_later(HOLD_S, self._overheld)
         self.hold_reading(held)
 
     def _overheld(self) -> None:
@@ -366,11 +370,13 @@ async def heartbeat(
     """Ping ``node`` every ``every`` s until ``peer`` closes; ``lose(reason)``
     when an answer takes more than ``timeout`` s. A process that is frozen
     (SIGSTOP) or cut off without a TCP reset answers nothing, while its
-    kernel still acknowledges TCP keepalives: only this notices it."""
+    kernel still acknowledges TCP keepalives: only this notices it. Both
+    times are the peer's clock's."""
     while peer.closed is None:
-        await asyncio.sleep(every)
+        await peer.clock.sleep(every)
         try:
-            await asyncio.wait_for(node.ping(), timeout)
+            with fail_after(peer.clock, timeout):
+                await node.ping()
         except TimeoutError:
             lose(f"no heartbeat answer within {timeout} s")
             return

@@ -14,7 +14,8 @@ Each process runs one plain TCP listener per event loop, started on first
 use, on the host of its Cap'n Proto listener (:func:`serve_on`; 127.0.0.1
 until one is announced). Tickets are single-use, bound to one array, and
 expire after :data:`TICKET_TTL_S`; a connection with an unknown ticket is
-closed, and only that connection.
+closed, and only that connection. A ticket's time is the
+:func:`~atoll.kernel.current_clock` of the context that offered it.
 
 A reader whose environment names a relay (``ATOLL_BULK_RELAY=HOST:PORT``)
 connects there instead, and sends the holder's address first
@@ -44,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ...kernel import TransportError
+from ...kernel import Timer, TransportError, current_clock
 
 __all__ = [
     "RELAY_ENV",
@@ -78,7 +79,7 @@ class StreamRefused(TransportError):
 @dataclass
 class _Offer:
     data: memoryview
-    expiry: asyncio.TimerHandle
+    expiry: Timer
 
 
 class BulkServer:
@@ -101,9 +102,10 @@ class BulkServer:
         self._spawn(self._accept())
 
     def offer(self, data: memoryview) -> bytes:
-        """A fresh single-use ticket for ``data``, valid for :data:`TICKET_TTL_S`."""
+        """A fresh single-use ticket for ``data``, valid for :data:`TICKET_TTL_S`
+        of the :func:`~atoll.kernel.current_clock`."""
         ticket = secrets.token_bytes(TICKET_BYTES)
-        expiry = self._loop.call_later(TICKET_TTL_S, self._tickets.pop, ticket, None)
+        expiry = current_clock().call_later(TICKET_TTL_S, lambda: self._tickets.pop(ticket, None))
         self._tickets[ticket] = _Offer(data, expiry)
         return ticket
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...kernel import Clock, Timer, current_clock
 from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
 
 __all__ = [
@@ -90,7 +91,7 @@ _sinks: dict[int, Sink] = {}
 _servers: dict[asyncio.AbstractEventLoop, asyncio.Server] = {}
 _addresses: dict[asyncio.AbstractEventLoop, str] = {}
 _links: dict[str, _Link] = {}
-stats = {"sent": 0, "delivered": 0, "refused": 0, "fell_back": 0}
+stats = {"sent": 0, "delivered": 0, "refused": 0, "fell_back": 0, "accepted": 0}
 
 
 def register(host: int, sink: Sink | None) -> None:
@@ -101,11 +102,14 @@ def register(host: int, sink: Sink | None) -> None:
         _sinks[host] = sink
 
 
-async def serve(host: str, token: bytes) -> str:
-    """Listen on ``host`` for lanes (once per loop); returns ``"host:port"``."""
+async def serve(host: str, token: bytes, clock: Clock | None = None) -> str:
+    """Listen on ``host`` for lanes (once per loop); returns ``"host:port"``.
+    The hello deadline and acknowledgement delay of its connections run on
+    ``clock`` (default: :func:`~atoll.kernel.current_clock` here)."""
     loop = asyncio.get_running_loop()
     if loop not in _servers:
-        server = await loop.create_server(lambda: _Receiver(token), host, 0)
+        timers = clock if clock is not None else current_clock()
+        server = await loop.create_server(lambda: _Receiver(token, timers), host, 0)
         port = server.sockets[0].getsockname()[1]
         _servers[loop], _addresses[loop] = server, f"{host}:{port}"
     return _addresses[loop]
@@ -219,21 +223,22 @@ class _Link(asyncio.Protocol):
 class _Receiver(asyncio.Protocol):
     """The receiving end: checks the token, then delivers frames to the sinks."""
 
-    def __init__(self, token: bytes) -> None:
+    def __init__(self, token: bytes, clock: Clock) -> None:
         self.token = token
+        self.clock = clock  # the listener's: hello and acknowledgement timers
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
         self.trusted = False
         self.delivered = 0
         self.acked = 0  # the count last written back
-        self._ack_timer: asyncio.TimerHandle | None = None
-        self._deadline: asyncio.TimerHandle | None = None
+        self._ack_timer: Timer | None = None
+        self._deadline: Timer | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        loop = asyncio.get_running_loop()
-        self._deadline = loop.call_later(HELLO_TIMEOUT_S, self._too_slow)
+        stats["accepted"] += 1
+        self._deadline = self.clock.call_later(HELLO_TIMEOUT_S, self._too_slow)
 
     def _too_slow(self) -> None:
         if not self.trusted:
@@ -305,7 +310,7 @@ class _Receiver(asyncio.Protocol):
         if self.delivered - self.acked >= ACK_EVERY:
             self._ack()
         elif self._ack_timer is None:
-            self._ack_timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack)
+            self._ack_timer = self.clock.call_later(ACK_DELAY_S, self._ack)
 
     def _ack(self) -> None:
         """Write back the count of frames delivered (once for all since the last)."""
