@@ -17,7 +17,7 @@ import enum
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from ._errors import BadCall, NoSuchEndpoint, NotRunning
 from ._promise import Promise
@@ -38,6 +38,8 @@ __all__ = [
 
 A = TypeVar("A", bound="Actor")
 F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -223,7 +225,8 @@ class ActorRef(Generic[A]):
     def id(self) -> str:
         return self._channel.actor_id
 
-    def __getattr__(self, name: str) -> EndpointRef:
+    def __getattr__(self, name: str) -> EndpointRef[..., Any]:
+        # typed per endpoint by atoll's mypy plugin (atoll.kernel.mypy_plugin)
         if name.startswith("_"):
             raise AttributeError(name)
         endpoints = self._channel.endpoints
@@ -252,8 +255,15 @@ class ActorRef(Generic[A]):
         return f"<ActorRef {self.name}>"
 
 
-class EndpointRef:
-    """``ref.method``: call it for a promise, or ``await .send(...)`` it."""
+class EndpointRef(Generic[P, R]):
+    """``ref.method``: call it for a promise, or ``await .send(...)`` it.
+
+    ``P`` are the method's parameters and ``R`` what its promise gives (a
+    coroutine's or a returned promise's value). Under mypy with atoll's
+    plugin (``plugins = ["atoll.kernel.mypy_plugin"]``) ``ref.method`` has
+    them, so calls are checked; without it, ``ref.method`` is
+    ``EndpointRef[..., Any]``.
+    """
 
     __slots__ = ("_name", "_ref")
 
@@ -272,12 +282,12 @@ class EndpointRef:
         promise: Promise[Any] = Promise(f"{self._ref.name}.{self._name}")
         return Call(self._name, args, kwargs, promise)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Promise[Any]:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Promise[R]:
         call = self._make(args, kwargs)
         self._ref._channel.submit(call)
         return call.promise
 
-    async def send(self, *args: Any, **kwargs: Any) -> Promise[Any]:
+    async def send(self, *args: P.args, **kwargs: P.kwargs) -> Promise[R]:
         """Like calling it, but wait for mailbox room instead of failing."""
         call = self._make(args, kwargs)
         await self._ref._channel.submit_wait(call)

@@ -10,12 +10,13 @@ returned :class:`Outputs` fetches the arrays.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import operator
 import os
 import secrets
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -46,7 +47,7 @@ from ..kernel import (
 from ..transports.inproc import read_only
 from .batching import RunBatcher
 from .graph import Graph, ValueRef
-from .latency import Wire
+from .latency import Wire, over
 from .ownership import Ownership
 from .topology import DeviceInfo, Topology
 from .tracing import NotAProgram, PlacedFunction, Program, VirtualSlice, aval_of
@@ -286,7 +287,9 @@ class Cluster:
         gang took them. The run is tagged, and so are its outputs, so that a
         later run reading one where it was made need not wait for it to come
         back (``Controller.run_graph``)."""
-        self._sent(inputs, outputs, "run_graph", graph, inputs, temporary, owner)
+        to = over(self.wire, self.controller)
+        send = functools.partial(to.run_graph, graph, inputs, temporary, owner)
+        self._sent(inputs, outputs, send)
 
     def _send_call(
         self,
@@ -298,16 +301,22 @@ class Cluster:
         output: Promise[Any],
     ) -> None:
         """One low-level call on its own (``Controller.run_call``)."""
-        self._sent(inputs, [output], "run_call", computation, device, inputs, temporary, owner)
+        to = over(self.wire, self.controller)
+        send = functools.partial(to.run_call, computation, device, inputs, temporary, owner)
+        self._sent(inputs, [output], send)
 
     def _sent(
-        self, inputs: list[Any], outputs: Sequence[Promise[Any]], name: str, *args: Any
+        self,
+        inputs: list[Any],
+        outputs: Sequence[Promise[Any]],
+        send: Callable[[str, list[tuple[str, int] | None]], Promise[Any]],
     ) -> None:
-        """Send a run to the controller, tagged: ``outputs`` follow its answer;
-        ``inputs`` are kept until it has read them."""
+        """Send a run to the controller (``send(tag, sources)``), tagged:
+        ``outputs`` follow its answer; ``inputs`` are kept until it has read
+        them."""
         tag = f"{self._tag_prefix}/{next(self._tags)}"
         sources = [self._made.get(x) if isinstance(x, Promise) else None for x in inputs]
-        answer = Wire.through(self.wire, self.controller, name, *args, tag, sources)
+        answer = send(tag, sources)
         self._refs.reading(inputs, then(answer, _nothing))  # not its handles: they count
         for i, out in enumerate(outputs):
             self._made[out] = (tag, i)
@@ -319,7 +328,7 @@ class Cluster:
         values: dict[ValueRef, Any] = {ValueRef(-1, i): v for i, v in enumerate(inputs)}
         for node in graph.nodes:
             node_inputs = [await value_of(values[ref]) for ref in node.inputs]
-            handles = await self._reply(self._call("run_node", node, node_inputs, self.owner))
+            handles = await self._reply(self._now().run_node(node, node_inputs, self.owner))
             for i, handle in enumerate(handles):
                 values[ValueRef(node.id, i)] = handle
         for ref in graph.freeable(temporary):
@@ -345,15 +354,15 @@ class Cluster:
                 readers = graph.consumers() if readers is None else readers
                 first = readers.get(ValueRef(-1, i))
                 slice_id = graph.nodes[first[0]].slice.slice_id if first else None
-                inputs.append(self._call("put", np.asarray(leaf), slice_id, self.owner))
+                inputs.append(self._now().put(np.asarray(leaf), slice_id, self.owner))
                 temporary.append(i)  # freed by the plan once read
         return inputs, temporary
 
-    def _call(self, name: str, *args: Any) -> Promise[Any]:
-        """A call to the controller, over the modelled RPC link if there is
-        one, after the ``run`` calls collected before it."""
+    def _now(self) -> ActorRef[Controller]:
+        """The controller, over the modelled RPC link if there is one, once
+        the ``run`` calls collected before are sent."""
         self.flush()
-        return Wire.through(self.wire, self.controller, name, *args)
+        return over(self.wire, self.controller)
 
     def _reply(self, promise: Promise[Any]) -> Promise[Any]:
         return promise if self.wire is None else self.wire.reply(promise)

@@ -52,7 +52,7 @@ from ..kernel import (
 from .batching import call_graph, device_of_slice
 from .graph import Graph, Node, ValueRef
 from .island import IslandScheduler
-from .latency import Wire
+from .latency import Wire, over
 from .planner import (
     CompiledPlan,
     Plan,
@@ -377,9 +377,7 @@ class Controller(Actor):
         }
         island = self.schedulers[compiled.island]
         weight = self.tenants.weight(run.owner)  # its share, for the policy's accounting
-        sent = Wire.through(
-            self.wire, island, "run_plan", compiled, run.epoch, given, run.owner, weight
-        )
+        sent = over(self.wire, island).run_plan(compiled, run.epoch, given, run.owner, weight)
         sent.add_done_callback(functools.partial(self._compiled_sent, run))
 
     def _compiled_sent(self, run: _CompiledRun, sent: Promise[Any], counted: bool = True) -> None:
@@ -498,9 +496,7 @@ class Controller(Actor):
         self, island: int, task: GangTask, inputs: Sequence[Any], owner: str
     ) -> Promise[list[BufferHandle]]:
         if owner not in self.tenants:  # no session: weight 1, no quota, not counted
-            return Wire.through(
-                self.wire, self.schedulers[island], "submit_gang", task, inputs, owner
-            )
+            return over(self.wire, self.schedulers[island]).submit_gang(task, inputs, owner)
         result: Promise[list[BufferHandle]] = Promise(task.gang_id)
         send = functools.partial(self._send, island, task, inputs, owner, result)
         self.tenants.admit(owner, send, result)  # now, after a stall, or refused
@@ -516,9 +512,8 @@ class Controller(Actor):
     ) -> None:
         """Submit a session's admitted gang, with its weight (runtime/tenancy.py)."""
         weight = self.tenants.weight(owner)
-        ran: Promise[list[BufferHandle]] = Wire.through(
-            self.wire, self.schedulers[island], "submit_gang", task, inputs, owner, weight
-        )
+        to_island = over(self.wire, self.schedulers[island])
+        ran: Promise[list[BufferHandle]] = to_island.submit_gang(task, inputs, owner, weight)
         ran.add_done_callback(functools.partial(self.tenants.finished, owner))
         forward(ran, result)
 

@@ -41,7 +41,7 @@ from ..kernel import (
     then,
 )
 from ..schedulers import Completed, Dispatch, PolicyError, Submit, get_scheduler
-from .latency import Wire
+from .latency import Wire, over
 from .planner import CompiledPlan
 
 __all__ = ["IslandScheduler"]
@@ -108,7 +108,7 @@ class IslandScheduler(Actor):
             gang_id, device = instruction.gang_id, instruction.device
             task, inputs, owner, result, sent = self._pending[gang_id]
             given = _unpushed(task, inputs) if device == task.leader else inputs
-            promise = Wire.through(self.wire, self.devices[device], "run_gang", task, given, owner)
+            promise = over(self.wire, self.devices[device]).run_gang(task, given, owner)
             promise.add_done_callback(functools.partial(self._report, gang_id, device))
             self._running[gang_id] = self._running.get(gang_id, 0) + 1
             if device == task.leader:
@@ -167,7 +167,7 @@ class IslandScheduler(Actor):
             ref = self.devices[device]
             installed = self._install(device, ref, program)
             given = inputs.get(device, ())
-            report = Wire.through(self.wire, ref, "run_plan", compiled.plan_id, epoch, given, owner)
+            report = over(self.wire, ref).run_plan(compiled.plan_id, epoch, given, owner)
             if installed is not None:  # a plan that could not be installed says why
                 report = _unless_not_installed(report, installed)
             report.add_done_callback(functools.partial(self._report, run, device))
@@ -218,7 +218,9 @@ class IslandScheduler(Actor):
         its readers wait on, now."""
         report.held.extend(report.record(gang, task.gang_id, result))
         error = report.errors.get(gang.node)
-        for target in task.push if error is not None else ():
+        if error is None:
+            return
+        for target in task.push:
             host = self.hosts.get(target.host_id)
             if host is not None:
                 host.fail_inbox(list(target.keys), error).add_done_callback(_log_failed)
@@ -238,7 +240,7 @@ class IslandScheduler(Actor):
             return None
         plans.add(program.plan_id)
         timeline.control("install plan", self._lane, plan=program.plan_id, device=device)
-        sent: Promise[None] = Wire.through(self.wire, ref, "install_plan", program)
+        sent: Promise[None] = over(self.wire, ref).install_plan(program)
         sent.add_done_callback(functools.partial(_forget_failed, plans, program.plan_id))
         return sent
 
@@ -263,7 +265,7 @@ class IslandScheduler(Actor):
             mine = sorted(plans & doomed)
             if mine:
                 plans.difference_update(mine)
-                Wire.through(self.wire, ref, "drop_plans", mine).add_done_callback(_log_failed)
+                over(self.wire, ref).drop_plans(mine).add_done_callback(_log_failed)
 
     def _report(self, gang_id: str, device: int, shard: Promise[Any]) -> None:
         """A shard finished: queue the event, and wake the actor once per batch.
