@@ -18,7 +18,10 @@ no reader holds it).
 It is also where pushed inputs land. A device that will read a value produced
 elsewhere waits on :meth:`ObjectStore.arrival` for a key the controller chose;
 the producer's host pushes the bytes here and :meth:`ObjectStore.deliver`
-settles that promise, whichever of the two comes first.
+settles that promise, whichever of the two comes first. What each notice
+about a key means (a landing, a redirect, a failure, the reader taking it or
+giving up) is decided by the host's :class:`~._inbox.Inboxes` state machine;
+the store carries out its instructions.
 """
 
 from __future__ import annotations
@@ -36,11 +39,21 @@ from ..kernel import AtollError, Clock, Promise, current_clock, move_on_after
 from ..transports.dataplane import shm
 from ..transports.dtypes import raw_bytes
 from ..transports.inproc import read_only
+from ._inbox import (
+    Abandoned,
+    Drop,
+    Failed,
+    Inboxes,
+    Instruction,
+    Landed,
+    Redirected,
+    Reject,
+    Settle,
+    Taken,
+)
 from ._ledger import OwnerLedger, check_owner
 
 __all__ = ["BufferMissing", "ObjectStore", "StoreFull"]
-
-_SETTLED_KEPT = 4096  # settled inbox keys remembered, to drop late notices for them
 
 
 _FAILED_KEPT = 1024  # buffers dropped after their computation failed, remembered with why
@@ -98,13 +111,10 @@ class ObjectStore:
         self._entries: dict[str, _Entry] = {}
         self._ids = itertools.count()
         self._room: deque[anyio.Event] = deque()
+        # inbox keys: what their notices mean is the Inboxes machine's to say;
+        # the store keeps the readers' promises and carries out its instructions
+        self.inboxes = Inboxes()
         self._arrivals: dict[str, Promise[Any]] = {}
-        self._landed: dict[str, str] = {}  # key -> buffer id, delivered, not taken
-        self._abandoned: set[str] = set()
-        # keys recently done with: a late push or notice for one is dropped.
-        # Bounded: a notice older than the last 4,096 keys would open a stale
-        # key again (it takes a host lost after its push was read, that late)
-        self._settled: dict[str, None] = {}  # oldest first, at most _SETTLED_KEPT
         self.ledger = OwnerLedger()  # per-owner bytes, device time and quotas
         self._holds: dict[int, tuple[int, float]] = {}  # id -> (bytes, lapses at)
         # buffers dropped because their computation failed, oldest first: a
@@ -317,71 +327,42 @@ class ObjectStore:
         return promise
 
     def deliver(self, key: str, value: Any, buffer_id: str) -> None:
-        """A push for ``key`` landed as one reference to buffer ``buffer_id``.
-
-        If its reader already gave up on it (:meth:`abandon`), the key was
-        already settled some other way, or a copy already landed (a lane's
-        push sent again by call), the reference is dropped at once.
-        """
-        arrival = self._arrivals.get(key)
-        settled = key in self._landed or (arrival is not None and arrival.done())
-        if self._closed(key) or settled:  # or a second copy, or failed or redirected
-            self.decref(buffer_id)
-            return
-        self._landed[key] = buffer_id
-        self.arrival(key).set_result(value)
+        """A push for ``key`` landed as one reference to buffer ``buffer_id``
+        (dropped at once if its reader is done with the key, or the key was
+        settled already: see ``_inbox.py``)."""
+        self._carry_out(self.inboxes.handle(Landed(key, buffer_id, value)))
 
     def redirect(self, key: str, value: Any) -> None:
         """Nothing will land under ``key``: its reader takes ``value`` instead
-        (the producer's own handle, when the push was declined). No buffer
-        here is involved, so there is nothing to free."""
-        if not self._closed(key) and key not in self._landed:
-            self.arrival(key).set_result(value)
+        (the producer's own handle, when the push was declined)."""
+        self._carry_out(self.inboxes.handle(Redirected(key, value)))
 
     def fail(self, key: str, error: BaseException) -> None:
-        """Nothing will land under ``key``: its producer failed with ``error``.
-
-        Ignored when the push landed after all, or its reader already took
-        it or gave up on it.
-        """
-        if not self._closed(key) and key not in self._landed:
-            self.arrival(key).set_exception(error)
+        """Nothing will land under ``key``: its producer failed with ``error``."""
+        self._carry_out(self.inboxes.handle(Failed(key, error)))
 
     def take(self, key: str) -> None:
         """Remove a settled ``key``: its reader now owns what landed (if anything)."""
-        self._landed.pop(key, None)
-        self._arrivals.pop(key, None)
-        self._settle(key)
+        self._carry_out(self.inboxes.handle(Taken(key)))
 
     def abandon(self, key: str) -> None:
         """The reader gave up: free what landed, or free it when it lands."""
-        arrival = self._arrivals.pop(key, None)
-        buffer_id = self._landed.pop(key, None)
-        if buffer_id is not None:
-            self.decref(buffer_id)
-        if buffer_id is not None or (arrival is not None and arrival.done()):
-            self._settle(key)  # redirected or failed: nothing more comes
-        else:
-            self._abandoned.add(key)
+        self._carry_out(self.inboxes.handle(Abandoned(key)))
 
-    def _settle(self, key: str) -> None:
-        """Remember ``key`` as settled (a set, bounded: the oldest go first)."""
-        self._settled[key] = None
-        if len(self._settled) > _SETTLED_KEPT:
-            del self._settled[next(iter(self._settled))]
-
-    def _closed(self, key: str) -> bool:
-        """Whether ``key``'s reader is done with it (took it, or gave up); a
-        key given up on is closed for good by the first notice that follows."""
-        if key in self._abandoned:
-            self._abandoned.discard(key)
-            self._settle(key)
-            return True
-        return key in self._settled
+    def _carry_out(self, instructions: list[Instruction]) -> None:
+        for instruction in instructions:
+            if isinstance(instruction, Settle):
+                self.arrival(instruction.key).set_result(instruction.value)
+            elif isinstance(instruction, Reject):
+                self.arrival(instruction.key).set_exception(instruction.error)
+            elif isinstance(instruction, Drop):
+                self.decref(instruction.buffer_id)
+            else:
+                self._arrivals.pop(instruction.key, None)
 
     def pending_arrivals(self) -> int:
         """Keys waited on, delivered and not taken, or given up on (for tests)."""
-        return len(self._arrivals) + len(self._abandoned)
+        return len(self._arrivals) + self.inboxes.abandoned
 
     def _entry(self, buffer_id: str) -> _Entry:
         try:
