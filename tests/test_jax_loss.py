@@ -144,6 +144,24 @@ def spinner(marks: Path) -> Callable[[Any], Any]:
     return spin
 
 
+def counted_dead(victim: int) -> Callable[[Any], Any]:
+    """A program for a survivor that returns (how many of it and ``victim``
+    are alive) once JAX's coordination service has counted ``victim`` dead:
+    the service answers ``get_live_nodes`` when every process it names that
+    is alive asks, so a dead one is waited for until its heartbeat lapses."""
+
+    def alive(_: np.ndarray) -> np.ndarray:
+        from jax._src import distributed
+
+        state = distributed.global_state
+        return np.int32(len(state.client.get_live_nodes([state.process_id, victim])))
+
+    def program(x: Any) -> Any:
+        return io_callback(alive, jax.ShapeDtypeStruct((), jnp.int32), x)
+
+    return program
+
+
 def double(a: np.ndarray) -> np.ndarray:
     return a * 2
 
@@ -187,9 +205,12 @@ async def test_a_lost_jax_host_fails_its_gangs_and_spares_the_rest(
 
         await goes_on()
         # past the moment JAX's coordination service counts the victim dead,
-        # which used to terminate every other process (a timeout elsewhere:
-        # nothing here can wait for it but time)
-        await anyio.sleep(2 * HEARTBEAT_S + 2)
+        # which used to terminate every other process: a survivor asks the
+        # service, which answers once it has (its own heartbeat timeout)
+        counted = Computation("live", counted_dead(0))  # the victim is JAX process 0
+        live = cluster.run(counted, 2 * survivor, [x])
+        with anyio.fail_after(4 * HEARTBEAT_S + 30):
+            assert int((await cluster.fetch(live))[()]) == 1  # the survivor alone
         assert [pid_alive(pid) for pid in pids] == [i != victim for i in range(4)]
         await goes_on()
         await _fails_with_host_lost(cluster.run(on_lost, x), 10)
