@@ -154,7 +154,8 @@ def counted_dead(victim: int) -> Callable[[Any], Any]:
         from jax._src import distributed
 
         state = distributed.global_state
-        return np.int32(len(state.client.get_live_nodes([state.process_id, victim])))
+        assert state.client is not None  # a host process of a JAX cluster
+        return np.array(len(state.client.get_live_nodes([state.process_id, victim])), np.int32)
 
     def program(x: Any) -> Any:
         return io_callback(alive, jax.ShapeDtypeStruct((), jnp.int32), x)
