@@ -220,6 +220,28 @@ async def test_a_segment_a_reader_holds_is_not_reused_and_a_stale_name_fails() -
     shm.release(third)
 
 
+async def test_a_mapping_without_views_is_kept_for_its_time_on_its_clock() -> None:
+    clock = VirtualClock(autojump=False)
+    _held, segment = _shared(4.0)  # the creator keeps its view
+    reused = shm.counts["maps_reused"]
+    try:
+        with use_clock(clock):
+            read = shm.attach(segment.name, 0, ODD * 4, "<f4", (ODD,))
+        del read
+        gc.collect()  # its last view went: the mapping is kept KEEP_S
+        clock.advance(shm.KEEP_S * 0.9)
+        again = shm.attach(segment.name, 0, ODD * 4, "<f4", (ODD,))
+        assert shm.counts["maps_reused"] == reused + 1 and again[0] == 4.0
+        del again
+        gc.collect()
+        clock.advance(shm.KEEP_S)  # now it is let go of
+        fresh = shm.attach(segment.name, 0, ODD * 4, "<f4", (ODD,))
+        assert shm.counts["maps_reused"] == reused + 1 and fresh[0] == 4.0
+        del fresh
+    finally:
+        shm.release(segment)
+
+
 ODD = N + 1024  # a size of its own: no segment of it was freed before
 
 

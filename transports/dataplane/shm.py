@@ -63,6 +63,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import fcntl
+import functools
 import itertools
 import mmap
 import os
@@ -70,7 +71,6 @@ import re
 import secrets
 import socket
 import threading
-import time
 import weakref
 from collections import Counter
 from dataclasses import dataclass
@@ -79,6 +79,7 @@ from typing import Any
 
 import numpy as np
 
+from ...kernel import Clock, current_clock
 from ..dtypes import dtype_from_wire
 
 __all__ = [
@@ -410,6 +411,7 @@ class _Read:
     fd: int
     key: tuple[int, int]  # the file's device and inode
     loop: asyncio.AbstractEventLoop | None  # where it was mapped
+    clock: Clock  # the current_clock() where it was mapped: how long it is kept
     views: int = 1
     idle_since: float = 0.0
 
@@ -485,7 +487,7 @@ def _map(name: str, needed: int) -> _Read:
     except BaseException:
         os.close(fd)
         raise
-    read = _Read(memory, fd, key, _running_loop())
+    read = _Read(memory, fd, key, _running_loop(), current_clock())
     _keep(read)
     return read
 
@@ -541,7 +543,7 @@ def _let_go(read: _Read, start: int) -> None:
             return
         _mappings.pop(start, None)
         fcntl.flock(read.fd, fcntl.LOCK_UN)
-        read.idle_since = time.monotonic()
+        read.idle_since = read.clock.now()
         kept = _reads.get(read.key) is read
     if not kept:
         _drop(read)  # another mapping of the file replaced it meanwhile
@@ -555,11 +557,12 @@ def _expire_later(read: _Read) -> bool:
     loop = read.loop
     if loop is None or loop.is_closed():
         return False
+    later = functools.partial(read.clock.call_later, KEEP_S, functools.partial(_expire, read))
     if _running_loop() is loop:
-        loop.call_later(KEEP_S, _expire, read)
+        later()
         return True
     with contextlib.suppress(RuntimeError):  # closed meanwhile
-        loop.call_soon_threadsafe(loop.call_later, KEEP_S, _expire, read)
+        loop.call_soon_threadsafe(later)
         return True
     return False
 
@@ -567,7 +570,7 @@ def _expire_later(read: _Read) -> bool:
 def _expire(read: _Read) -> None:
     """Drop ``read`` if it had no view for :data:`KEEP_S` (if it was used
     since, a later call looks again)."""
-    if time.monotonic() - read.idle_since >= KEEP_S - 0.01:
+    if read.clock.now() - read.idle_since >= KEEP_S - 0.01:
         _forget(read)
 
 
