@@ -68,7 +68,6 @@ class Host(Actor):
         self.lane_address = ""  # where other host processes push small values
 
     async def on_start(self) -> None:
-        self.store.clock = self.ctx.clock  # its waits and holds run on the system's time
         await self._serve_lane()
         self.device_refs = [
             self.ctx.spawn(

@@ -9,7 +9,7 @@ or the producer's device says the producer failed; the reader takes what
 came, or gives up (its own gang failed). :class:`Inboxes` is the one owner
 of what these notices mean: :meth:`Inboxes.handle` takes one event and
 returns the instructions that carry it out, and keeps a log of the events
-it saw. It touches no promise and no buffer: the store (``_store.py``)
+it saw (their kinds and keys). It touches no promise and no buffer: the store (``_store.py``)
 carries out the instructions, and the tests drive it with no actor at all.
 
 The rules, per key:
@@ -140,11 +140,13 @@ class Inboxes:
         self._abandoned: set[str] = set()  # given up on before anything came
         self._settled: dict[str, None] = {}  # done with, oldest first
         self._settled_kept = settled_kept
-        self.log: deque[InboxEvent] = deque(maxlen=log_kept)  # the latest events
+        # the latest events, as (kind, key): not the events, whose errors
+        # would keep their tracebacks' frames alive
+        self.log: deque[tuple[str, str]] = deque(maxlen=log_kept)
 
     def handle(self, event: InboxEvent) -> list[Instruction]:
         """Take one event; the instructions that carry it out, in order."""
-        self.log.append(event)
+        self.log.append((type(event).__name__, event.key))
         if isinstance(event, Landed):
             return self._landing(event)
         if isinstance(event, (Redirected, Failed)):

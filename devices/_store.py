@@ -101,7 +101,8 @@ class ObjectStore:
         clock: Clock | None = None,
     ) -> None:
         self.name = name
-        # the time of waits for room and of holds (its host sets its system's)
+        # the time of waits for room and of holds: the timeouts' clock where
+        # it was made (a simulated device's time may jump while a thread works)
         self.clock = clock if clock is not None else current_clock()
         self.capacity_bytes = capacity_bytes
         self.shared = shared and shm.enabled()

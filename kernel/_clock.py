@@ -14,7 +14,8 @@ every run and every machine.
 Which clock a component reads: the one it is given, else
 :func:`current_clock`, the one :func:`use_clock` set for this context (tasks
 started inside inherit it), else the process's wall clock. An
-``ActorSystem`` runs its actors on its own clock.
+``ActorSystem`` defaults to :func:`current_clock` for its simulated device
+time; the timeouts read :func:`current_clock`, not a system's own clock.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import heapq
 import itertools
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -112,8 +114,22 @@ class WallClock:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # not asyncio: trio (from a task or a loop callback)
+            if not _in_trio():
+                raise RuntimeError("call_later needs this thread's event loop") from None
             return _TrioTimer(seconds, callback)
         return loop.call_later(max(0.0, seconds), _logged, callback)
+
+
+def _in_trio() -> bool:
+    if "trio" not in sys.modules:
+        return False
+    import trio
+
+    try:
+        trio.lowlevel.current_root_task()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _logged(callback: Callable[[], object]) -> None:
@@ -145,12 +161,15 @@ class _TrioTimer:
 
 
 class _VirtualTimer:
-    __slots__ = ("callback",)
+    __slots__ = ("callback", "clock")
 
-    def __init__(self, callback: Callable[[], object]) -> None:
+    def __init__(self, callback: Callable[[], object], clock: VirtualClock | None) -> None:
         self.callback: Callable[[], object] | None = callback
+        self.clock = clock
 
     def cancel(self) -> None:
+        if self.callback is not None and self.clock is not None:
+            self.clock._cancelled()
         self.callback = None
 
 
@@ -173,6 +192,7 @@ class VirtualClock:
         self._seq = itertools.count()
         self._sleepers: list[tuple[float, int, anyio.Event | _VirtualTimer]] = []
         self._wakeup: anyio.Event | None = None
+        self._dead = 0  # cancelled timers still queued (at most)
         self.jumps = 0
 
     def now(self) -> float:
@@ -182,14 +202,26 @@ class VirtualClock:
         if seconds <= 0:
             await anyio.lowlevel.checkpoint()
             return
+        if seconds == math.inf:
+            await anyio.sleep_forever()
         event = anyio.Event()
         self._push(seconds, event)
         await event.wait()
 
     def call_later(self, seconds: float, callback: Callable[[], object]) -> Timer:
-        timer = _VirtualTimer(callback)
+        if seconds == math.inf:
+            return _VirtualTimer(callback, None)  # never due: not queued
+        timer = _VirtualTimer(callback, self)
         self._push(max(0.0, seconds), timer)
         return timer
+
+    def _cancelled(self) -> None:
+        """A queued timer was cancelled: past half the queue, sweep them out."""
+        self._dead += 1
+        if self._dead > 64 and 2 * self._dead > len(self._sleepers):
+            self._sleepers = [entry for entry in self._sleepers if not _cancelled(entry[2])]
+            heapq.heapify(self._sleepers)
+            self._dead = 0
 
     def _push(self, seconds: float, waker: anyio.Event | _VirtualTimer) -> None:
         heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), waker))

@@ -16,11 +16,16 @@ on an ``ActorRef[SomeActor]``:
   ``dict``, element by element). ``@endpoint(resolve_args=False)`` takes its
   parameters as written.
 * A name that is not an endpoint of the actor's class (missing, or a method
-  without ``@endpoint``) is an error.
+  that neither it nor a base marks ``@endpoint``) is an error. As at run
+  time, an override without the decorator stays an endpoint when a base
+  marks it.
 
-A reference whose actor type is ``Any`` or a type variable keeps the
-untyped ``EndpointRef[..., Any]``. This module is for mypy only: it imports
-mypy, and nothing in atoll imports it.
+Where it is loose: a ``list`` parameter is taken as a ``Sequence`` (and a
+``dict`` as a ``Mapping``), so a tuple passes where a list is declared. It
+keeps the untyped ``EndpointRef[..., Any]`` for a reference whose actor type
+is ``Any`` or a type variable, and for generic or overloaded endpoints; it
+knows ``endpoint`` by that name only (not under an alias). This module is for
+mypy only: it imports mypy, and nothing in atoll imports it.
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import partial
 
-from mypy.nodes import CallExpr, Decorator, Expression, NameExpr, RefExpr, TypeInfo
+from mypy.nodes import (
+    CallExpr,
+    Decorator,
+    Expression,
+    NameExpr,
+    OverloadedFuncDef,
+    RefExpr,
+    TypeInfo,
+)
 from mypy.plugin import AttributeContext, ClassDefContext, Plugin
 from mypy.subtypes import find_member
 from mypy.types import (
@@ -50,6 +63,7 @@ ACTOR_REF = f"{_KERNEL}._actor.ActorRef"
 ENDPOINT_REF = f"{_KERNEL}._actor.EndpointRef"
 ENDPOINT = f"{_KERNEL}._actor.endpoint"
 PROMISE = f"{_KERNEL}._promise.Promise"
+_AWAITED = ("typing.Coroutine", "typing.Awaitable")  # what the runtime awaits
 _LIFTED = {  # what holds values the runtime resolves in place, and what takes it
     "builtins.list": "typing.Sequence",
     "typing.Sequence": "typing.Sequence",
@@ -96,6 +110,8 @@ def _endpoint_type(name: str, ctx: AttributeContext) -> Type:
         return default
     method = get_proper_type(find_member(name, actor, actor))
     if not isinstance(default, Instance) or not isinstance(method, CallableType):
+        return default  # overloaded, or not a method after all
+    if method.variables:  # generic: R would name the method's own type variables
         return default
     promise = get_proper_type(_call_type(default.type).ret_type)
     assert isinstance(promise, Instance)
@@ -123,26 +139,27 @@ def _record_endpoints(ctx: ClassDefContext) -> None:
     """Note in the class's metadata which of its methods are endpoints, and
     whether each resolves its arguments."""
     info = ctx.cls.info
-    if "atoll" in info.metadata or not info.has_base(ACTOR):
-        return  # done for an earlier base, or not an actor
-    endpoints: dict[str, bool] = {}
+    if not info.has_base(ACTOR):
+        return
+    endpoints: dict[str, bool] = {}  # made again on every pass: a later one knows more
     for statement in ctx.cls.defs.body:
-        if isinstance(statement, Decorator):
-            resolves = _endpoint_resolves(statement)
+        node = statement.impl if isinstance(statement, OverloadedFuncDef) else statement
+        if isinstance(node, Decorator):
+            resolves = _endpoint_resolves(node)
             if resolves is not None:
-                endpoints[statement.name] = resolves
+                endpoints[node.name] = resolves
     info.metadata["atoll"] = {"endpoints": endpoints}
 
 
 def _endpoint(info: TypeInfo, name: str) -> bool | None:
     """Whether ``name`` is an endpoint of ``info``'s class that resolves its
     arguments (True) or not (False); None: it is no endpoint. The first
-    class in the MRO that defines ``name`` decides, as at run time."""
+    class in the MRO that marks ``name`` decides, as at run time (where an
+    override without the decorator keeps its base's endpoint)."""
     for base in info.mro:
-        if name in base.names:
-            recorded = base.metadata.get("atoll", {})
-            endpoints: dict[str, bool] = recorded.get("endpoints", {})
-            return endpoints.get(name)
+        endpoints: dict[str, bool] = base.metadata.get("atoll", {}).get("endpoints", {})
+        if name in endpoints:
+            return endpoints[name]
     return None
 
 
@@ -171,7 +188,7 @@ def _settled(ret: Type) -> Type:
     """What a call's promise gives: a coroutine's result, a promise's value
     (of each member of a union)."""
     proper = get_proper_type(ret)
-    if isinstance(proper, Instance) and proper.type.fullname == "typing.Coroutine":
+    if isinstance(proper, Instance) and proper.type.fullname in _AWAITED:
         return _settled(proper.args[-1])
     if isinstance(proper, UnionType):
         return UnionType.make_union([_settled(item) for item in proper.items])

@@ -76,7 +76,7 @@ def test_the_log_keeps_the_latest_events_in_order() -> None:
     events: list[InboxEvent] = [Landed("k", "b", 1), Taken("k"), Failed("j", BOOM), Abandoned("j")]
     for event in events:
         inboxes.handle(event)
-    assert list(inboxes.log) == events[1:]
+    assert list(inboxes.log) == [("Taken", "k"), ("Failed", "j"), ("Abandoned", "j")]
 
 
 def test_any_order_of_notices_frees_every_buffer_once_and_settles_each_reader_once() -> None:

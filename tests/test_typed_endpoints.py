@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 HEADER = """\
 from __future__ import annotations
 from collections.abc import Sequence
-from typing import Any
-from atoll.kernel import Actor, ActorRef, ActorSystem, Promise, endpoint
+from typing import Any, TypeVar
+from atoll.kernel import Actor, ActorRef, ActorSystem, NodeActor, Promise, endpoint
+
+T = TypeVar("T")
 
 class Counter(Actor):
     @endpoint
@@ -43,12 +45,24 @@ class Counter(Actor):
     def helper(self) -> int:  # not an endpoint
         return 1
 
+    @endpoint
+    def echo(self, value: T) -> T:  # generic: left untyped
+        return value
+
 class Doubled(Counter):
     @endpoint
     def double(self, n: int) -> int:
         return 2 * n
 
-def calls(ref: ActorRef[Counter], sub: ActorRef[Doubled], anything: ActorRef[Any]) -> None:
+    def add(self, n: int, *, label: str = "") -> int:  # still an endpoint, as at run time
+        return 2 * n
+
+def calls(
+    ref: ActorRef[Counter],
+    sub: ActorRef[Doubled],
+    anything: ActorRef[Any],
+    node: ActorRef[NodeActor],
+) -> None:
 """
 
 GOOD = """\
@@ -58,7 +72,9 @@ GOOD = """\
     text: Promise[str] = ref.later()  # a returned promise's value
     doubled: Promise[int] = sub.double(sub.add(2))  # inherited endpoints too
     anything.whatever(1, "x")  # an untyped reference stays untyped
-    print(one, two, total, text, doubled, ref.name, ref.id)
+    pong: Promise[str] = node.ping()  # an actor from another module
+    same = ref.echo("x")
+    print(one, two, total, text, doubled, pong, same, ref.name, ref.id)
 """
 
 BAD = {
@@ -70,6 +86,8 @@ BAD = {
     "result_type": ("    x: Promise[str] = ref.add(1)", 'expression has type "Promise[int]"'),
     "unresolved": ("    ref.keep(ref.add(1))", 'incompatible type "Promise[int]"; expected "int"'),
     "list_item": ('    ref.total([1, "2"])', 'List item 1 has incompatible type "str"'),
+    "other_module": ("    node.ping(1)", 'Too many arguments for "__call__" of "EndpointRef"'),
+    "override": ('    sub.add("1")', 'Argument 1 to "__call__" of "EndpointRef" has incom'),
 }
 
 
