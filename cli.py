@@ -121,6 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an example (each is checked against plain JAX)")
     run.add_argument("example", choices=EXAMPLES)
     run.add_argument("--backend", choices=["asyncio", "trio"], default="asyncio")
+    run.add_argument(
+        "options", nargs=argparse.REMAINDER, help="the example's own (atoll run train_lm --help)"
+    )
     from .partition.cli import add_commands as add_partition_commands
 
     add_partition_commands(sub)
@@ -131,7 +134,7 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     from .examples import run_example
 
-    return run_example(args.example, args.backend)
+    return run_example(args.example, args.backend, args.options)
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -8,11 +8,12 @@ Importing it does not import JAX.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["JaxKernel"]
+__all__ = ["JaxKernel", "fn_key"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,3 +34,19 @@ class JaxKernel:
     out_specs: tuple[Any, ...]
     collective: bool = True
     single_host: bool = True
+
+
+def fn_key(fn: Any) -> Any:
+    """What identifies ``fn`` in a compile cache. A plain function sent over
+    the wire comes back as the same object each time (the codec interns it);
+    a ``functools.partial`` comes back as a new one, so it is keyed by its
+    function and arguments when they are hashable (an argument that is not
+    hashable leaves the partial object itself as the key)."""
+    if isinstance(fn, functools.partial):
+        key = (fn_key(fn.func), fn.args, tuple(sorted(fn.keywords.items())))
+        try:
+            hash(key)
+        except TypeError:
+            return fn
+        return key
+    return fn

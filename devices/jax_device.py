@@ -64,7 +64,7 @@ from ._gang import GangTask, PushTarget
 from ._host import Host
 from ._inflight import WINDOW, InFlight
 from ._jax_fused import FusedSegment, SegmentCache, fusing, segments
-from ._jax_kernel import JaxKernel
+from ._jax_kernel import JaxKernel, fn_key
 from ._plan import PUSHED_IN, DeviceProgram, Earlier, PlannedGang, RunReport, portable, run_key
 from ._store import BufferMissing
 from ._values import BufferHandle, Computation
@@ -161,7 +161,7 @@ class JaxDevice(Device):
         """``computation.fn`` jitted onto this device for ``arrays`` (cached)."""
 
         def compiled() -> _Executable:
-            key = (computation.fn, *((a.shape, str(a.dtype)) for a in arrays))
+            key = (fn_key(computation.fn), *((a.shape, str(a.dtype)) for a in arrays))
             return self._cached(key, lambda: jax.jit(computation.fn), arrays)
 
         return self._fast(computation, arrays, compiled)
@@ -589,7 +589,7 @@ class JaxDevice(Device):
         outputs to the leader).
         """
         key = (
-            kernel.fn,  # not the kernel: each message over the wire brings a new copy
+            fn_key(kernel.fn),  # not the kernel: each message over the wire brings a new copy
             kernel.in_specs,
             kernel.out_specs,
             tuple(d.id for d in mesh.devices.flat),

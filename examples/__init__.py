@@ -6,6 +6,8 @@
 - ``custom_scheduler``: a user's own island scheduler, selected by name.
 - ``partitioned_pipeline``: a pipeline whose stages the partitioner chose.
 - ``multi_tenant``: four clients of weights 1, 2, 4, 8 share one island.
+- ``train_lm``: a GPT-style language model trained data-parallel, beside plain
+  JAX (``atoll run train_lm --help``; needs the ``[train]`` extra).
 """
 
 import importlib
@@ -20,6 +22,7 @@ EXAMPLES = (
     "custom_scheduler",
     "partitioned_pipeline",
     "multi_tenant",
+    "train_lm",
 )
 
 
@@ -33,13 +36,22 @@ def use_fake_cpu_devices(n: int = 8) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
 
 
-def run_example(name: str, backend: str = "asyncio") -> int:
-    """Run one example's ``main`` (for ``atoll run NAME``); returns an exit code."""
+def run_example(name: str, backend: str = "asyncio", argv: list[str] | None = None) -> int:
+    """Run one example's ``main`` (for ``atoll run NAME [OPTIONS]``); returns
+    an exit code. ``argv``: the example's own options, for those that take any."""
+    import functools
+    import inspect
+
     import anyio
 
     if name not in EXAMPLES:
         raise SystemExit(f"no example {name!r}; known: {', '.join(EXAMPLES)}")
     use_fake_cpu_devices()
     module = importlib.import_module(f"atoll.examples.{name}")
-    anyio.run(module.main, backend=backend)
+    main = module.main
+    if inspect.signature(main).parameters:
+        main = functools.partial(main, argv or [])
+    elif argv:
+        raise SystemExit(f"atoll run {name} takes no options (given: {' '.join(argv)})")
+    anyio.run(main, backend=backend)
     return 0

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..devices import Aval, JaxKernel
+from ..devices._jax_kernel import fn_key
 from ..kernel import AtollError
 from .graph import Graph, GraphBuilder, SliceSpec, ValueRef
 
@@ -151,17 +152,28 @@ def _add_node(builder: GraphBuilder, placed: PlacedFunction, args: tuple[Any, ..
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _FlatCall:
     """``fn`` over flat array inputs, returning its flat outputs.
 
     A plain module-level value (not a closure), so a node's kernel pickles
     and can travel to host processes; equal calls compare equal, which keeps
-    compile caches warm across copies.
+    compile caches warm across copies: ``fn`` is compared by
+    :func:`~atoll.devices._jax_kernel.fn_key`, so a ``functools.partial``
+    that comes over the wire again (a new object) still matches.
     """
 
     fn: Callable[..., Any]
     in_tree: Any  # a jax PyTreeDef
+
+    def _key(self) -> tuple[Any, Any]:
+        return fn_key(self.fn), self.in_tree
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _FlatCall) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
     def nested(self, *xs: Any) -> Any:
         import jax

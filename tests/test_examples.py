@@ -61,8 +61,11 @@ def test_examples_run_by_name(capsys: pytest.CaptureFixture[str]) -> None:
         "custom_scheduler",
         "partitioned_pipeline",
         "multi_tenant",
+        "train_lm",
     }
     assert run_example("custom_scheduler") == 0
     assert "matches numpy: True" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="no example"):
         run_example("nope")
+    with pytest.raises(SystemExit, match="takes no options"):
+        run_example("custom_scheduler", argv=["--steps", "3"])

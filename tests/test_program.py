@@ -159,3 +159,28 @@ async def test_program_across_slices_matches_plain_jax() -> None:
         np.testing.assert_allclose(total, h.sum(), rtol=1e-5)
         np.testing.assert_allclose(doubled, 2 * h, rtol=1e-5)
         np.testing.assert_allclose(again_total, total, rtol=1e-6)
+
+
+def _scaled(x: Any, *, by: Any) -> Any:
+    return x * by
+
+
+def test_a_partial_sent_again_finds_the_compiled_code_of_the_first() -> None:
+    """Over the wire a ``functools.partial`` arrives as a new object each
+    time; its kernel still compares equal (a device's compile cache keeps
+    hitting) while its function and arguments are the same."""
+    import functools
+    import pickle
+
+    import jax
+
+    from atoll.devices._jax_kernel import fn_key
+    from atoll.runtime.tracing import _FlatCall
+
+    tree = jax.tree_util.tree_structure((1, 2))
+    sent = _FlatCall(functools.partial(_scaled, by=2.0), tree)
+    again = pickle.loads(pickle.dumps(sent))
+    assert again.fn is not sent.fn and again == sent and hash(again) == hash(sent)
+    assert _FlatCall(functools.partial(_scaled, by=3.0), tree) != sent
+    unhashable = functools.partial(_scaled, by=[2.0])
+    assert fn_key(unhashable) is unhashable  # compared as the object itself

@@ -1,0 +1,280 @@
+"""Train a GPT-style language model through atoll, beside plain JAX.
+
+The model, its byte-level data (the standard library's sources) and the
+AdamW step are in :mod:`atoll.examples.lm`. Here the step runs as **one SPMD
+node over a slice** of ``data_parallel`` devices: the batch is split along
+the ``data`` axis, the parameters and the optimizer state are replicated,
+and the gradient's all-reduce happens inside the step. Parameters and
+optimizer state stay on the devices from step to step, chained through
+``outputs.refs``; only each step's loss comes back. The client keeps a few
+steps in flight (``AHEAD``), so the devices never wait for it.
+
+The same steps then run in plain JAX (one ``jit``, one device, the same
+seed and data) for the reference losses.
+
+Run it: ``atoll run train_lm [--steps N] [--data-parallel D] [--config
+tiny|small|gpt2] [--hosts H] [--json] [--plot PATH]``. ``--hosts`` runs the
+devices in host processes (``atoll up``'s kind) instead of this one.
+"""
+
+# mypy: disable-error-code="no-untyped-call"
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import PartitionSpec as P
+
+import atoll
+from atoll.devices.jax_device import JaxDevice
+from atoll.examples import lm
+from atoll.runtime import ClusterSpec, process_cluster
+
+__all__ = ["AHEAD", "StepReport", "TrainResult", "main", "parse", "reference", "train"]
+
+AHEAD = 4  # steps dispatched ahead of the loss the client waits for
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One step as it finished: its loss, and the tokens per second since the last."""
+
+    step: int
+    loss: float
+    tokens_per_s: float
+
+
+@dataclass
+class TrainResult:
+    losses: list[float]
+    tokens_per_s: list[float] = field(default_factory=list)
+    params: Any = None
+
+
+@asynccontextmanager
+async def cluster_for(devices: int, hosts: int) -> AsyncIterator[atoll.Cluster]:
+    """An in-process cluster of ``devices`` JAX devices, or (``hosts`` > 0)
+    one whose devices live in ``hosts`` host processes."""
+    if hosts <= 0:
+        async with atoll.local_cluster(1, 1, devices, device_cls=JaxDevice) as cluster:
+            yield cluster
+        return
+    if devices % hosts:
+        raise ValueError(f"{devices} devices do not split over {hosts} hosts")
+    spec = ClusterSpec(1, hosts, devices // hosts, device_cls=JaxDevice)
+    async with process_cluster(spec) as cluster:
+        yield cluster
+
+
+async def train(
+    cluster: atoll.Cluster,
+    config: lm.LMConfig,
+    steps: int,
+    data_parallel: int = 1,
+    on_step: Callable[[StepReport], None] | None = None,
+) -> TrainResult:
+    """Train ``steps`` steps data-parallel over ``data_parallel`` devices of
+    ``cluster``; ``on_step`` hears of each step as its loss arrives."""
+    if config.batch % data_parallel:
+        raise ValueError(f"batch {config.batch} does not split over {data_parallel} devices")
+    mesh = await cluster.devices(data_parallel, mesh_shape=(data_parallel,), axis_names=("data",))
+    step = mesh.jit(
+        lm.step_function(config), in_specs=(None, None, P("data")), out_specs=(None, None, P())
+    )
+    params: Any = lm.init(config)
+    opt_state: Any = jax.tree_util.tree_map(np.asarray, lm.make_optimizer(config).init(params))
+    tokens = config.batch * config.context
+    result = TrainResult([])
+    pending: list[Any] = []
+    out: Any = None
+    last = time.perf_counter()
+    for i in range(steps):
+        out = cluster.run(step, params, opt_state, lm.batch_at(i, config))  # returns at once
+        params, opt_state, loss = out.refs  # chained on the devices
+        pending.append(loss)
+        if len(pending) > AHEAD or i == steps - 1:
+            while pending and (len(pending) > AHEAD or i == steps - 1):
+                value = float(await cluster.fetch(pending.pop(0)))
+                now = time.perf_counter()
+                report = StepReport(len(result.losses), value, tokens / max(now - last, 1e-9))
+                last = now
+                result.losses.append(value)
+                result.tokens_per_s.append(report.tokens_per_s)
+                if on_step is not None:
+                    on_step(report)
+    result.params = (await out)[0] if steps else params  # the last step's, fetched
+    return result
+
+
+def reference(config: lm.LMConfig, steps: int) -> TrainResult:
+    """The same steps in plain JAX: one ``jit`` on one device."""
+    step = jax.jit(lm.step_function(config))
+    params: Any = lm.init(config)
+    opt_state = lm.make_optimizer(config).init(params)
+    tokens = config.batch * config.context
+    result = TrainResult([])
+    for i in range(steps):
+        began = time.perf_counter()
+        params, opt_state, loss = step(params, opt_state, lm.batch_at(i, config))
+        result.losses.append(float(loss))
+        result.tokens_per_s.append(tokens / (time.perf_counter() - began))
+    result.params = jax.tree_util.tree_map(np.asarray, params)
+    return result
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="atoll run train_lm", description=__doc__)
+    parser.add_argument("--steps", type=_positive, default=300)
+    parser.add_argument("--data-parallel", type=_positive, default=4, metavar="D")
+    parser.add_argument("--config", choices=sorted(lm.CONFIGS), default="small")
+    parser.add_argument("--hosts", type=int, default=0, help="host processes (0: in-process)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per step")
+    parser.add_argument("--plot", default="train_lm.png", help="the loss curve ('' : none)")
+    parser.add_argument("--no-reference", action="store_true", help="skip plain JAX")
+    return parser.parse_args(argv)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+async def main(argv: list[str] | None = None) -> None:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    config = lm.CONFIGS[args.config]
+    params = lm.parameter_count(lm.init(config))
+    if not args.json:
+        print(
+            f"train_lm: {args.config} ({params:,} parameters), {args.steps} steps, "
+            f"batch {config.batch} x {config.context} bytes, data-parallel over "
+            f"{args.data_parallel} devices" + (f" in {args.hosts} hosts" if args.hosts else "")
+        )
+    show = _printer(args.json, args.steps)
+    async with cluster_for(args.data_parallel, args.hosts) as cluster:
+        result = await train(cluster, config, args.steps, args.data_parallel, show)
+    reference_steps = None if args.no_reference else args.steps
+    summary = _summary(config, params, result, args.data_parallel, reference_steps)
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_summary(summary)
+    if args.plot:
+        _plot(args.plot, result.losses, summary.get("reference_loss"))
+
+
+def _printer(as_json: bool, steps: int) -> Callable[[StepReport], None]:
+    every = max(1, steps // 20)
+
+    def show(report: StepReport) -> None:
+        row = {"step": report.step, "loss": report.loss, "tokens_per_s": report.tokens_per_s}
+        if as_json:
+            print(json.dumps(row), flush=True)
+        elif report.step % every == 0 or report.step == steps - 1:
+            print(
+                f"step {report.step:5d}  loss {report.loss:.4f}  "
+                f"{report.tokens_per_s:,.0f} tokens/s",
+                flush=True,
+            )
+
+    return show
+
+
+def _summary(
+    config: lm.LMConfig,
+    params: int,
+    result: TrainResult,
+    devices: int,
+    reference_steps: int | None,
+) -> dict[str, Any]:
+    warm = result.tokens_per_s[len(result.tokens_per_s) // 5 :] or result.tokens_per_s
+    rate = statistics.median(warm)
+    flops = lm.flops_per_token(config, lm.init(config)) * rate
+    summary: dict[str, Any] = {
+        "final": True,
+        "steps": len(result.losses),
+        "loss": result.losses[-1],
+        "tokens_per_s": rate,
+        "model_flops_per_s": flops,
+        "mfu": _mfu(flops, devices),
+        "parameters": params,
+    }
+    if reference_steps is not None:
+        ref = reference(config, reference_steps)
+        gaps = [abs(a - b) / abs(b) for a, b in zip(result.losses, ref.losses, strict=True)]
+        summary["reference_loss"] = ref.losses
+        summary["max_relative_gap"] = max(gaps)
+        summary["reference_tokens_per_s"] = statistics.median(
+            ref.tokens_per_s[len(ref.tokens_per_s) // 5 :] or ref.tokens_per_s
+        )
+    return summary
+
+
+def _mfu(flops_per_s: float, devices: int) -> float | None:
+    """Model FLOPs utilization of ``devices`` devices, where their peak is
+    known (GPUs named in ``PEAK_FLOPS``); None elsewhere (a CPU's is not)."""
+    kind = jax.devices()[0].device_kind
+    peak = next((v for k, v in PEAK_FLOPS.items() if k in kind), None)
+    return None if peak is None else flops_per_s / (peak * devices)
+
+
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense bf16, per device
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    mfu = summary["mfu"]
+    print(
+        f"done: loss {summary['loss']:.4f} (ln 256 = {math.log(256):.2f}), "
+        f"{summary['tokens_per_s']:,.0f} tokens/s, "
+        f"{summary['model_flops_per_s'] / 1e9:,.1f} model GFLOP/s"
+        + (f", MFU {mfu:.1%}" if mfu is not None else "")
+    )
+    if "reference_loss" in summary:
+        print(
+            f"plain JAX, one device: loss {summary['reference_loss'][-1]:.4f}, "
+            f"{summary['reference_tokens_per_s']:,.0f} tokens/s; the largest relative "
+            f"gap between the two losses is {summary['max_relative_gap']:.1e}"
+        )
+
+
+def _plot(path: str, losses: list[float], reference_losses: list[float] | None) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("no loss curve: matplotlib is missing (pip install 'atoll[bench]')")
+        return
+    figure, axes = plt.subplots(figsize=(7, 4))
+    axes.plot(losses, label="atoll")
+    if reference_losses is not None:
+        axes.plot(reference_losses, "--", label="plain JAX")
+    axes.axhline(math.log(256), color="grey", lw=0.5)
+    axes.set(xlabel="step", ylabel="loss (nats per byte)", title="train_lm")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    print(f"loss curve: {path}")
+
+
+if __name__ == "__main__":
+    import anyio
+
+    from atoll.examples import use_fake_cpu_devices
+
+    use_fake_cpu_devices()
+    anyio.run(main)
