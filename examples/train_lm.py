@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -38,7 +37,7 @@ from jax.sharding import PartitionSpec as P
 
 import atoll
 from atoll.devices.jax_device import JaxDevice
-from atoll.examples import lm
+from atoll.examples import lm, lm_pipeline
 from atoll.runtime import ClusterSpec, process_cluster
 
 __all__ = ["AHEAD", "StepReport", "TrainResult", "main", "parse", "reference", "train"]
@@ -48,7 +47,8 @@ AHEAD = 4  # steps dispatched ahead of the loss the client waits for
 
 @dataclass(frozen=True)
 class StepReport:
-    """One step as it finished: its loss, and the tokens per second since the last."""
+    """One step as its loss arrived: the loss, and tokens per second over the
+    last few steps (losses come back in bursts, so one gap says little)."""
 
     step: int
     loss: float
@@ -59,15 +59,35 @@ class StepReport:
 class TrainResult:
     losses: list[float]
     tokens_per_s: list[float] = field(default_factory=list)
+    finished_at: list[float] = field(default_factory=list)  # perf_counter, per step
+    tokens_per_step: int = 0
     params: Any = None
+
+    def overall_tokens_per_s(self) -> float:
+        """Tokens per second over the steps after the first fifth (compiling
+        and filling the pipeline of steps is not the rate)."""
+        times = self.finished_at
+        first = max(1, len(times) // 5)
+        if len(times) - first < 1:
+            return self.tokens_per_s[-1] if self.tokens_per_s else 0.0
+        return self.tokens_per_step * (len(times) - first) / (times[-1] - times[first - 1])
+
+
+WINDOW = 8  # steps a reported rate is measured over
 
 
 @asynccontextmanager
-async def cluster_for(devices: int, hosts: int) -> AsyncIterator[atoll.Cluster]:
-    """An in-process cluster of ``devices`` JAX devices, or (``hosts`` > 0)
-    one whose devices live in ``hosts`` host processes."""
+async def cluster_for(
+    devices: int, hosts: int, in_process_hosts: int = 1
+) -> AsyncIterator[atoll.Cluster]:
+    """An in-process cluster of ``devices`` JAX devices over
+    ``in_process_hosts`` hosts, or (``hosts`` > 0) one whose devices live in
+    ``hosts`` host processes."""
     if hosts <= 0:
-        async with atoll.local_cluster(1, 1, devices, device_cls=JaxDevice) as cluster:
+        per_host = devices // in_process_hosts
+        async with atoll.local_cluster(
+            1, in_process_hosts, per_host, device_cls=JaxDevice
+        ) as cluster:
             yield cluster
         return
     if devices % hosts:
@@ -94,55 +114,142 @@ async def train(
     )
     params: Any = lm.init(config)
     opt_state: Any = jax.tree_util.tree_map(np.asarray, lm.make_optimizer(config).init(params))
-    tokens = config.batch * config.context
-    result = TrainResult([])
+    result = TrainResult([], tokens_per_step=config.batch * config.context)
     pending: list[Any] = []
     out: Any = None
-    last = time.perf_counter()
+    began = time.perf_counter()
     for i in range(steps):
         out = cluster.run(step, params, opt_state, lm.batch_at(i, config))  # returns at once
         params, opt_state, loss = out.refs  # chained on the devices
         pending.append(loss)
-        if len(pending) > AHEAD or i == steps - 1:
-            while pending and (len(pending) > AHEAD or i == steps - 1):
-                value = float(await cluster.fetch(pending.pop(0)))
-                now = time.perf_counter()
-                report = StepReport(len(result.losses), value, tokens / max(now - last, 1e-9))
-                last = now
-                result.losses.append(value)
-                result.tokens_per_s.append(report.tokens_per_s)
-                if on_step is not None:
-                    on_step(report)
+        while pending and (len(pending) > AHEAD or i == steps - 1):
+            _arrived(result, float(await cluster.fetch(pending.pop(0))), began, on_step)
     result.params = (await out)[0] if steps else params  # the last step's, fetched
     return result
 
 
+async def train_pipelined(
+    cluster: atoll.Cluster,
+    config: lm.LMConfig,
+    steps: int,
+    cut: lm_pipeline.Cut,
+    micro_batches: int,
+    data_parallel: int = 1,
+    on_step: Callable[[StepReport], None] | None = None,
+) -> TrainResult:
+    """Train ``steps`` GPipe steps: one stage per slice of ``data_parallel``
+    devices (its own host, where the cluster has one per stage), the blocks
+    of each as ``cut`` says, ``micro_batches`` per step
+    (:mod:`atoll.examples.lm_pipeline`)."""
+    if config.batch % (micro_batches * data_parallel):
+        raise ValueError(
+            f"batch {config.batch} does not split into {micro_batches} micro-batches "
+            f"over {data_parallel} devices"
+        )
+    slices = [
+        await cluster.devices(data_parallel, mesh_shape=(data_parallel,), axis_names=("data",))
+        for _ in cut.blocks
+    ]
+    program = lm_pipeline.step_program(lm_pipeline.place(slices, config))
+    params: Any = lm_pipeline.split_params(lm.init(config), cut.blocks)
+    optimizer = lm.make_optimizer(config)
+    states: Any = [jax.tree_util.tree_map(np.asarray, optimizer.init(p)) for p in params]
+    result = TrainResult([], tokens_per_step=config.batch * config.context)
+    pending: list[Any] = []
+    out: Any = None
+    began = time.perf_counter()
+    for i in range(steps):
+        micro = np.split(lm.batch_at(i, config), micro_batches)
+        inputs, targets = [m[:, :-1] for m in micro], [m[:, 1:] for m in micro]
+        out = cluster.run(program, params, states, inputs, targets)  # returns at once
+        params, states, losses = out.refs
+        pending.append(losses)
+        while pending and (len(pending) > AHEAD or i == steps - 1):
+            values = [float(await cluster.fetch(loss)) for loss in pending.pop(0)]
+            _arrived(result, sum(values) / len(values), began, on_step)
+    if steps:
+        result.params = lm_pipeline.join_params((await out)[0])
+    return result
+
+
+def _arrived(
+    result: TrainResult,
+    loss: float,
+    began: float,
+    on_step: Callable[[StepReport], None] | None,
+) -> None:
+    """Record a step whose loss arrived, and tell ``on_step``."""
+    now = time.perf_counter()
+    times = result.finished_at
+    times.append(now)
+    window = times[-WINDOW - 1 :]
+    steps, since = (len(window) - 1, window[0]) if len(window) > 1 else (1, began)
+    rate = result.tokens_per_step * steps / max(now - since, 1e-9)
+    result.losses.append(loss)
+    result.tokens_per_s.append(rate)
+    if on_step is not None:
+        on_step(StepReport(len(result.losses) - 1, loss, rate))
+
+
 def reference(config: lm.LMConfig, steps: int) -> TrainResult:
-    """The same steps in plain JAX: one ``jit`` on one device."""
+    """The same steps in plain JAX: one ``jit`` on one device, run ahead as
+    JAX dispatches (the losses are read at the end)."""
     step = jax.jit(lm.step_function(config))
     params: Any = lm.init(config)
     opt_state = lm.make_optimizer(config).init(params)
-    tokens = config.batch * config.context
-    result = TrainResult([])
+    result = TrainResult([], tokens_per_step=config.batch * config.context)
+    losses = []
     for i in range(steps):
-        began = time.perf_counter()
         params, opt_state, loss = step(params, opt_state, lm.batch_at(i, config))
-        result.losses.append(float(loss))
-        result.tokens_per_s.append(tokens / (time.perf_counter() - began))
+        losses.append(loss)
+        if i == max(1, steps // 5) - 1 or i == steps - 1:  # where the rate is timed from
+            jax.block_until_ready(loss)
+            result.finished_at.append(time.perf_counter())
+    result.losses = [float(loss) for loss in losses]
+    result.finished_at = _spread(result.finished_at, steps)
     result.params = jax.tree_util.tree_map(np.asarray, params)
     return result
+
+
+def _spread(marks: list[float], steps: int) -> list[float]:
+    """Per-step finishing times from the two timed ones (the end of the
+    first fifth, and the end), spread evenly: what
+    :meth:`TrainResult.overall_tokens_per_s` reads."""
+    first = max(1, steps // 5)
+    if len(marks) < 2:
+        return marks * steps
+    start, end = marks
+    gap = (end - start) / max(1, steps - first)
+    return [start + (i - first + 1) * gap for i in range(steps)]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="atoll run train_lm", description=__doc__)
     parser.add_argument("--steps", type=_positive, default=300)
     parser.add_argument("--data-parallel", type=_positive, default=4, metavar="D")
+    parser.add_argument(
+        "--pipeline", type=_positive, default=1, metavar="S", help="stages (1: no pipeline)"
+    )
+    parser.add_argument("--micro-batches", type=_positive, default=4, metavar="M")
+    parser.add_argument(
+        "--cut", choices=["partitioner", "even"], default="partitioner", help="stage cut"
+    )
     parser.add_argument("--config", choices=sorted(lm.CONFIGS), default="small")
     parser.add_argument("--hosts", type=int, default=0, help="host processes (0: in-process)")
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
     parser.add_argument("--plot", default="train_lm.png", help="the loss curve ('' : none)")
     parser.add_argument("--no-reference", action="store_true", help="skip plain JAX")
     return parser.parse_args(argv)
+
+
+def _cut(config: lm.LMConfig, stages: int, how: str, micro_batch: int) -> lm_pipeline.Cut:
+    chosen = (
+        lm_pipeline.cut(config, stages, micro_batch)
+        if how == "partitioner"
+        else lm_pipeline.even_cut(config, stages)
+    )
+    print(f"stages (blocks of each): {[list(b) for b in chosen.blocks]}", file=sys.stderr)
+    return chosen
 
 
 def _positive(text: str) -> int:
@@ -163,10 +270,18 @@ async def main(argv: list[str] | None = None) -> None:
             f"{args.data_parallel} devices" + (f" in {args.hosts} hosts" if args.hosts else "")
         )
     show = _printer(args.json, args.steps)
-    async with cluster_for(args.data_parallel, args.hosts) as cluster:
-        result = await train(cluster, config, args.steps, args.data_parallel, show)
+    stages = args.pipeline
+    devices = stages * args.data_parallel
+    async with cluster_for(devices, args.hosts, in_process_hosts=stages) as cluster:
+        if stages == 1:
+            result = await train(cluster, config, args.steps, args.data_parallel, show)
+        else:
+            cut = _cut(config, stages, args.cut, config.batch // args.micro_batches)
+            result = await train_pipelined(
+                cluster, config, args.steps, cut, args.micro_batches, args.data_parallel, show
+            )
     reference_steps = None if args.no_reference else args.steps
-    summary = _summary(config, params, result, args.data_parallel, reference_steps)
+    summary = _summary(config, params, result, devices, reference_steps)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -199,8 +314,7 @@ def _summary(
     devices: int,
     reference_steps: int | None,
 ) -> dict[str, Any]:
-    warm = result.tokens_per_s[len(result.tokens_per_s) // 5 :] or result.tokens_per_s
-    rate = statistics.median(warm)
+    rate = result.overall_tokens_per_s()
     flops = lm.flops_per_token(config, lm.init(config)) * rate
     summary: dict[str, Any] = {
         "final": True,
@@ -216,9 +330,7 @@ def _summary(
         gaps = [abs(a - b) / abs(b) for a, b in zip(result.losses, ref.losses, strict=True)]
         summary["reference_loss"] = ref.losses
         summary["max_relative_gap"] = max(gaps)
-        summary["reference_tokens_per_s"] = statistics.median(
-            ref.tokens_per_s[len(ref.tokens_per_s) // 5 :] or ref.tokens_per_s
-        )
+        summary["reference_tokens_per_s"] = ref.overall_tokens_per_s()
     return summary
 
 

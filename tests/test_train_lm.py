@@ -20,6 +20,7 @@ pytest.importorskip("optax", reason="the [train] extra (optax) is not installed"
 
 from atoll.examples import (
     lm,
+    lm_pipeline,
     train_lm,
 )
 
@@ -87,6 +88,44 @@ async def test_data_parallel_training_over_a_host_process_matches_plain_jax(
     async with train_lm.cluster_for(4, hosts=1) as cluster:
         result = await train_lm.train(cluster, TINY, STEPS, 4)
     np.testing.assert_allclose(result.losses, reference.losses, rtol=RTOL)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_pipelined_training_in_process_matches_plain_jax(
+    anyio_backend: str, reference: train_lm.TrainResult
+) -> None:
+    """Two stages on two hosts, two devices each, two micro-batches (GPipe)."""
+    cut = lm_pipeline.cut(TINY, 2, TINY.batch // 2)
+    assert [b for part in cut.blocks for b in part] == list(range(TINY.layers))
+    async with train_lm.cluster_for(4, hosts=0, in_process_hosts=2) as cluster:
+        result = await train_lm.train_pipelined(cluster, TINY, STEPS, cut, 2, 2)
+    np.testing.assert_allclose(result.losses, reference.losses, rtol=RTOL)
+    _assert_trees_close(result.params, reference.params)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # host processes: capnp
+@pytest.mark.timeout(240)
+async def test_pipelined_training_over_host_processes_matches_plain_jax(
+    anyio_backend: str, reference: train_lm.TrainResult
+) -> None:
+    """Three stages (one with no block: the head alone) in three host processes."""
+    cut = lm_pipeline.Cut(((0,), (1,), ()))
+    async with train_lm.cluster_for(3, hosts=3) as cluster:
+        result = await train_lm.train_pipelined(cluster, TINY, STEPS, cut, 4, 1)
+    np.testing.assert_allclose(result.losses, reference.losses, rtol=RTOL)
+
+
+def test_stage_parameters_split_and_join_back() -> None:
+    params = lm.init(TINY.with_(layers=5))
+    parts = lm_pipeline.split_params(params, ((0, 1), (2,), (3, 4)))
+    assert [len(p["blocks"]) for p in parts] == [2, 1, 2]
+    assert "wte" in parts[0] and "ln_f" in parts[-1] and "wte" not in parts[1]
+    joined = lm_pipeline.join_params(parts)
+    assert joined["blocks"][3] is params["blocks"][3] and joined["wte"] is params["wte"]
+    with pytest.raises(ValueError, match="stages"):
+        lm_pipeline.cut(TINY, 9, 4)
 
 
 def test_the_command_prints_json_steps_and_a_final_line_with_the_reference(
