@@ -191,10 +191,11 @@ def _arrived(
         on_step(StepReport(len(result.losses) - 1, loss, rate))
 
 
-def reference(config: lm.LMConfig, steps: int) -> TrainResult:
-    """The same steps in plain JAX: one ``jit`` on one device, run ahead as
-    JAX dispatches (the losses are read at the end)."""
-    step = jax.jit(lm.step_function(config))
+def reference(config: lm.LMConfig, steps: int, devices: int = 1) -> TrainResult:
+    """The same steps in plain JAX: one ``jit``, on one device, or (``devices``
+    > 1) data-parallel over that many with the shardings atoll's step uses;
+    run ahead as JAX dispatches (the losses are read at the end)."""
+    step = jax.jit(lm.step_function(config), **_data_parallel(devices))
     params: Any = lm.init(config)
     opt_state = lm.make_optimizer(config).init(params)
     result = TrainResult([], tokens_per_step=config.batch * config.context)
@@ -209,6 +210,17 @@ def reference(config: lm.LMConfig, steps: int) -> TrainResult:
     result.finished_at = _spread(result.finished_at, steps)
     result.params = jax.tree_util.tree_map(np.asarray, params)
     return result
+
+
+def _data_parallel(devices: int) -> dict[str, Any]:
+    """``jax.jit``'s shardings for a step data-parallel over ``devices``."""
+    if devices == 1:
+        return {}
+    from jax.sharding import Mesh, NamedSharding
+
+    mesh = Mesh(np.array(jax.devices()[:devices]), ("data",))
+    whole, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    return {"in_shardings": (whole, whole, split), "out_shardings": (whole, whole, whole)}
 
 
 def _spread(marks: list[float], steps: int) -> list[float]:
@@ -281,7 +293,8 @@ async def main(argv: list[str] | None = None) -> None:
                 cluster, config, args.steps, cut, args.micro_batches, args.data_parallel, show
             )
     reference_steps = None if args.no_reference else args.steps
-    summary = _summary(config, params, result, devices, reference_steps)
+    same = args.data_parallel if stages == 1 else 1  # a pipeline has no plain-JAX twin here
+    summary = _summary(config, params, result, devices, reference_steps, same)
     if args.json:
         print(json.dumps(summary))
     else:
@@ -313,7 +326,13 @@ def _summary(
     result: TrainResult,
     devices: int,
     reference_steps: int | None,
+    same_devices: int = 1,
 ) -> dict[str, Any]:
+    """The final line. ``reference_loss``: plain JAX on one device (the
+    all-reduce of a data-parallel step sums in another order, so long runs
+    drift apart); with ``same_devices`` > 1, also plain JAX data-parallel
+    over that many devices with the same shardings
+    (``same_devices_reference_loss``)."""
     rate = result.overall_tokens_per_s()
     flops = lm.flops_per_token(config, lm.init(config)) * rate
     summary: dict[str, Any] = {
@@ -325,13 +344,22 @@ def _summary(
         "mfu": _mfu(flops, devices),
         "parameters": params,
     }
-    if reference_steps is not None:
-        ref = reference(config, reference_steps)
-        gaps = [abs(a - b) / abs(b) for a, b in zip(result.losses, ref.losses, strict=True)]
-        summary["reference_loss"] = ref.losses
-        summary["max_relative_gap"] = max(gaps)
-        summary["reference_tokens_per_s"] = ref.overall_tokens_per_s()
+    if reference_steps is None:
+        return summary
+    ref = reference(config, reference_steps)
+    summary["reference_loss"] = ref.losses
+    summary["max_relative_gap"] = _gap(result.losses, ref.losses)
+    summary["reference_tokens_per_s"] = ref.overall_tokens_per_s()
+    if same_devices > 1:
+        same = reference(config, reference_steps, same_devices)
+        summary["same_devices_reference_loss"] = same.losses
+        summary["max_relative_gap_same_devices"] = _gap(result.losses, same.losses)
+        summary["same_devices_reference_tokens_per_s"] = same.overall_tokens_per_s()
     return summary
+
+
+def _gap(got: list[float], want: list[float]) -> float:
+    return max(abs(a - b) / abs(b) for a, b in zip(got, want, strict=True))
 
 
 def _mfu(flops_per_s: float, devices: int) -> float | None:
@@ -358,6 +386,13 @@ def _print_summary(summary: dict[str, Any]) -> None:
             f"plain JAX, one device: loss {summary['reference_loss'][-1]:.4f}, "
             f"{summary['reference_tokens_per_s']:,.0f} tokens/s; the largest relative "
             f"gap between the two losses is {summary['max_relative_gap']:.1e}"
+        )
+    if "same_devices_reference_loss" in summary:
+        print(
+            "plain JAX on the same devices, data-parallel: loss "
+            f"{summary['same_devices_reference_loss'][-1]:.4f}, "
+            f"{summary['same_devices_reference_tokens_per_s']:,.0f} tokens/s; largest gap "
+            f"{summary['max_relative_gap_same_devices']:.1e}"
         )
 
 

@@ -91,6 +91,17 @@ async def test_data_parallel_training_over_a_host_process_matches_plain_jax(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_data_parallel_training_equals_plain_jax_on_the_same_devices_bit_for_bit(
+    anyio_backend: str,
+) -> None:
+    async with train_lm.cluster_for(4, hosts=0) as cluster:
+        result = await train_lm.train(cluster, TINY, STEPS, 4)
+    same = train_lm.reference(TINY, STEPS, devices=4)
+    assert result.losses == same.losses
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_pipelined_training_in_process_matches_plain_jax(
     anyio_backend: str, reference: train_lm.TrainResult
@@ -141,6 +152,7 @@ def test_the_command_prints_json_steps_and_a_final_line_with_the_reference(
     assert [s["step"] for s in steps] == list(range(6))
     assert all(s["tokens_per_s"] > 0 and s["loss"] > 0 for s in steps)
     assert len(final["reference_loss"]) == 6 and final["max_relative_gap"] < RTOL
+    assert final["max_relative_gap_same_devices"] == 0.0  # the same program, bit for bit
     assert plot.stat().st_size > 1000
 
 
