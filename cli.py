@@ -312,6 +312,7 @@ BENCHMARKS = {
     "multitenant": "atoll.benchmarks.multitenant",
     "faults": "atoll.benchmarks.faults",
     "load": "atoll.benchmarks.load",
+    "train": "atoll.benchmarks.train",
 }
 
 

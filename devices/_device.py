@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import anyio
 import numpy as np
 
 from ..kernel import (
@@ -39,6 +40,7 @@ from ..kernel import (
     then,
     value_of,
 )
+from . import _checkpoint as checkpoint
 from . import timeline
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask, PushTarget
@@ -121,6 +123,15 @@ class Device(Actor):
     async def put(self, array: np.ndarray, owner: str = "") -> BufferHandle:
         """Place a host array on this device (its host's store)."""
         return await self._stored(np.asarray(array), owner)
+
+    @endpoint
+    async def load_arrays(
+        self, directory: str, names: list[str], owner: str = ""
+    ) -> dict[str, BufferHandle]:
+        """Read arrays ``names`` of a checkpoint directory (``Host.save_arrays``)
+        into this device's host, from the disk; their handles by name."""
+        arrays = await anyio.to_thread.run_sync(checkpoint.load, directory, names)
+        return {name: await self._stored(array, owner) for name, array in arrays.items()}
 
     @endpoint
     async def run(

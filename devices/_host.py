@@ -17,11 +17,13 @@ from collections.abc import Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
 
-from ..kernel import Actor, ActorRef, Promise, endpoint, then
+from ..kernel import Actor, ActorRef, Promise, endpoint, then, value_of
 from ..transports.dataplane import bulk, lane, shm
 from ..transports.dataplane.lane import LaneMessage
+from . import _checkpoint as checkpoint
 from . import timeline
 from ._plan import portable
 from ._plane import DataPlane, process_plane
@@ -142,6 +144,15 @@ class Host(Actor):
         if pending is None:
             return np.asarray(array)
         return then(pending, lambda _: np.asarray(array))
+
+    @endpoint
+    async def save_arrays(self, directory: str, buffers: dict[str, str], owner: str = "") -> None:
+        """Write the buffers held here (``name -> buffer id``, all ``owner``'s)
+        into the checkpoint directory ``directory`` (orbax), from this host:
+        their bytes go to disk without leaving this process. Asynchronous:
+        waits for buffers still being computed, and writes on a thread."""
+        arrays = {name: await value_of(self.fetch(bid, owner)) for name, bid in buffers.items()}
+        await anyio.to_thread.run_sync(checkpoint.save, directory, arrays)
 
     @endpoint
     def ready(self, buffer_id: str, owner: str = "") -> Promise[None] | None:

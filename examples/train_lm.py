@@ -62,6 +62,7 @@ class TrainResult:
     finished_at: list[float] = field(default_factory=list)  # perf_counter, per step
     tokens_per_step: int = 0
     params: Any = None
+    state: Any = None  # the last step's (params, opt_state) as ArrayRefs, for save
 
     def overall_tokens_per_s(self) -> float:
         """Tokens per second over the steps after the first fifth (compiling
@@ -103,29 +104,39 @@ async def train(
     steps: int,
     data_parallel: int = 1,
     on_step: Callable[[StepReport], None] | None = None,
+    start: int = 0,
+    state: Any = None,
 ) -> TrainResult:
     """Train ``steps`` steps data-parallel over ``data_parallel`` devices of
-    ``cluster``; ``on_step`` hears of each step as its loss arrives."""
+    ``cluster``; ``on_step`` hears of each step as its loss arrives.
+    ``start``, ``state``: go on from step ``start`` with these
+    ``(params, opt_state)`` (restored from a checkpoint, say)."""
     if config.batch % data_parallel:
         raise ValueError(f"batch {config.batch} does not split over {data_parallel} devices")
     mesh = await cluster.devices(data_parallel, mesh_shape=(data_parallel,), axis_names=("data",))
     step = mesh.jit(
         lm.step_function(config), in_specs=(None, None, P("data")), out_specs=(None, None, P())
     )
-    params: Any = lm.init(config)
-    opt_state: Any = jax.tree_util.tree_map(np.asarray, lm.make_optimizer(config).init(params))
+    params, opt_state = state if state is not None else _fresh(config)
     result = TrainResult([], tokens_per_step=config.batch * config.context)
     pending: list[Any] = []
     out: Any = None
     began = time.perf_counter()
     for i in range(steps):
-        out = cluster.run(step, params, opt_state, lm.batch_at(i, config))  # returns at once
+        batch = lm.batch_at(start + i, config)
+        out = cluster.run(step, params, opt_state, batch)  # returns at once
         params, opt_state, loss = out.refs  # chained on the devices
         pending.append(loss)
         while pending and (len(pending) > AHEAD or i == steps - 1):
             _arrived(result, float(await cluster.fetch(pending.pop(0))), began, on_step)
+    result.state = (params, opt_state)
     result.params = (await out)[0] if steps else params  # the last step's, fetched
     return result
+
+
+def _fresh(config: lm.LMConfig) -> tuple[Any, Any]:
+    params = lm.init(config)
+    return params, jax.tree_util.tree_map(np.asarray, lm.make_optimizer(config).init(params))
 
 
 async def train_pipelined(
@@ -136,11 +147,14 @@ async def train_pipelined(
     micro_batches: int,
     data_parallel: int = 1,
     on_step: Callable[[StepReport], None] | None = None,
+    start: int = 0,
+    state: Any = None,
 ) -> TrainResult:
     """Train ``steps`` GPipe steps: one stage per slice of ``data_parallel``
     devices (its own host, where the cluster has one per stage), the blocks
     of each as ``cut`` says, ``micro_batches`` per step
-    (:mod:`atoll.examples.lm_pipeline`)."""
+    (:mod:`atoll.examples.lm_pipeline`). ``start``, ``state``: as
+    :func:`train` (per-stage lists)."""
     if config.batch % (micro_batches * data_parallel):
         raise ValueError(
             f"batch {config.batch} does not split into {micro_batches} micro-batches "
@@ -151,15 +165,13 @@ async def train_pipelined(
         for _ in cut.blocks
     ]
     program = lm_pipeline.step_program(lm_pipeline.place(slices, config))
-    params: Any = lm_pipeline.split_params(lm.init(config), cut.blocks)
-    optimizer = lm.make_optimizer(config)
-    states: Any = [jax.tree_util.tree_map(np.asarray, optimizer.init(p)) for p in params]
+    params, states = state if state is not None else _fresh_stages(config, cut)
     result = TrainResult([], tokens_per_step=config.batch * config.context)
     pending: list[Any] = []
     out: Any = None
     began = time.perf_counter()
     for i in range(steps):
-        micro = np.split(lm.batch_at(i, config), micro_batches)
+        micro = np.split(lm.batch_at(start + i, config), micro_batches)
         inputs, targets = [m[:, :-1] for m in micro], [m[:, 1:] for m in micro]
         out = cluster.run(program, params, states, inputs, targets)  # returns at once
         params, states, losses = out.refs
@@ -167,9 +179,16 @@ async def train_pipelined(
         while pending and (len(pending) > AHEAD or i == steps - 1):
             values = [float(await cluster.fetch(loss)) for loss in pending.pop(0)]
             _arrived(result, sum(values) / len(values), began, on_step)
+    result.state = (params, states)
     if steps:
         result.params = lm_pipeline.join_params((await out)[0])
     return result
+
+
+def _fresh_stages(config: lm.LMConfig, cut: lm_pipeline.Cut) -> tuple[Any, Any]:
+    params = lm_pipeline.split_params(lm.init(config), cut.blocks)
+    optimizer = lm.make_optimizer(config)
+    return params, [jax.tree_util.tree_map(np.asarray, optimizer.init(p)) for p in params]
 
 
 def _arrived(
@@ -251,7 +270,17 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
     parser.add_argument("--plot", default="train_lm.png", help="the loss curve ('' : none)")
     parser.add_argument("--no-reference", action="store_true", help="skip plain JAX")
+    parser.add_argument("--save", metavar="DIR", help="checkpoint the last step there")
+    parser.add_argument("--resume", metavar="DIR", help="go on from a checkpoint")
     return parser.parse_args(argv)
+
+
+async def _resumed(cluster: atoll.Cluster, directory: str | None) -> tuple[int, Any]:
+    """The step and state a checkpoint holds (from the hosts), or a fresh start."""
+    if directory is None:
+        return 0, None
+    saved = await cluster.restore(directory)
+    return int(saved["step"]), saved["state"]
 
 
 def _cut(config: lm.LMConfig, stages: int, how: str, micro_batch: int) -> lm_pipeline.Cut:
@@ -285,14 +314,28 @@ async def main(argv: list[str] | None = None) -> None:
     stages = args.pipeline
     devices = stages * args.data_parallel
     async with cluster_for(devices, args.hosts, in_process_hosts=stages) as cluster:
+        start, state = await _resumed(cluster, args.resume)
         if stages == 1:
-            result = await train(cluster, config, args.steps, args.data_parallel, show)
+            result = await train(
+                cluster, config, args.steps, args.data_parallel, show, start, state
+            )
         else:
             cut = _cut(config, stages, args.cut, config.batch // args.micro_batches)
             result = await train_pipelined(
-                cluster, config, args.steps, cut, args.micro_batches, args.data_parallel, show
+                cluster,
+                config,
+                args.steps,
+                cut,
+                args.micro_batches,
+                args.data_parallel,
+                show,
+                start,
+                state,
             )
-    reference_steps = None if args.no_reference else args.steps
+        if args.save:
+            saved = {"step": np.int64(start + args.steps), "state": result.state}
+            await cluster.save(saved, args.save)
+    reference_steps = None if args.no_reference else start + args.steps
     same = args.data_parallel if stages == 1 else 1  # a pipeline has no plain-JAX twin here
     summary = _summary(config, params, result, devices, reference_steps, same)
     if args.json:
@@ -346,14 +389,15 @@ def _summary(
     }
     if reference_steps is None:
         return summary
-    ref = reference(config, reference_steps)
-    summary["reference_loss"] = ref.losses
-    summary["max_relative_gap"] = _gap(result.losses, ref.losses)
+    ref = reference(config, reference_steps)  # from step 0: a resumed run is its tail
+    tail = len(result.losses)
+    summary["reference_loss"] = ref.losses[-tail:]
+    summary["max_relative_gap"] = _gap(result.losses, ref.losses[-tail:])
     summary["reference_tokens_per_s"] = ref.overall_tokens_per_s()
     if same_devices > 1:
         same = reference(config, reference_steps, same_devices)
-        summary["same_devices_reference_loss"] = same.losses
-        summary["max_relative_gap_same_devices"] = _gap(result.losses, same.losses)
+        summary["same_devices_reference_loss"] = same.losses[-tail:]
+        summary["max_relative_gap_same_devices"] = _gap(result.losses, same.losses[-tail:])
         summary["same_devices_reference_tokens_per_s"] = same.overall_tokens_per_s()
     return summary
 
@@ -408,14 +452,14 @@ def _plot(path: str, losses: list[float], reference_losses: list[float] | None) 
     figure, axes = plt.subplots(figsize=(7, 4))
     axes.plot(losses, label="atoll")
     if reference_losses is not None:
-        axes.plot(reference_losses, "--", label="plain JAX")
+        axes.plot(reference_losses, "--", label="plain JAX, one device")
     axes.axhline(math.log(256), color="grey", lw=0.5)
     axes.set(xlabel="step", ylabel="loss (nats per byte)", title="train_lm")
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
-    print(f"loss curve: {path}")
+    print(f"loss curve: {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

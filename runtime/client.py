@@ -434,6 +434,21 @@ class Cluster:
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
         await handle.host.ready(handle.id, self.owner)
 
+    async def save(self, tree: Any, directory: str | os.PathLike[str]) -> None:
+        """Checkpoint a pytree of :class:`ArrayRef` (and values) into
+        ``directory``: each host writes what it holds (orbax); the bytes do
+        not pass through this client (``runtime/checkpoints.py``)."""
+        from . import checkpoints
+
+        await checkpoints.save(self, tree, os.fspath(directory))
+
+    async def restore(self, directory: str | os.PathLike[str], device: int = 0) -> Any:
+        """The pytree :meth:`save` wrote, its arrays loaded by physical
+        ``device`` (any device: a run moves them where it needs them)."""
+        from . import checkpoints
+
+        return await checkpoints.restore(self, os.fspath(directory), device, self._refs.track)
+
     async def free(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> bool:
         """Drop this client's reference to a buffer; True if it was freed."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)

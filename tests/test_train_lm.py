@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from atoll.kernel import AtollError
+
 pytest.importorskip("optax", reason="the [train] extra (optax) is not installed")
 
 from atoll.examples import (
@@ -126,6 +128,47 @@ async def test_pipelined_training_over_host_processes_matches_plain_jax(
     async with train_lm.cluster_for(3, hosts=3) as cluster:
         result = await train_lm.train_pipelined(cluster, TINY, STEPS, cut, 4, 1)
     np.testing.assert_allclose(result.losses, reference.losses, rtol=RTOL)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    """10 steps, saved from the hosts; a new cluster restores them (onto its
+    device 3, not where they were) and goes on: the same 10 losses after as
+    20 steps in one go (the same program, so bit for bit)."""
+    pytest.importorskip("orbax.checkpoint", reason="the [train] extra (orbax) is missing")
+    async with train_lm.cluster_for(2, hosts=0) as cluster:
+        whole = await train_lm.train(cluster, TINY, STEPS, 2)
+    async with train_lm.cluster_for(2, hosts=0) as cluster:
+        first = await train_lm.train(cluster, TINY, STEPS // 2, 2)
+        await cluster.save({"step": STEPS // 2, "state": first.state}, tmp_path / "ck")
+    assert (tmp_path / "ck" / "host0").is_dir()  # written by the host
+    with pytest.raises(AtollError, match="never written over"):
+        async with train_lm.cluster_for(2, hosts=0) as cluster:
+            await cluster.save({"x": 1}, tmp_path / "ck")
+    async with train_lm.cluster_for(4, hosts=0) as cluster:
+        saved = await cluster.restore(tmp_path / "ck", device=3)
+        assert saved["step"] == STEPS // 2
+        rest = await train_lm.train(cluster, TINY, STEPS // 2, 2, start=10, state=saved["state"])
+    assert first.losses + rest.losses == whole.losses
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # host processes: capnp
+@pytest.mark.timeout(240)
+async def test_a_checkpoint_is_written_by_the_host_processes_and_resumed(
+    anyio_backend: str, tmp_path: Path, reference: train_lm.TrainResult
+) -> None:
+    pytest.importorskip("orbax.checkpoint", reason="the [train] extra (orbax) is missing")
+    async with train_lm.cluster_for(2, hosts=1) as cluster:
+        first = await train_lm.train(cluster, TINY, STEPS // 2, 2)
+        await cluster.save(first.state, tmp_path / "ck")
+    async with train_lm.cluster_for(2, hosts=1) as cluster:
+        state = await cluster.restore(tmp_path / "ck")
+        rest = await train_lm.train(cluster, TINY, STEPS // 2, 2, start=10, state=state)
+    np.testing.assert_allclose(first.losses + rest.losses, reference.losses, rtol=RTOL)
 
 
 def test_stage_parameters_split_and_join_back() -> None:
