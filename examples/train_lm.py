@@ -22,6 +22,7 @@ devices in host processes (``atoll up``'s kind) instead of this one.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -208,6 +209,29 @@ def _arrived(
     result.tokens_per_s.append(rate)
     if on_step is not None:
         on_step(StepReport(len(result.losses) - 1, loss, rate))
+
+
+async def evaluate(
+    cluster: atoll.Cluster, config: lm.LMConfig, params: Any, batches: int, devices: int = 1
+) -> list[float]:
+    """The loss of ``params`` on ``batches`` batches of the held-out split,
+    data-parallel over ``devices`` devices of ``cluster`` (a session of its
+    own, at its own weight, beside a trainer, say)."""
+    mesh = await cluster.devices(devices, mesh_shape=(devices,), axis_names=("data",))
+    score = mesh.jit(
+        functools.partial(lm.loss_fn, heads=config.heads),
+        in_specs=(None, P("data")),
+        out_specs=P(),
+        name="eval",
+    )
+    losses = [cluster.run(score, params, lm.batch_at(i, config, "eval")) for i in range(batches)]
+    return [float(await loss) for loss in losses]
+
+
+def reference_eval(config: lm.LMConfig, params: Any, batches: int) -> list[float]:
+    """:func:`evaluate` in plain JAX, on one device."""
+    score = jax.jit(functools.partial(lm.loss_fn, heads=config.heads))
+    return [float(score(params, lm.batch_at(i, config, "eval"))) for i in range(batches)]
 
 
 def reference(config: lm.LMConfig, steps: int, devices: int = 1) -> TrainResult:

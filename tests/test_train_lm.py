@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
@@ -169,6 +170,42 @@ async def test_a_checkpoint_is_written_by_the_host_processes_and_resumed(
         state = await cluster.restore(tmp_path / "ck")
         rest = await train_lm.train(cluster, TINY, STEPS // 2, 2, start=10, state=state)
     np.testing.assert_allclose(first.losses + rest.losses, reference.losses, rtol=RTOL)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_an_evaluation_tenant_scores_a_checkpoint_while_the_trainer_goes_on(
+    anyio_backend: str, tmp_path: Path, reference: train_lm.TrainResult
+) -> None:
+    """The trainer (weight 4) checkpoints at step 10 and goes on; meanwhile
+    an evaluation session (weight 1) restores that checkpoint into its own
+    session and scores the held-out split. Both are right. (Each ``train``
+    call takes a slice of its own: six devices for the three.)"""
+    pytest.importorskip("orbax.checkpoint", reason="the [train] extra (orbax) is missing")
+    async with train_lm.cluster_for(6, hosts=0) as cluster:
+        evaluator = cluster.client("evaluator")
+        await cluster.controller.set_tenant(cluster.owner, 4)
+        await cluster.controller.set_tenant(evaluator.owner, 1)
+        first = await train_lm.train(cluster, TINY, STEPS // 2, 2)
+        await cluster.save(first.state, tmp_path / "ck")
+        scores: list[float] = []
+        rest: list[train_lm.TrainResult] = []
+
+        async def go_on() -> None:
+            state = first.state
+            rest.append(await train_lm.train(cluster, TINY, STEPS // 2, 2, start=10, state=state))
+
+        async def score() -> None:
+            params, _ = await evaluator.restore(tmp_path / "ck")
+            scores.extend(await train_lm.evaluate(evaluator, TINY, params, 4, 2))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(go_on)
+            tg.start_soon(score)
+    np.testing.assert_allclose(first.losses + rest[0].losses, reference.losses, rtol=RTOL)
+    saved_params = train_lm.reference(TINY, STEPS // 2).params
+    want = train_lm.reference_eval(TINY, saved_params, 4)
+    np.testing.assert_allclose(scores, want, rtol=1e-4)
 
 
 def test_stage_parameters_split_and_join_back() -> None:
