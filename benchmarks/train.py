@@ -60,9 +60,11 @@ async def pipeline(
     )
     case = f"pipeline {stages}x{devices}, {micro} micro ({how} {_sizes(cut)})"
     async with train_lm.cluster_for(stages * devices, 0, in_process_hosts=stages) as cluster:
-        await train_lm.train_pipelined(cluster, config, 3, cut, micro, devices)  # compiles
+        warm = await train_lm.train_pipelined(cluster, config, 3, cut, micro, devices)  # compiles
         before, began = await cluster.device_stats(), time.perf_counter()
-        result = await train_lm.train_pipelined(cluster, config, steps, cut, micro, devices)
+        result = await train_lm.train_pipelined(
+            cluster, config, steps, cut, micro, devices, slices=warm.slices
+        )
         wall, after = time.perf_counter() - began, await cluster.device_stats()
     busy = [b.busy_s - a.busy_s for a, b in zip(before, after, strict=True)]
     bubble = 1 - sum(busy) / len(busy) / wall  # each device's idle share, on average
@@ -91,9 +93,15 @@ async def memory(config: lm.LMConfig, steps: int, devices: int) -> list[Row]:
             marks[when] = sum(u["bytes"] for u in await cluster.store_usage())
 
         tenth = max(1, steps // 10)
-        await train_lm.train(cluster, config, tenth, devices)
-        await measure("early")
-        await train_lm.train(cluster, config, steps - tenth, devices)
+        early = await train_lm.train(cluster, config, tenth, devices)
+        await measure("early")  # the working set: one step's parameters and state
+        state, slices = early.state, early.slices
+        del early
+        late = await train_lm.train(
+            cluster, config, steps - tenth, devices, start=tenth, state=state, slices=slices
+        )
+        del state, late.params  # what the first run left is freed when dropped
+        await anyio.sleep(0)  # (frees leave at the end of a loop turn)
         await measure("late")
     case = f"memory over {steps} steps"
     return [

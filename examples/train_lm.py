@@ -27,7 +27,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +64,7 @@ class TrainResult:
     tokens_per_step: int = 0
     params: Any = None
     state: Any = None  # the last step's (params, opt_state) as ArrayRefs, for save
+    slices: list[Any] = field(default_factory=list)  # where it ran: pass them on to reuse
 
     def overall_tokens_per_s(self) -> float:
         """Tokens per second over the steps after the first fifth (compiling
@@ -107,14 +108,16 @@ async def train(
     on_step: Callable[[StepReport], None] | None = None,
     start: int = 0,
     state: Any = None,
+    slices: Sequence[Any] = (),
 ) -> TrainResult:
     """Train ``steps`` steps data-parallel over ``data_parallel`` devices of
     ``cluster``; ``on_step`` hears of each step as its loss arrives.
     ``start``, ``state``: go on from step ``start`` with these
-    ``(params, opt_state)`` (restored from a checkpoint, say)."""
+    ``(params, opt_state)`` (restored from a checkpoint, say). ``slices``:
+    the slice to run on (an earlier result's), else a new one."""
     if config.batch % data_parallel:
         raise ValueError(f"batch {config.batch} does not split over {data_parallel} devices")
-    mesh = await cluster.devices(data_parallel, mesh_shape=(data_parallel,), axis_names=("data",))
+    [mesh] = slices or [await _slice(cluster, data_parallel)]
     step = mesh.jit(
         lm.step_function(config), in_specs=(None, None, P("data")), out_specs=(None, None, P())
     )
@@ -130,9 +133,13 @@ async def train(
         pending.append(loss)
         while pending and (len(pending) > AHEAD or i == steps - 1):
             _arrived(result, float(await cluster.fetch(pending.pop(0))), began, on_step)
-    result.state = (params, opt_state)
+    result.state, result.slices = (params, opt_state), [mesh]
     result.params = (await out)[0] if steps else params  # the last step's, fetched
     return result
+
+
+async def _slice(cluster: atoll.Cluster, devices: int) -> Any:
+    return await cluster.devices(devices, mesh_shape=(devices,), axis_names=("data",))
 
 
 def _fresh(config: lm.LMConfig) -> tuple[Any, Any]:
@@ -150,21 +157,19 @@ async def train_pipelined(
     on_step: Callable[[StepReport], None] | None = None,
     start: int = 0,
     state: Any = None,
+    slices: Sequence[Any] = (),
 ) -> TrainResult:
     """Train ``steps`` GPipe steps: one stage per slice of ``data_parallel``
     devices (its own host, where the cluster has one per stage), the blocks
     of each as ``cut`` says, ``micro_batches`` per step
-    (:mod:`atoll.examples.lm_pipeline`). ``start``, ``state``: as
-    :func:`train` (per-stage lists)."""
+    (:mod:`atoll.examples.lm_pipeline`). ``start``, ``state``, ``slices``:
+    as :func:`train` (per-stage lists)."""
     if config.batch % (micro_batches * data_parallel):
         raise ValueError(
             f"batch {config.batch} does not split into {micro_batches} micro-batches "
             f"over {data_parallel} devices"
         )
-    slices = [
-        await cluster.devices(data_parallel, mesh_shape=(data_parallel,), axis_names=("data",))
-        for _ in cut.blocks
-    ]
+    slices = list(slices) or [await _slice(cluster, data_parallel) for _ in cut.blocks]
     program = lm_pipeline.step_program(lm_pipeline.place(slices, config))
     params, states = state if state is not None else _fresh_stages(config, cut)
     result = TrainResult([], tokens_per_step=config.batch * config.context)
@@ -180,7 +185,7 @@ async def train_pipelined(
         while pending and (len(pending) > AHEAD or i == steps - 1):
             values = [float(await cluster.fetch(loss)) for loss in pending.pop(0)]
             _arrived(result, sum(values) / len(values), began, on_step)
-    result.state = (params, states)
+    result.state, result.slices = (params, states), slices
     if steps:
         result.params = lm_pipeline.join_params((await out)[0])
     return result
@@ -217,7 +222,7 @@ async def evaluate(
     """The loss of ``params`` on ``batches`` batches of the held-out split,
     data-parallel over ``devices`` devices of ``cluster`` (a session of its
     own, at its own weight, beside a trainer, say)."""
-    mesh = await cluster.devices(devices, mesh_shape=(devices,), axis_names=("data",))
+    mesh = await _slice(cluster, devices)
     score = mesh.jit(
         functools.partial(lm.loss_fn, heads=config.heads),
         in_specs=(None, P("data")),
