@@ -134,7 +134,25 @@ def _parser() -> argparse.ArgumentParser:
 def _run(args: argparse.Namespace) -> int:
     from .examples import run_example
 
-    return run_example(args.example, args.backend, args.options)
+    backend, options = _backend_of(args.backend, list(args.options))
+    return run_example(args.example, backend, options)
+
+
+def _backend_of(backend: str, options: list[str]) -> tuple[str, list[str]]:
+    """``--backend`` given after the example's name is atoll's, not the
+    example's: take it out of the example's options."""
+    for i, option in enumerate(options):
+        if option.startswith("--backend="):
+            return _checked_backend(option.partition("=")[2]), options[:i] + options[i + 1 :]
+        if option == "--backend" and i + 1 < len(options):
+            return _checked_backend(options[i + 1]), options[:i] + options[i + 2 :]
+    return backend, options
+
+
+def _checked_backend(name: str) -> str:
+    if name not in ("asyncio", "trio"):
+        raise SystemExit(f"atoll run: --backend must be asyncio or trio, not {name!r}")
+    return name
 
 
 def _up(args: argparse.Namespace) -> int:

@@ -145,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory-steps", type=int, default=5000, help="0: skip")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
+    if args.stages < 2 or min(args.devices, args.micro, args.steps) < 1 or args.memory_steps < 0:
+        parser.error("--stages must be 2 or more; --devices, --micro and --steps at least 1")
     use_fake_cpu_devices()
     began = time.perf_counter()
     rows: list[Any] = anyio.run(run, args)

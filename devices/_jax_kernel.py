@@ -43,7 +43,9 @@ def fn_key(fn: Any) -> Any:
     function and arguments when they are hashable (an argument that is not
     hashable leaves the partial object itself as the key)."""
     if isinstance(fn, functools.partial):
-        key = (fn_key(fn.func), fn.args, tuple(sorted(fn.keywords.items())))
+        args = tuple((type(v), v) for v in fn.args)  # 2 and 2.0 compile apart
+        keywords = tuple(sorted((k, type(v), v) for k, v in fn.keywords.items()))
+        key = (fn_key(fn.func), args, keywords)
         try:
             hash(key)
         except TypeError:

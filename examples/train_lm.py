@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -62,6 +63,7 @@ class TrainResult:
     tokens_per_s: list[float] = field(default_factory=list)
     finished_at: list[float] = field(default_factory=list)  # perf_counter, per step
     tokens_per_step: int = 0
+    start: int = 0  # the step number of the first loss (a resumed run's)
     params: Any = None
     state: Any = None  # the last step's (params, opt_state) as ArrayRefs, for save
     slices: list[Any] = field(default_factory=list)  # where it ran: pass them on to reuse
@@ -122,7 +124,7 @@ async def train(
         lm.step_function(config), in_specs=(None, None, P("data")), out_specs=(None, None, P())
     )
     params, opt_state = state if state is not None else _fresh(config)
-    result = TrainResult([], tokens_per_step=config.batch * config.context)
+    result = TrainResult([], tokens_per_step=config.batch * config.context, start=start)
     pending: list[Any] = []
     out: Any = None
     began = time.perf_counter()
@@ -172,7 +174,7 @@ async def train_pipelined(
     slices = list(slices) or [await _slice(cluster, data_parallel) for _ in cut.blocks]
     program = lm_pipeline.step_program(lm_pipeline.place(slices, config))
     params, states = state if state is not None else _fresh_stages(config, cut)
-    result = TrainResult([], tokens_per_step=config.batch * config.context)
+    result = TrainResult([], tokens_per_step=config.batch * config.context, start=start)
     pending: list[Any] = []
     out: Any = None
     began = time.perf_counter()
@@ -213,7 +215,7 @@ def _arrived(
     result.losses.append(loss)
     result.tokens_per_s.append(rate)
     if on_step is not None:
-        on_step(StepReport(len(result.losses) - 1, loss, rate))
+        on_step(StepReport(result.start + len(result.losses) - 1, loss, rate))
 
 
 async def evaluate(
@@ -284,32 +286,63 @@ def _spread(marks: list[float], steps: int) -> list[float]:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="atoll run train_lm", description=__doc__)
-    parser.add_argument("--steps", type=_positive, default=300)
+    parser = argparse.ArgumentParser(
+        prog="atoll run train_lm",
+        description="Train a GPT-style byte-level model through atoll, data-parallel or "
+        "pipelined, and check its losses against plain JAX (docs/training.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--steps", type=_positive, default=300, help="steps to run now")
     parser.add_argument("--data-parallel", type=_positive, default=4, metavar="D")
     parser.add_argument(
         "--pipeline", type=_positive, default=1, metavar="S", help="stages (1: no pipeline)"
     )
-    parser.add_argument("--micro-batches", type=_positive, default=4, metavar="M")
+    parser.add_argument(
+        "--micro-batches", type=_positive, default=4, metavar="M", help="per step, pipelined"
+    )
     parser.add_argument(
         "--cut", choices=["partitioner", "even"], default="partitioner", help="stage cut"
     )
     parser.add_argument("--config", choices=sorted(lm.CONFIGS), default="small")
-    parser.add_argument("--hosts", type=int, default=0, help="host processes (0: in-process)")
+    parser.add_argument(
+        "--hosts", type=_at_least_0, default=0, help="host processes (0: in-process)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
     parser.add_argument("--plot", default="train_lm.png", help="the loss curve ('' : none)")
     parser.add_argument("--no-reference", action="store_true", help="skip plain JAX")
-    parser.add_argument("--save", metavar="DIR", help="checkpoint the last step there")
+    parser.add_argument(
+        "--save", metavar="DIR", help="checkpoint the last step there (a new directory)"
+    )
     parser.add_argument("--resume", metavar="DIR", help="go on from a checkpoint")
     return parser.parse_args(argv)
 
 
-async def _resumed(cluster: atoll.Cluster, directory: str | None) -> tuple[int, Any]:
-    """The step and state a checkpoint holds (from the hosts), or a fresh start."""
+async def _resumed(cluster: atoll.Cluster, directory: str | None, layout: str) -> tuple[int, Any]:
+    """The step and state a checkpoint holds (from the hosts), or a fresh
+    start; a checkpoint of another model or cut is refused."""
     if directory is None:
         return 0, None
     saved = await cluster.restore(directory)
+    if str(saved["layout"]) != layout:
+        raise SystemExit(
+            f"train_lm: {directory} holds {saved['layout']}, not {layout}: "
+            "resume with the --config, --pipeline and --cut it was saved with"
+        )
     return int(saved["step"]), saved["state"]
+
+
+def _layout(args: argparse.Namespace, cut: lm_pipeline.Cut | None) -> str:
+    """What a checkpoint's state fits: the config, and the blocks per stage."""
+    blocks = None if cut is None else [list(b) for b in cut.blocks]
+    return json.dumps({"config": args.config, "stages": blocks})
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Refuse a ``--save`` that would fail only after training."""
+    if args.save and Path(args.save).exists():
+        raise SystemExit(f"train_lm: {args.save} exists: a checkpoint is never written over")
+    if args.save and args.resume and Path(args.save).absolute() == Path(args.resume).absolute():
+        raise SystemExit("train_lm: --save must name a new directory, not the --resume one")
 
 
 def _cut(config: lm.LMConfig, stages: int, how: str, micro_batch: int) -> lm_pipeline.Cut:
@@ -329,8 +362,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _at_least_0(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 async def main(argv: list[str] | None = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
+    _check_paths(args)
     config = lm.CONFIGS[args.config]
     params = lm.parameter_count(lm.init(config))
     if not args.json:
@@ -339,17 +380,20 @@ async def main(argv: list[str] | None = None) -> None:
             f"batch {config.batch} x {config.context} bytes, data-parallel over "
             f"{args.data_parallel} devices" + (f" in {args.hosts} hosts" if args.hosts else "")
         )
-    show = _printer(args.json, args.steps)
     stages = args.pipeline
     devices = stages * args.data_parallel
+    cut = None
+    if stages > 1:
+        cut = _cut(config, stages, args.cut, config.batch // args.micro_batches)
+    layout = _layout(args, cut)
     async with cluster_for(devices, args.hosts, in_process_hosts=stages) as cluster:
-        start, state = await _resumed(cluster, args.resume)
-        if stages == 1:
+        start, state = await _resumed(cluster, args.resume, layout)
+        show = _printer(args.json, start, args.steps)
+        if cut is None:
             result = await train(
                 cluster, config, args.steps, args.data_parallel, show, start, state
             )
         else:
-            cut = _cut(config, stages, args.cut, config.batch // args.micro_batches)
             result = await train_pipelined(
                 cluster,
                 config,
@@ -362,7 +406,8 @@ async def main(argv: list[str] | None = None) -> None:
                 state,
             )
         if args.save:
-            saved = {"step": np.int64(start + args.steps), "state": result.state}
+            step = np.int64(start + args.steps)
+            saved = {"step": step, "layout": np.array(layout), "state": result.state}
             await cluster.save(saved, args.save)
     reference_steps = None if args.no_reference else start + args.steps
     same = args.data_parallel if stages == 1 else 1  # a pipeline has no plain-JAX twin here
@@ -372,17 +417,17 @@ async def main(argv: list[str] | None = None) -> None:
     else:
         _print_summary(summary)
     if args.plot:
-        _plot(args.plot, result.losses, summary.get("reference_loss"))
+        _plot(args.plot, start, result.losses, summary.get("reference_loss"))
 
 
-def _printer(as_json: bool, steps: int) -> Callable[[StepReport], None]:
-    every = max(1, steps // 20)
+def _printer(as_json: bool, start: int, steps: int) -> Callable[[StepReport], None]:
+    every, last = max(1, steps // 20), start + steps - 1
 
     def show(report: StepReport) -> None:
         row = {"step": report.step, "loss": report.loss, "tokens_per_s": report.tokens_per_s}
         if as_json:
             print(json.dumps(row), flush=True)
-        elif report.step % every == 0 or report.step == steps - 1:
+        elif (report.step - start) % every == 0 or report.step == last:
             print(
                 f"step {report.step:5d}  loss {report.loss:.4f}  "
                 f"{report.tokens_per_s:,.0f} tokens/s",
@@ -443,7 +488,9 @@ def _mfu(flops_per_s: float, devices: int) -> float | None:
     return None if peak is None else flops_per_s / (peak * devices)
 
 
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense bf16, per device
+# dense bf16 peaks per device (SXM parts): MFU is quoted against these, as is
+# usual, though this model trains in float32 (so it reads low)
+PEAK_FLOPS = {"H200": 989e12, "H100 80GB HBM3": 989e12, "A100": 312e12}
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -469,19 +516,20 @@ def _print_summary(summary: dict[str, Any]) -> None:
         )
 
 
-def _plot(path: str, losses: list[float], reference_losses: list[float] | None) -> None:
+def _plot(path: str, start: int, losses: list[float], reference_losses: list[float] | None) -> None:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("no loss curve: matplotlib is missing (pip install 'atoll[bench]')")
+        print("no loss curve: matplotlib is missing (pip install 'atoll[bench]')", file=sys.stderr)
         return
     figure, axes = plt.subplots(figsize=(7, 4))
-    axes.plot(losses, label="atoll")
+    steps = range(start, start + len(losses))
+    axes.plot(steps, losses, label="atoll")
     if reference_losses is not None:
-        axes.plot(reference_losses, "--", label="plain JAX, one device")
+        axes.plot(steps, reference_losses, "--", label="plain JAX, one device")
     axes.axhline(math.log(256), color="grey", lw=0.5)
     axes.set(xlabel="step", ylabel="loss (nats per byte)", title="train_lm")
     axes.legend()

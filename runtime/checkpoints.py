@@ -4,15 +4,21 @@
 :class:`~atoll.runtime.client.ArrayRef` (or handles, or plain values). Each
 host writes the buffers it holds into ``directory/host<N>`` with
 orbax-checkpoint (``Host.save_arrays``): the bytes go from the hosts'
-memory to the disk, not through the client. The client writes only
+memory to the filesystem, not through the client. The client writes only
 ``directory/tree.pkl``: the tree's structure, where each leaf went, and the
 small values that ride in their handles (which it already has).
 
-``await cluster.restore(directory, device)`` reads them back: each host's
-part is loaded by ``device`` (``Device.load_arrays``, onto its host's
-store: possibly another device than the one that saved it), and the same
-tree comes back with :class:`ArrayRef` leaves, owned and freed like the
-outputs of a run. A directory is written once, never over.
+``await cluster.restore(directory, device)`` reads them back: one device
+loads every host's part (``Device.load_arrays``, into its host's store:
+possibly another device than the one that saved it), and the same tree
+comes back with :class:`ArrayRef` leaves, owned and freed like the outputs
+of a run.
+
+Where it works: the directory must be one the hosts and the client all see
+at the same path (one machine, or a shared filesystem), and the checkpoint
+must fit in the loading host's store. ``tree.pkl`` is a pickle: restore only
+checkpoints you trust. A directory is written once, never over; a save that
+fails removes what it wrote.
 
 Asynchronous: both wait for the hosts (and for values still being computed).
 """
@@ -20,29 +26,26 @@ Asynchronous: both wait for the hosts (and for values still being computed).
 from __future__ import annotations
 
 import pickle
+import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..devices import Aval, BufferHandle
+from ..devices import BufferHandle, Device
 from ..devices._checkpoint import CheckpointError
-from ..kernel import Promise, as_promise, value_of
-
-if TYPE_CHECKING:
-    from .client import Cluster
+from ..kernel import ActorRef, Promise, value_of
 
 __all__ = ["CheckpointError", "restore", "save"]
 
 TREE = "tree.pkl"
 
 
-async def save(cluster: Cluster, tree: Any, directory: str | Path) -> None:
-    """Write ``tree``'s values into ``directory`` from the hosts that hold them."""
+async def save(tree: Any, directory: str, owner: str) -> None:
+    """Write ``tree`` (leaves: promises of handles, handles, or plain values)
+    into ``directory`` from the hosts that hold it (see the module docstring)."""
     import jax
-
-    from .client import ArrayRef
 
     root = Path(directory).absolute()
     if root.exists():
@@ -51,7 +54,7 @@ async def save(cluster: Cluster, tree: Any, directory: str | Path) -> None:
     by_host: dict[int, tuple[Any, dict[str, str]]] = {}
     places: list[tuple[str, Any]] = []  # per leaf: ("host", (host id, name)) or ("value", v)
     for i, leaf in enumerate(leaves):
-        value = leaf.promise if isinstance(leaf, ArrayRef) else leaf
+        value = leaf
         if isinstance(value, (Promise, BufferHandle)):
             handle = await value_of(value)
             if handle.value is None:  # in its host's store: that host writes it
@@ -61,21 +64,21 @@ async def save(cluster: Cluster, tree: Any, directory: str | Path) -> None:
             value = handle.value  # small: it rode along in its handle
         places.append(("value", np.asarray(value)))
     root.mkdir(parents=True)
-    for host_id, (host, buffers) in by_host.items():
-        await host.save_arrays(str(root / f"host{host_id}"), buffers, cluster.owner)
-    (root / TREE).write_bytes(pickle.dumps((treedef, places)))
+    try:
+        for host_id, (host, buffers) in by_host.items():
+            await host.save_arrays(str(root / f"host{host_id}"), buffers, owner)
+        (root / TREE).write_bytes(pickle.dumps((treedef, places)))
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)  # no half checkpoint blocks a retry
+        raise
 
 
 async def restore(
-    cluster: Cluster,
-    directory: str | Path,
-    device: int,
-    track: Callable[[Promise[BufferHandle]], Promise[BufferHandle]],
+    directory: str, device: ActorRef[Device], owner: str, wrap: Callable[[BufferHandle], Any]
 ) -> Any:
-    """The tree saved in ``directory``, its arrays loaded by physical
-    ``device``; ``track`` makes each the client's own (freed when dropped)."""
-    from .client import ArrayRef
-
+    """The tree saved in ``directory``, its arrays loaded by ``device``; each
+    loaded handle goes through ``wrap`` at once (the client's ownership, so
+    that a later failure leaves nothing unowned)."""
     root = Path(directory).absolute()
     if not (root / TREE).is_file():
         raise CheckpointError(f"no checkpoint at {root} (no {TREE})")
@@ -84,17 +87,9 @@ async def restore(
     for kind, place in places:
         if kind == "host":
             wanted.setdefault(place[0], []).append(place[1])
-    ref = cluster.device_ref(device)
-    loaded: dict[str, BufferHandle] = {}
+    loaded: dict[str, Any] = {}
     for host_id, names in wanted.items():
-        part = await ref.load_arrays(str(root / f"host{host_id}"), names, cluster.owner)
-        loaded.update(part)
-    leaves: list[Any] = []
-    for kind, place in places:
-        if kind == "value":
-            leaves.append(place)
-            continue
-        handle = loaded[place[1]]
-        promise = track(as_promise(handle))
-        leaves.append(ArrayRef(promise, Aval(tuple(handle.shape), str(handle.dtype))))
+        part = await device.load_arrays(str(root / f"host{host_id}"), names, owner)
+        loaded.update({name: wrap(handle) for name, handle in part.items()})
+    leaves = [loaded[place[1]] if kind == "host" else place for kind, place in places]
     return treedef.unflatten(leaves)

@@ -438,16 +438,27 @@ class Cluster:
         """Checkpoint a pytree of :class:`ArrayRef` (and values) into
         ``directory``: each host writes what it holds (orbax); the bytes do
         not pass through this client (``runtime/checkpoints.py``)."""
+        import jax
+
         from . import checkpoints
 
-        await checkpoints.save(self, tree, os.fspath(directory))
+        def promise(leaf: Any) -> Any:
+            return leaf.promise if isinstance(leaf, ArrayRef) else leaf
+
+        plain = jax.tree_util.tree_map(promise, tree, is_leaf=_is_array_ref)
+        await checkpoints.save(plain, os.fspath(directory), self.owner)
 
     async def restore(self, directory: str | os.PathLike[str], device: int = 0) -> Any:
         """The pytree :meth:`save` wrote, its arrays loaded by physical
         ``device`` (any device: a run moves them where it needs them)."""
         from . import checkpoints
 
-        return await checkpoints.restore(self, os.fspath(directory), device, self._refs.track)
+        def own(handle: BufferHandle) -> ArrayRef:
+            aval = Aval(tuple(handle.shape), str(handle.dtype))
+            return ArrayRef(self._refs.track(as_promise(handle)), aval)
+
+        ref = self.device_ref(device)
+        return await checkpoints.restore(os.fspath(directory), ref, self.owner, own)
 
     async def free(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> bool:
         """Drop this client's reference to a buffer; True if it was freed."""
@@ -477,6 +488,10 @@ def _by_value(value: Any) -> np.ndarray | None:
 
 def _nothing(_: Any) -> None:
     return None
+
+
+def _is_array_ref(leaf: Any) -> bool:
+    return isinstance(leaf, ArrayRef)
 
 
 def _is_mine(asked: str, mine: str) -> bool:

@@ -240,3 +240,36 @@ def _assert_trees_close(got: Any, want: Any) -> None:
 
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-3, atol=1e-4)
+
+
+def test_the_command_saves_resumes_and_numbers_the_steps_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("orbax.checkpoint", reason="the [train] extra (orbax) is missing")
+    from atoll.cli import main
+
+    ck = str(tmp_path / "ck")
+    base = ["run", "train_lm", "--config", "tiny", "--data-parallel", "2", "--json"]
+    quick = [*base, "--plot", "", "--no-reference"]
+    assert main([*quick, "--steps", "4", "--save", ck]) == 0
+    capsys.readouterr()
+    assert main([*quick, "--steps", "3", "--resume", ck, "--backend", "trio"]) == 0
+    steps = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [s["step"] for s in steps[:-1]] == [4, 5, 6] and steps[-1]["steps"] == 3
+    with pytest.raises(SystemExit, match="resume with the --config"):
+        main([*quick, "--steps", "1", "--resume", ck, "--pipeline", "2"])
+    with pytest.raises(SystemExit, match="never written over"):
+        main([*quick, "--steps", "1", "--save", ck])  # refused before any training
+
+
+def test_backend_after_the_examples_name_is_atolls() -> None:
+    from atoll.cli import _backend_of
+
+    assert _backend_of("asyncio", ["--steps", "3", "--backend", "trio"]) == (
+        "trio",
+        ["--steps", "3"],
+    )
+    assert _backend_of("trio", ["--backend=asyncio"]) == ("asyncio", [])
+    assert _backend_of("asyncio", ["--steps", "3"]) == ("asyncio", ["--steps", "3"])
+    with pytest.raises(SystemExit, match="asyncio or trio"):
+        _backend_of("asyncio", ["--backend", "curio"])
