@@ -50,6 +50,7 @@ __all__ = [
 ]
 
 VOCAB = 256  # bytes
+DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -64,12 +65,15 @@ class LMConfig:
     lr: float = 3e-3
     weight_decay: float = 0.01
     seed: int = 0
+    dtype: str = "float32"  # of the computation; "bfloat16": mixed precision
 
     def __post_init__(self) -> None:
         if min(self.layers, self.width, self.heads, self.context, self.batch) < 1:
             raise ValueError(f"every size must be positive: {self}")
         if self.width % self.heads:
             raise ValueError(f"width {self.width} is not a multiple of heads {self.heads}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
 
     def with_(self, **changes: Any) -> LMConfig:
         """This config with some fields changed (checked again)."""
@@ -128,9 +132,20 @@ def flops_per_token(config: LMConfig, params: Any) -> float:
 
 # -- the model -----------------------------------------------------------------
 def _layer_norm(x: Any, p: dict[str, Any]) -> Any:
-    mean = jnp.mean(x, -1, keepdims=True)
-    var = jnp.mean(jnp.square(x - mean), -1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(var + 1e-5) * p["g"] + p["b"]
+    """Layer norm; its statistics in float32 whatever ``x``'s dtype."""
+    wide = x.astype(jnp.float32)
+    mean = jnp.mean(wide, -1, keepdims=True)
+    var = jnp.mean(jnp.square(wide - mean), -1, keepdims=True)
+    normed = ((wide - mean) * jax.lax.rsqrt(var + 1e-5)).astype(x.dtype)
+    return normed * p["g"] + p["b"]
+
+
+def cast(params: Any, dtype: str) -> Any:
+    """``params`` in the computation's dtype (the float32 master copy stays
+    with the optimizer: gradients flow back through the cast)."""
+    if dtype == "float32":
+        return params
+    return jax.tree_util.tree_map(lambda p: p.astype(dtype), params)
 
 
 def _attention(x: Any, block: dict[str, Any], heads: int) -> Any:
@@ -151,18 +166,20 @@ def block_forward(x: Any, block: dict[str, Any], heads: int) -> Any:
     return x + h @ block["out"]["w"] + block["out"]["b"]
 
 
-def logits(params: dict[str, Any], tokens: Any, heads: int) -> Any:
-    """Next-byte logits for ``tokens`` (batch, time)."""
+def logits(params: dict[str, Any], tokens: Any, heads: int, dtype: str = "float32") -> Any:
+    """Next-byte logits for ``tokens`` (batch, time), computed in ``dtype``
+    and returned in float32."""
+    p = cast(params, dtype)
     t = tokens.shape[1]
-    x = params["wte"][tokens] + params["wpe"][:t]
-    for block in params["blocks"]:
+    x = p["wte"][tokens] + p["wpe"][:t]
+    for block in p["blocks"]:
         x = block_forward(x, block, heads)
-    return _layer_norm(x, params["ln_f"]) @ params["wte"].T
+    return (_layer_norm(x, p["ln_f"]) @ p["wte"].T).astype(jnp.float32)
 
 
-def loss_fn(params: dict[str, Any], tokens: Any, heads: int) -> Any:
+def loss_fn(params: dict[str, Any], tokens: Any, heads: int, dtype: str = "float32") -> Any:
     """Mean cross-entropy of each next byte; ``tokens`` is (batch, context + 1)."""
-    out = logits(params, tokens[:, :-1], heads)
+    out = logits(params, tokens[:, :-1], heads, dtype)
     logp = jax.nn.log_softmax(out, -1)
     picked = jnp.take_along_axis(logp, tokens[:, 1:, None], -1)
     return -jnp.mean(picked)
@@ -187,7 +204,7 @@ def train_step(
     and the loss before the step."""
     import optax
 
-    loss, grads = jax.value_and_grad(loss_fn)(params, tokens, config.heads)
+    loss, grads = jax.value_and_grad(loss_fn)(params, tokens, config.heads, config.dtype)
     updates, opt_state = make_optimizer(config).update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, loss
 

@@ -6,11 +6,12 @@ is tied to the token embedding (as in :mod:`~atoll.examples.lm`), so the
 last stage reads the first stage's ``wte`` and sends its gradient back to
 the first stage's update.
 
-One training step is one atoll program (GPipe): the forward of every
-micro-batch through every stage, then the backward of every micro-batch back
-through them (each backward recomputes its stage's forward, so no closure
-crosses between nodes), then one AdamW update per stage over the mean of its
-micro-batches' gradients. Every stage runs on its own slice, data-parallel
+One training step is one atoll program: the forward of every micro-batch
+through every stage and its backward back through them (each backward
+recomputes its stage's forward, so no closure crosses between nodes), in
+GPipe's order (every forward first) or 1F1B's (:func:`schedule`), then one
+AdamW update per stage over the mean of its micro-batches' gradients.
+Every stage runs on its own slice, data-parallel
 over the slice's devices along the batch. AdamW is elementwise, so updating
 each stage's part of the parameters on its own gives the whole model's step:
 the losses equal those of :func:`atoll.examples.lm.train_step` on the whole
@@ -38,7 +39,16 @@ from jax.sharding import PartitionSpec as P
 import atoll
 from atoll.examples import lm
 
-__all__ = ["Cut", "Stages", "cut", "even_cut", "split_params", "step_program"]
+__all__ = [
+    "SCHEDULES",
+    "Cut",
+    "Stages",
+    "cut",
+    "even_cut",
+    "schedule",
+    "split_params",
+    "step_program",
+]
 
 
 @dataclass(frozen=True)
@@ -118,8 +128,10 @@ def join_params(stages: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 # -- what each stage computes ---------------------------------------------------
-def forward(p: dict[str, Any], x: Any, *, heads: int, first: bool) -> Any:
-    """A stage's forward: its blocks (after embedding the bytes, on the first)."""
+def forward(p: dict[str, Any], x: Any, *, heads: int, first: bool, dtype: str = "float32") -> Any:
+    """A stage's forward in ``dtype``: its blocks (after embedding the
+    bytes, on the first). Activations leave in ``dtype``."""
+    p = lm.cast(p, dtype)
     if first:
         x = p["wte"][x] + p["wpe"][: x.shape[1]]
     for block in p["blocks"]:
@@ -127,30 +139,38 @@ def forward(p: dict[str, Any], x: Any, *, heads: int, first: bool) -> Any:
     return x
 
 
-def last(p: dict[str, Any], wte: Any, x: Any, targets: Any, *, heads: int) -> tuple[Any, ...]:
+def last(
+    p: dict[str, Any], wte: Any, x: Any, targets: Any, *, heads: int, dtype: str = "float32"
+) -> tuple[Any, ...]:
     """The last stage, forward and backward: the micro-batch's loss, the
     gradient for its input, its own parameters' and the head's ``wte``'s."""
 
     def loss(p: dict[str, Any], wte: Any, x: Any) -> Any:
-        h = lm._layer_norm(forward(p, x, heads=heads, first=False), p["ln_f"])
-        logp = jax.nn.log_softmax(h @ wte.T, -1)
+        h = forward(p, x, heads=heads, first=False, dtype=dtype)
+        h = lm._layer_norm(h, lm.cast(p["ln_f"], dtype))
+        out = (h @ lm.cast(wte, dtype).T).astype(jnp.float32)
+        logp = jax.nn.log_softmax(out, -1)
         return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
 
     value, (g_p, g_wte, dx) = jax.value_and_grad(loss, argnums=(0, 1, 2))(p, wte, x)
     return value, dx, g_p, g_wte
 
 
-def backward(p: dict[str, Any], x: Any, dy: Any, *, heads: int) -> tuple[Any, Any]:
+def backward(
+    p: dict[str, Any], x: Any, dy: Any, *, heads: int, dtype: str = "float32"
+) -> tuple[Any, Any]:
     """A middle stage's backward (recomputing its forward): the gradient for
     its input, and its parameters'."""
-    _, vjp = jax.vjp(lambda p, x: forward(p, x, heads=heads, first=False), p, x)
+    _, vjp = jax.vjp(lambda p, x: forward(p, x, heads=heads, first=False, dtype=dtype), p, x)
     g_p, dx = vjp(dy)
     return dx, g_p
 
 
-def backward_first(p: dict[str, Any], tokens: Any, dy: Any, *, heads: int) -> Any:
+def backward_first(
+    p: dict[str, Any], tokens: Any, dy: Any, *, heads: int, dtype: str = "float32"
+) -> Any:
     """The first stage's backward: its parameters' gradient."""
-    _, vjp = jax.vjp(lambda p: forward(p, tokens, heads=heads, first=True), p)
+    _, vjp = jax.vjp(lambda p: forward(p, tokens, heads=heads, first=True, dtype=dtype), p)
     (g_p,) = vjp(dy)
     return g_p
 
@@ -182,10 +202,10 @@ class Stages:
 
 def place(slices: Sequence[Any], config: lm.LMConfig) -> Stages:
     """Each stage's functions placed on its slice (axis ``data``: the batch)."""
-    heads, data = config.heads, P("data")
+    heads, dtype, data = config.heads, config.dtype, P("data")
     fwd = [
         s.jit(
-            functools.partial(forward, heads=heads, first=i == 0),
+            functools.partial(forward, heads=heads, first=i == 0, dtype=dtype),
             in_specs=(None, data),
             out_specs=data,
             name=f"forward{i}",
@@ -193,14 +213,14 @@ def place(slices: Sequence[Any], config: lm.LMConfig) -> Stages:
         for i, s in enumerate(slices[:-1])
     ]
     final = slices[-1].jit(
-        functools.partial(last, heads=heads),
+        functools.partial(last, heads=heads, dtype=dtype),
         in_specs=(None, None, data, data),
         out_specs=(P(), data, None, None),
         name="last",
     )
     back = [
         slices[0].jit(
-            functools.partial(backward_first, heads=heads),
+            functools.partial(backward_first, heads=heads, dtype=dtype),
             in_specs=(None, data, data),
             out_specs=None,
             name="backward0",
@@ -208,7 +228,7 @@ def place(slices: Sequence[Any], config: lm.LMConfig) -> Stages:
     ]
     back += [
         s.jit(
-            functools.partial(backward, heads=heads),
+            functools.partial(backward, heads=heads, dtype=dtype),
             in_specs=(None, data, data),
             out_specs=(data, None),
             name=f"backward{i}",
@@ -223,39 +243,94 @@ def place(slices: Sequence[Any], config: lm.LMConfig) -> Stages:
     return Stages(fwd, final, back, upd)
 
 
-def step_program(stages: Stages) -> atoll.Program:
-    """One GPipe training step: ``(params, opt_states, inputs, targets) ->
-    (params, opt_states, losses)``, a list entry per stage or micro-batch."""
+Op = tuple[str, int, int]  # ("F" forward | "L" last stage | "B" backward, stage, micro-batch)
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def schedule(stages: int, micro: int, kind: str = "gpipe") -> list[Op]:
+    """The order a step's nodes are made in, which is each device's order of
+    work (the island keeps it). ``gpipe``: every forward, then every
+    backward. ``1f1b``: stage ``s`` runs ``stages - 1 - s`` forwards ahead,
+    then alternates one forward and one backward, so at most ``stages - s``
+    micro-batches' activations wait on it, not all of them (PipeDream-Flush)."""
+    if kind not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, not {kind!r}")
+    per_stage = [_stage_order(s, stages, micro, kind) for s in range(stages - 1)]
+    per_stage.append([("L", stages - 1, m) for m in range(micro)])
+    out: list[Op] = []
+    done: set[Op] = set()
+    at = [0] * stages
+    while len(out) < sum(len(ops) for ops in per_stage):
+        moved = False
+        for s, ops in enumerate(per_stage):
+            if at[s] < len(ops) and _ready(ops[at[s]], stages, done):
+                out.append(ops[at[s]])
+                done.add(ops[at[s]])
+                at[s] += 1
+                moved = True
+        if not moved:
+            raise AssertionError(f"a {kind} schedule of {stages} x {micro} cannot go on")
+    return out
+
+
+def _stage_order(s: int, stages: int, micro: int, kind: str) -> list[Op]:
+    if kind == "gpipe":
+        return [("F", s, m) for m in range(micro)] + [("B", s, m) for m in range(micro)]
+    ahead = min(micro, stages - 1 - s)
+    order: list[Op] = [("F", s, m) for m in range(ahead)]
+    for m in range(micro):
+        if ahead + m < micro:
+            order.append(("F", s, ahead + m))
+        order.append(("B", s, m))
+    return order
+
+
+def _ready(op: Op, stages: int, done: set[Op]) -> bool:
+    kind, s, m = op
+    if kind == "F":
+        return s == 0 or ("F", s - 1, m) in done
+    if kind == "L":
+        return ("F", stages - 2, m) in done
+    later = ("L", stages - 1, m) if s == stages - 2 else ("B", s + 1, m)
+    return later in done and ("F", s, m) in done
+
+
+def step_program(stages: Stages, kind: str = "gpipe") -> atoll.Program:
+    """One training step: ``(params, opt_states, inputs, targets) ->
+    (params, opt_states, losses)``, a list entry per stage or micro-batch;
+    its nodes made in :func:`schedule` ``kind``'s order."""
     count = len(stages.update)
 
     @atoll.program
-    def gpipe_step(
+    def pipeline_step(
         params: list[Any], opt_states: list[Any], inputs: list[Any], targets: list[Any]
     ) -> tuple[list[Any], list[Any], list[Any]]:
-        acts: list[list[Any]] = []
-        for tokens in inputs:  # every forward first: GPipe
-            x, seen = tokens, []
-            for s in range(count - 1):
-                seen.append(x)
-                x = stages.forward[s](params[s], x)
-            acts.append([*seen, x])
-        losses: list[Any] = []
-        grads: list[list[Any]] = [[] for _ in range(count)]
-        head: list[Any] = []
-        for m, (tokens, target) in enumerate(zip(inputs, targets, strict=True)):
-            loss, dy, g_last, g_wte = stages.last(params[-1], params[0]["wte"], acts[m][-1], target)
-            losses.append(loss)
-            grads[-1].append(g_last)
-            head.append(g_wte)
-            for s in range(count - 2, 0, -1):
-                dy, g = stages.backward[s](params[s], acts[m][s], dy)
-                grads[s].append(g)
-            grads[0].append(stages.backward[0](params[0], tokens, dy))
+        micro = len(inputs)
+        seen: dict[tuple[int, int], Any] = {}  # (stage, micro): its input, then its output
+        made: dict[tuple[int, int], Any] = {}
+        dys: dict[int, Any] = {}
+        grads: list[dict[int, Any]] = [{} for _ in range(count)]
+        losses: dict[int, Any] = {}
+        head: dict[int, Any] = {}
+        for kind_, s, m in schedule(count, micro, kind):
+            if kind_ == "F":
+                seen[s, m] = inputs[m] if s == 0 else made[s - 1, m]
+                made[s, m] = stages.forward[s](params[s], seen[s, m])
+            elif kind_ == "L":
+                wte = params[0]["wte"]
+                out = stages.last(params[-1], wte, made[count - 2, m], targets[m])
+                losses[m], dys[m], grads[-1][m], head[m] = out
+            elif s == 0:
+                grads[0][m] = stages.backward[0](params[0], inputs[m], dys[m])
+            else:
+                dys[m], grads[s][m] = stages.backward[s](params[s], seen[s, m], dys[m])
         new_params, new_states = [], []
         for s in range(count):
-            p, o = stages.update[s](params[s], opt_states[s], grads[s], head if s == 0 else [])
+            mine = [grads[s][m] for m in range(micro)]
+            heads = [head[m] for m in range(micro)] if s == 0 else []
+            p, o = stages.update[s](params[s], opt_states[s], mine, heads)
             new_params.append(p)
             new_states.append(o)
-        return new_params, new_states, losses
+        return new_params, new_states, [losses[m] for m in range(micro)]
 
-    return gpipe_step
+    return pipeline_step

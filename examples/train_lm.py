@@ -160,10 +160,11 @@ async def train_pipelined(
     start: int = 0,
     state: Any = None,
     slices: Sequence[Any] = (),
+    schedule: str = "gpipe",
 ) -> TrainResult:
-    """Train ``steps`` GPipe steps: one stage per slice of ``data_parallel``
-    devices (its own host, where the cluster has one per stage), the blocks
-    of each as ``cut`` says, ``micro_batches`` per step
+    """Train ``steps`` pipelined steps (``schedule``: ``gpipe`` or ``1f1b``):
+    one stage per slice of ``data_parallel`` devices (its own host, where the
+    cluster has one per stage), the blocks of each as ``cut`` says, ``micro_batches`` per step
     (:mod:`atoll.examples.lm_pipeline`). ``start``, ``state``, ``slices``:
     as :func:`train` (per-stage lists)."""
     if config.batch % (micro_batches * data_parallel):
@@ -172,7 +173,7 @@ async def train_pipelined(
             f"over {data_parallel} devices"
         )
     slices = list(slices) or [await _slice(cluster, data_parallel) for _ in cut.blocks]
-    program = lm_pipeline.step_program(lm_pipeline.place(slices, config))
+    program = lm_pipeline.step_program(lm_pipeline.place(slices, config), schedule)
     params, states = state if state is not None else _fresh_stages(config, cut)
     result = TrainResult([], tokens_per_step=config.batch * config.context, start=start)
     pending: list[Any] = []
@@ -226,7 +227,7 @@ async def evaluate(
     own, at its own weight, beside a trainer, say)."""
     mesh = await _slice(cluster, devices)
     score = mesh.jit(
-        functools.partial(lm.loss_fn, heads=config.heads),
+        functools.partial(lm.loss_fn, heads=config.heads, dtype=config.dtype),
         in_specs=(None, P("data")),
         out_specs=P(),
         name="eval",
@@ -237,7 +238,7 @@ async def evaluate(
 
 def reference_eval(config: lm.LMConfig, params: Any, batches: int) -> list[float]:
     """:func:`evaluate` in plain JAX, on one device."""
-    score = jax.jit(functools.partial(lm.loss_fn, heads=config.heads))
+    score = jax.jit(functools.partial(lm.loss_fn, heads=config.heads, dtype=config.dtype))
     return [float(score(params, lm.batch_at(i, config, "eval"))) for i in range(batches)]
 
 
@@ -303,7 +304,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--cut", choices=["partitioner", "even"], default="partitioner", help="stage cut"
     )
+    parser.add_argument(
+        "--schedule", choices=lm_pipeline.SCHEDULES, default="gpipe", help="pipelined"
+    )
     parser.add_argument("--config", choices=sorted(lm.CONFIGS), default="small")
+    parser.add_argument("--dtype", choices=lm.DTYPES, default="float32", help="of the computation")
     parser.add_argument(
         "--hosts", type=_at_least_0, default=0, help="host processes (0: in-process)"
     )
@@ -372,7 +377,7 @@ def _at_least_0(text: str) -> int:
 async def main(argv: list[str] | None = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
     _check_paths(args)
-    config = lm.CONFIGS[args.config]
+    config = lm.CONFIGS[args.config].with_(dtype=args.dtype)
     params = lm.parameter_count(lm.init(config))
     if not args.json:
         print(
@@ -404,6 +409,7 @@ async def main(argv: list[str] | None = None) -> None:
                 show,
                 start,
                 state,
+                schedule=args.schedule,
             )
         if args.save:
             step = np.int64(start + args.steps)
