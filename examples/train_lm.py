@@ -251,6 +251,7 @@ def reference(config: lm.LMConfig, steps: int, devices: int = 1) -> TrainResult:
     opt_state = lm.make_optimizer(config).init(params)
     result = TrainResult([], tokens_per_step=config.batch * config.context)
     losses = []
+    began = time.perf_counter()
     for i in range(steps):
         params, opt_state, loss = step(params, opt_state, lm.batch_at(i, config))
         losses.append(loss)
@@ -258,6 +259,8 @@ def reference(config: lm.LMConfig, steps: int, devices: int = 1) -> TrainResult:
             jax.block_until_ready(loss)
             result.finished_at.append(time.perf_counter())
     result.losses = [float(loss) for loss in losses]
+    if len(result.finished_at) == 1:  # one step: its rate, compile and all
+        result.tokens_per_s = [result.tokens_per_step / (result.finished_at[0] - began)]
     result.finished_at = _spread(result.finished_at, steps)
     result.params = jax.tree_util.tree_map(np.asarray, params)
     return result
