@@ -1,11 +1,12 @@
 """``docs/deploy.md``'s SLURM recipe, run on a real single-node SLURM.
 
-The fixture brings up Debian's SLURM on this machine: it installs
-``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge`` with apt when they
-are missing (as root, as CI runs), starts ``munged``, ``slurmctld`` and
-``slurmd`` with a configuration of its own (``SLURM_CONF``; ``/etc`` is not
-touched), and stops them afterwards. Without root and apt, and without
-SLURM, the test skips and says why.
+The fixture brings up Debian's SLURM on this machine (``./dev test``
+installs ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge`` in CI, as
+root with apt): a ``munged`` on a socket of its own, and ``slurmctld`` and
+``slurmd`` on free ports with a configuration of its own (``SLURM_CONF``;
+nothing under ``/etc`` or ``/run/munge`` is touched), all stopped
+afterwards, with every job. Without SLURM, without root, or beside a SLURM
+already running here, the test skips and says why.
 
 The test takes the sbatch script from ``docs/deploy.md`` as it stands,
 submits it with three tasks on this one node and simulated devices, and
@@ -26,6 +27,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
@@ -34,32 +36,28 @@ from atoll.transports.testing import eventually_blocking
 
 ROOT = Path(__file__).resolve().parent.parent
 DAEMONS = ("slurmctld", "slurmd", "munged")
-PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SLURM runs on Linux")
 
 
-def _installed() -> bool:
-    return all(shutil.which(d) or Path(f"/usr/sbin/{d}").exists() for d in DAEMONS)
-
-
-def _install() -> str | None:
-    """Install SLURM with apt where it may; why not, otherwise."""
-    if _installed():
-        return None
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        return "SLURM is not installed, and installing it needs root and apt-get"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *PACKAGES]):
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            return f"{' '.join(command)} failed: {done.stderr.strip()[-400:]}"
+def _missing() -> str | None:
+    """Why SLURM cannot be brought up here, or None."""
+    absent = [d for d in DAEMONS if shutil.which(d) is None and not Path(f"/usr/sbin/{d}").exists()]
+    if absent:
+        return f"{', '.join(absent)} not installed (./dev test installs them in CI, as root)"
+    if os.geteuid() != 0:
+        return "its daemons are started as root"
+    running = subprocess.run(["pgrep", "-x", "slurmctld|slurmd"], capture_output=True)
+    if running.returncode == 0:
+        return "a SLURM is already running on this machine"
     return None
 
 
 def _config(tmp: Path) -> Path:
-    """A one-node configuration: this machine, 8 task slots whatever its cores."""
+    """A one-node configuration: this machine, 8 task slots whatever its
+    cores, on free ports, authenticated by the munged on ``tmp/munge.sock``."""
     node = socket.gethostname().split(".")[0]
+    ctld, slurmd = _free_port(), _free_port()
     memory_mb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20 // 2
     for name in ("state", "spool", "log"):
         (tmp / name).mkdir()
@@ -68,10 +66,11 @@ def _config(tmp: Path) -> Path:
         textwrap.dedent(
             f"""\
             ClusterName=atolltest
-            SlurmctldHost={node}
-            SlurmctldPort=6917
-            SlurmdPort=6918
+            SlurmctldHost={node}(127.0.0.1)
+            SlurmctldPort={ctld}
+            SlurmdPort={slurmd}
             AuthType=auth/munge
+            AuthInfo=socket={tmp}/munge.sock
             CredType=cred/munge
             ProctrackType=proctrack/linuxproc
             TaskPlugin=task/none
@@ -91,7 +90,7 @@ def _config(tmp: Path) -> Path:
             JobCompType=jobcomp/none
             JobAcctGatherType=jobacct_gather/none
             AccountingStorageType=accounting_storage/none
-            NodeName={node} CPUs=8 RealMemory={memory_mb} State=UNKNOWN
+            NodeName={node} NodeAddr=127.0.0.1 CPUs=8 RealMemory={memory_mb} State=UNKNOWN
             PartitionName=atoll Nodes={node} Default=YES MaxTime=INFINITE State=UP
             """
         )
@@ -102,27 +101,23 @@ def _config(tmp: Path) -> Path:
 @pytest.fixture
 def slurm(tmp_path: Path) -> Iterator[dict[str, str]]:
     """A running single-node SLURM; the environment its commands need."""
-    why = _install()
+    why = _missing()
     if why is not None:
         pytest.skip(f"no SLURM here: {why}")
-    if os.geteuid() != 0:
-        pytest.skip("no SLURM here: its daemons are started as root")
     env = dict(os.environ, SLURM_CONF=str(_config(tmp_path)))
-    Path("/run/munge").mkdir(parents=True, exist_ok=True)
-    shutil.chown("/run/munge", "munge", "munge")
-    started = [subprocess.Popen(["munged", "--foreground", "--force"], env=env)]
+    munge = [f"--socket={tmp_path}/munge.sock", f"--pid-file={tmp_path}/munged.pid"]
+    munge += [f"--seed-file={tmp_path}/munged.seed", f"--log-file={tmp_path}/log/munged.log"]
+    # --force: run as root, munged wants its key owned by root, not munge
+    started = [subprocess.Popen(["munged", "--foreground", "--force", *munge])]
     try:
         for daemon in ("slurmctld", "slurmd"):
             started.append(subprocess.Popen([daemon, "-D"], env=env, stderr=subprocess.DEVNULL))
-        sinfo = ["sinfo", "-h", "-o", "%t"]
-
-        def idle() -> bool:
-            done = subprocess.run(sinfo, env=env, capture_output=True, text=True)
-            return done.stdout.strip() in ("idle", "mix")
-
-        eventually_blocking(idle, "the SLURM node idle", timeout=60, every=0.5)
+        eventually_blocking(lambda: _node_state(env) in ("idle", "mix"), "the node idle", 60, 0.5)
         yield env
     finally:
+        subprocess.run(["scancel", "--partition=atoll"], env=env, capture_output=True)
+        with suppress(AssertionError):  # its jobs (and their steps) gone first
+            eventually_blocking(lambda: not _jobs(env), "every job gone", 30, 0.5)
         for process in reversed(started):
             process.send_signal(signal.SIGTERM)
         for process in started:
@@ -131,6 +126,18 @@ def slurm(tmp_path: Path) -> Iterator[dict[str, str]]:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(5)
+
+
+def _node_state(env: dict[str, str]) -> str:
+    done = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def _jobs(env: dict[str, str]) -> list[str]:
+    """The jobs SLURM still has; fails if it cannot say (its controller is gone)."""
+    done = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"squeue failed: {done.stderr}"
+    return done.stdout.split()
 
 
 def recipe() -> str:
@@ -189,23 +196,11 @@ def test_the_sbatch_recipe_starts_the_hosts_and_a_program_runs(
         HOME=str(tmp_path),  # the recipe's private cluster file goes under it
         PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     )
-    submitted = subprocess.run(
-        ["sbatch", "--parsable", f"--output={output}", str(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    command = ["sbatch", "--parsable", f"--output={output}", str(script)]
+    submitted = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert submitted.returncode == 0, f"sbatch failed: {submitted.stderr}"
     job = submitted.stdout.strip().split(";")[0]
-
-    def finished() -> bool:
-        done = subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True)
-        return job not in done.stdout
-
-    try:
-        eventually_blocking(finished, f"SLURM job {job} finished", timeout=300, every=1)
-    finally:
-        subprocess.run(["scancel", job], env=env, capture_output=True)
+    eventually_blocking(lambda: job not in _jobs(env), f"job {job} finished", 300, 1)
     log = output.read_text() if output.exists() else "(no output)"
     found = re.search(r"^RESULT hosts=(\[.*\]) sums=(\[.*\])$", log, re.M)
     assert found is not None, log
