@@ -100,9 +100,10 @@ async def memory(config: lm.LMConfig, steps: int, devices: int) -> list[Row]:
         late = await train_lm.train(
             cluster, config, steps - tenth, devices, start=tenth, state=state, slices=slices
         )
-        del state, late.params  # what the first run left is freed when dropped
+        del state  # what the first run left is freed when dropped
         await anyio.sleep(0)  # (frees leave at the end of a loop turn)
-        await measure("late")
+        await measure("late")  # late.state, the working set now, is still held
+        del late
     case = f"memory over {steps} steps"
     return [
         Row(BENCH, case, "store bytes early", marks["early"], "bytes", devices),

@@ -67,10 +67,13 @@ class TrainResult:
     params: Any = None
     state: Any = None  # the last step's (params, opt_state) as ArrayRefs, for save
     slices: list[Any] = field(default_factory=list)  # where it ran: pass them on to reuse
+    rate: float | None = None  # timed as a whole (the reference's), else from finished_at
 
     def overall_tokens_per_s(self) -> float:
         """Tokens per second over the steps after the first fifth (compiling
         and filling the pipeline of steps is not the rate)."""
+        if self.rate is not None:
+            return self.rate
         times = self.finished_at
         first = max(1, len(times) // 5)
         if len(times) - first < 1:
@@ -251,17 +254,18 @@ def reference(config: lm.LMConfig, steps: int, devices: int = 1) -> TrainResult:
     opt_state = lm.make_optimizer(config).init(params)
     result = TrainResult([], tokens_per_step=config.batch * config.context)
     losses = []
-    began = time.perf_counter()
+    first = max(1, steps // 5)  # the rate is timed after these (as atoll's)
+    timed_from = time.perf_counter()
     for i in range(steps):
         params, opt_state, loss = step(params, opt_state, lm.batch_at(i, config))
         losses.append(loss)
-        if i == max(1, steps // 5) - 1 or i == steps - 1:  # where the rate is timed from
+        if i == first - 1 and steps > first:
             jax.block_until_ready(loss)
-            result.finished_at.append(time.perf_counter())
+            timed_from = time.perf_counter()
+    jax.block_until_ready(losses)
+    timed = steps - first if steps > first else steps  # one step: its own, compile and all
+    result.rate = result.tokens_per_step * timed / (time.perf_counter() - timed_from)
     result.losses = [float(loss) for loss in losses]
-    if len(result.finished_at) == 1:  # one step: its rate, compile and all
-        result.tokens_per_s = [result.tokens_per_step / (result.finished_at[0] - began)]
-    result.finished_at = _spread(result.finished_at, steps)
     result.params = jax.tree_util.tree_map(np.asarray, params)
     return result
 
@@ -275,18 +279,6 @@ def _data_parallel(devices: int) -> dict[str, Any]:
     mesh = Mesh(np.array(jax.devices()[:devices]), ("data",))
     whole, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
     return {"in_shardings": (whole, whole, split), "out_shardings": (whole, whole, whole)}
-
-
-def _spread(marks: list[float], steps: int) -> list[float]:
-    """Per-step finishing times from the two timed ones (the end of the
-    first fifth, and the end), spread evenly: what
-    :meth:`TrainResult.overall_tokens_per_s` reads."""
-    first = max(1, steps // 5)
-    if len(marks) < 2:
-        return marks * steps
-    start, end = marks
-    gap = (end - start) / max(1, steps - first)
-    return [start + (i - first + 1) * gap for i in range(steps)]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

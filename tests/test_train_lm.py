@@ -323,6 +323,4 @@ def test_the_rate_skips_the_first_fifth_of_the_steps() -> None:
     result = train_lm.TrainResult([], tokens_per_step=100)
     result.finished_at = [10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0, 14.5]
     assert result.overall_tokens_per_s() == pytest.approx(100 * 8 / 4.0)  # from step 1 on
-    spread = train_lm._spread([2.0, 10.0], 10)  # the two timed marks of a reference
-    assert spread[1] == 2.0 and spread[-1] == 10.0 and len(spread) == 10
     assert train_lm.reference(TINY, 1).overall_tokens_per_s() > 0  # one step has a rate too
