@@ -65,6 +65,12 @@ def _parser() -> argparse.ArgumentParser:
         help="more hosts expected to join from elsewhere (atoll host --join)",
     )
     up.add_argument("--islands", type=_positive, default=1)
+    up.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="hosts per island kept out of allocation, for slices that must leave a host",
+    )
     up.add_argument("--devices-per-host", type=_positive, default=4)
     up.add_argument("--device", choices=["sim", "jax"], default="sim")
     up.add_argument("--port", type=int, default=0, help="controller port (0: any free one)")
@@ -99,6 +105,12 @@ def _parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
     dashboard.add_argument("--port", type=int, default=0, help="0: any free one")
     dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    drain = sub.add_parser(
+        "drain", help="move every slice and buffer off a host; the host then leaves"
+    )
+    drain.add_argument("--host", type=int, required=True, help="the host id (atoll status)")
+    drain.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
+    drain.add_argument("--timeout", type=float, default=600.0, help="seconds")
     down = sub.add_parser("down", help="stop a cluster started by atoll up, hosts and all")
     down.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
     host = sub.add_parser("host", help="join a host to a running cluster")
@@ -179,6 +191,7 @@ def _up(args: argparse.Namespace) -> int:
         device_cls=device_cls,
         remote_hosts=args.remote_hosts,
         store_bytes=args.store_bytes,
+        spares=args.spares,
     )
     if args.device == "jax" and args.remote_hosts:
         _share_jax_runtime(args)
@@ -262,6 +275,20 @@ def _dashboard(args: argparse.Namespace) -> int:
     except AtollError as exc:
         raise SystemExit(f"atoll dashboard: {exc}") from None
     print(f"atoll dashboard at {url}  (served by the controller until it stops)", flush=True)
+    return 0
+
+
+def _drain(args: argparse.Namespace) -> int:
+    """``atoll drain --host H``: the controller moves everything off host H."""
+    import asyncio
+
+    from .kernel import AtollError
+    from .runtime.admin import drain_host
+
+    try:
+        print(asyncio.run(drain_host(args.cluster_file, args.host, args.timeout)), flush=True)
+    except (AtollError, OSError, TimeoutError) as exc:
+        raise SystemExit(f"atoll drain: {exc}") from None
     return 0
 
 
@@ -433,6 +460,8 @@ def _command(args: argparse.Namespace) -> int:
         return _status(args)
     if args.command == "down":
         return _down(args)
+    if args.command == "drain":
+        return _drain(args)
     if args.command == "timeline":
         return _timeline(args)
     if args.command == "dashboard":

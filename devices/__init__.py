@@ -35,6 +35,7 @@ from ._plane import ProcessPlane as ProcessPlane
 from ._plane import use_plane as use_plane
 from ._store import BufferMissing as BufferMissing
 from ._store import ObjectStore as ObjectStore
+from ._store import StoredBuffer as StoredBuffer
 from ._store import StoreFull as StoreFull
 from ._values import INLINE_VALUE_BYTES as INLINE_VALUE_BYTES
 from ._values import BufferHandle as BufferHandle
@@ -74,6 +75,7 @@ __all__ = [
     "SessionEnded",
     "SimDevice",
     "StoreFull",
+    "StoredBuffer",
     "UnsupportedKernel",
     "portable",
     "run_key",

@@ -47,7 +47,7 @@ from ._gang import GangTask, PushTarget
 from ._plan import DeviceProgram, Earlier, PlannedGang, RunReport, portable, run_key
 from ._plane import IN_PROCESS, DataPlane
 from ._push import Pusher
-from ._store import BufferMissing, ObjectStore
+from ._store import BufferMissing, ObjectStore, StoredBuffer
 from ._values import Arrival, BufferHandle, Computation, CostModel, DeviceStats
 
 if TYPE_CHECKING:
@@ -132,6 +132,28 @@ class Device(Actor):
         into this device's host, from the disk; their handles by name."""
         arrays = await anyio.to_thread.run_sync(checkpoint.load, directory, names)
         return {name: await self._stored(array, owner) for name, array in arrays.items()}
+
+    @endpoint
+    async def adopt(self, buffers: list[tuple[BufferHandle, StoredBuffer, int | str]]) -> int:
+        """Copy buffers held by other hosts into this device's host, over the
+        data plane: each keeps its id, owner and references, and belongs to
+        the place given with it (this device, or a suspended slice's label).
+        The bytes copied. Asynchronous: waits for each transfer, and for
+        room in the store. A buffer whose session ended is left behind."""
+        copied = 0
+        for handle, stored, place in buffers:
+            array = np.asarray(await self._read(handle))
+            await self.store.reserve(array.nbytes)
+            try:
+                buffer_id = self.store.put(
+                    array, stored.owner, reserved=True, place=place, buffer_id=stored.id
+                )
+            except AtollError:
+                self.store.unreserve(array.nbytes)
+                continue
+            self.store.set_refs(buffer_id, stored.refs)
+            copied += array.nbytes
+        return copied
 
     @endpoint
     async def run(
@@ -561,7 +583,8 @@ class Device(Actor):
         """Store ``array`` once there is room (back-pressure); its handle."""
         self.store.ledger.check(owner, array.nbytes)  # over its quota: fail, never stall
         await self.store.reserve(array.nbytes)
-        return self._handle(self.store.put(array, owner, reserved=True), array)
+        buffer_id = self.store.put(array, owner, reserved=True, place=self.device_id)
+        return self._handle(buffer_id, array)
 
     async def _keep(
         self, nbytes: int, owner: str, run: Callable[[], Awaitable[Sequence[Any]]]
@@ -580,7 +603,10 @@ class Device(Actor):
         except BaseException:
             self.store.unreserve(nbytes)
             raise
-        return [self._handle(self.store.put(out, owner, reserved=True), out) for out in outs]
+        return [
+            self._handle(self.store.put(out, owner, reserved=True, place=self.device_id), out)
+            for out in outs
+        ]
 
     @endpoint
     def stats(self) -> DeviceStats:

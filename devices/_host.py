@@ -11,23 +11,24 @@ promise.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import numpy as np
 
-from ..kernel import Actor, ActorRef, Promise, endpoint, then, value_of
+from ..kernel import Actor, ActorRef, Promise, endpoint, log_failure, then, value_of
 from ..transports.dataplane import bulk, lane, shm
 from ..transports.dataplane.lane import LaneMessage
 from . import _checkpoint as checkpoint
 from . import timeline
 from ._plan import portable
 from ._plane import DataPlane, process_plane
-from ._store import BufferMissing, ObjectStore
+from ._store import BufferMissing, ObjectStore, StoredBuffer
 from ._values import Arrival, BufferHandle, CostModel
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ class Host(Actor):
         self.pushes_in = 0  # pushes that landed here
         self.pushes_declined = 0
         self.lane_address = ""  # where other host processes push small values
+        self.moving: dict[str, int] = {}  # being copied away: frees that wait
 
     async def on_start(self) -> None:
         await self._serve_lane()
@@ -138,6 +140,10 @@ class Host(Actor):
         A buffer an accelerator is still computing is answered once it
         exists (or with the error its computation failed with); the host
         meanwhile answers other calls."""
+        moved = self._moved(buffer_id)
+        if moved is not None:
+            promise: Promise[np.ndarray] = moved.fetch(buffer_id, owner)
+            return promise
         self.store.check_owner(buffer_id, owner)
         array = self.store.get(buffer_id)  # held from now: a free meanwhile cannot lose it
         pending = self.store.pending(buffer_id)
@@ -158,6 +164,9 @@ class Host(Actor):
     def ready(self, buffer_id: str, owner: str = "") -> Promise[None] | None:
         """Answered once a buffer held here exists: at once, unless an
         accelerator is still computing it (then with its error, if it fails)."""
+        moved = self._moved(buffer_id)
+        if moved is not None:
+            return moved.ready(buffer_id, owner)
         self.store.check_owner(buffer_id, owner)
         return self.store.pending(buffer_id)
 
@@ -251,9 +260,16 @@ class Host(Actor):
             self.store.fail(key, error)
 
     @endpoint
-    def free(self, buffer_id: str, owner: str = "") -> bool:
+    def free(self, buffer_id: str, owner: str = "") -> bool | Promise[bool]:
         """Drop one reference; True if the buffer was freed (``owner``: as in
         :meth:`fetch`, a session may free only its own)."""
+        if buffer_id in self.moving:  # being copied: the copy takes the free
+            self.store.check_owner(buffer_id, owner)
+            self.moving[buffer_id] += 1
+            return False
+        moved = self.store.moved_out.get(buffer_id) if self.store.moved_out else None
+        if moved is not None:
+            return moved.free(buffer_id, owner)
         self.store.check_owner(buffer_id, owner)
         return self.store.decref(buffer_id)
 
@@ -261,13 +277,101 @@ class Host(Actor):
     def free_many(self, buffer_ids: list[str], owner: str = "") -> int:
         """Drop one reference to each buffer (a client's references to them
         went); how many were freed. One that is gone already is skipped: its
-        session ended, or it was freed by hand meanwhile."""
+        session ended, or it was freed by hand meanwhile. One that moved to
+        another host is freed there."""
         freed = 0
         for buffer_id in buffer_ids:
+            if buffer_id in self.moving or buffer_id in self.store.moved_out:
+                with suppress(BufferMissing):
+                    freed += self.free(buffer_id, owner) is True  # sent on, or kept for later
+                continue
             with suppress(BufferMissing):
                 self.store.check_owner(buffer_id, owner)
                 freed += self.store.decref(buffer_id)
         return freed
+
+    # -- elastic slices (runtime/elastic.py) ----------------------------------
+    @endpoint
+    def buffers(
+        self, places: list[int | str] | None = None, copy: bool = False
+    ) -> list[StoredBuffer]:
+        """The buffers held here that belong to ``places`` (devices, or a
+        suspended slice's labels; None: all), as a move needs them. With
+        ``copy``, they are about to be copied elsewhere: frees of them wait
+        for :meth:`hand_over` (which sends them on) or :meth:`keep`."""
+        stored = self.store.placed_at(None if places is None else set(places))
+        if copy:
+            self.moving.update((s.id, 0) for s in stored if s.id not in self.moving)
+        return stored
+
+    @endpoint
+    async def retag(self, buffer_ids: list[str], place: int | str) -> None:
+        """These buffers, held here, belong to ``place`` from now on: another
+        device of this host, or host memory (a suspended slice's label).
+        Asynchronous: a buffer still being computed is waited for first."""
+        for buffer_id in buffer_ids:
+            pending = self.store.pending(buffer_id) if buffer_id in self.store else None
+            if pending is not None:
+                with suppress(Exception):  # a failed one moves as it is
+                    await pending
+            if buffer_id in self.store:
+                self.store.retag(buffer_id, place, self.placed(buffer_id, place))
+
+    def placed(self, buffer_id: str, place: int | str) -> Any:
+        """Buffer ``buffer_id``'s array as ``place`` holds it (None: as it is)."""
+        return None
+
+    @endpoint
+    def hand_over(self, buffer_ids: list[str], to: ActorRef[Host]) -> None:
+        """These buffers were copied to host ``to``, which holds them from
+        now on: frees of them go there (the ones that waited too); reads
+        still find the old copies until :meth:`drop_moved`."""
+        for buffer_id in buffer_ids:
+            waited = self.moving.pop(buffer_id, 0)
+            self.store.moved_out.pop(buffer_id, None)
+            self.store.moved_out[buffer_id] = to
+            if waited:
+                to.free_many([buffer_id] * waited, "").add_done_callback(_log_unfreed)
+        while len(self.store.moved_out) > MOVED_KEPT:
+            del self.store.moved_out[next(iter(self.store.moved_out))]
+
+    @endpoint
+    def keep(self, buffer_ids: list[str]) -> None:
+        """A copy failed: these buffers stay here; the frees that waited apply."""
+        for buffer_id in buffer_ids:
+            for _ in range(self.moving.pop(buffer_id, 0)):
+                with suppress(BufferMissing):
+                    self.store.decref(buffer_id)
+
+    @endpoint
+    def drop_moved(self, buffer_ids: list[str]) -> int:
+        """Drop the old copies of buffers handed over (no run reads them
+        here any more); how many were still here."""
+        dropped = 0
+        for buffer_id in buffer_ids:
+            if buffer_id in self.store and buffer_id in self.store.moved_out:
+                self.store.remove(buffer_id)
+                dropped += 1
+        return dropped
+
+    @endpoint
+    def leave(self) -> bool:
+        """This host was drained: a host process leaves the cluster (shortly,
+        once this answer is out); True if it will. One in the controller's
+        process, or in a JAX runtime (whose process count is fixed), stays,
+        holding nothing."""
+        if not _LEAVING or _jax_runtime_configured():
+            return False
+        loop = asyncio.get_running_loop()
+        for callback in _LEAVING:
+            loop.call_later(_LEAVE_AFTER_S, callback)
+        return True
+
+    def _moved(self, buffer_id: str) -> ActorRef[Host] | None:
+        """The host buffer ``buffer_id`` moved to, if it is no longer here."""
+        if not self.store.moved_out or buffer_id in self.store:
+            return None
+        return self.store.moved_out.get(buffer_id)
 
     @endpoint
     def free_owner(self, owner: str) -> int:
@@ -321,5 +425,21 @@ class Host(Actor):
         }
 
 
+def on_leave(callback: Callable[[], None]) -> None:
+    """Call ``callback`` (on the loop) when a host of this process is told
+    to leave the cluster: ``atoll host`` stops then."""
+    _LEAVING.append(callback)
+
+
+def _jax_runtime_configured() -> bool:
+    from . import _jax_multi
+
+    return _jax_multi.configured()
+
+
+_LEAVING: list[Callable[[], None]] = []
+_LEAVE_AFTER_S = 0.2  # time for the answer to leave before the process does
+MOVED_KEPT = 1 << 20  # buffers that moved away whose readers are sent on
+_log_unfreed = log_failure(_log, "a free sent on to where a buffer moved", logging.DEBUG)
 _DATA_PLANE = ("shm_in", "stream_in", "chunks_in", "stream_out", "tickets_refused")
 _SHM_REUSE = ("maps_reused", "recycled")  # see atoll.transports.dataplane.shm

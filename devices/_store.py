@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import os
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +54,7 @@ from ._inbox import (
 )
 from ._ledger import OwnerLedger, check_owner
 
-__all__ = ["BufferMissing", "ObjectStore", "StoreFull"]
+__all__ = ["BufferMissing", "ObjectStore", "StoreFull", "StoredBuffer"]
 
 
 _FAILED_KEPT = 1024  # buffers dropped after their computation failed, remembered with why
@@ -71,6 +72,19 @@ class BufferMissing(AtollError, KeyError):
         return str(self.args[0]) if self.args else "buffer missing"
 
 
+@dataclass(frozen=True)
+class StoredBuffer:
+    """What a move needs to know of one stored buffer."""
+
+    id: str
+    owner: str
+    refs: int
+    place: int | str
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: str
+
+
 @dataclass
 class _Entry:
     array: Any  # numpy (read-only) or another array type with ``nbytes``
@@ -79,6 +93,9 @@ class _Entry:
     nbytes: int
     segment: shm.Segment | None = None  # the shared memory it lives in, if its own
     ready: Promise[None] | None = None  # a device's future: settles once it exists
+    # the device it belongs to (-1: host memory, a landed push), or where a
+    # suspended slice parked it (a label; ``runtime/elastic.py``)
+    place: int | str = -1
 
 
 class ObjectStore:
@@ -121,9 +138,16 @@ class ObjectStore:
         # buffers dropped because their computation failed, oldest first: a
         # reader that comes later gets that error, not BufferMissing
         self._failed: dict[str, Promise[None]] = {}
+        # buffers that moved to another host (runtime/elastic.py), oldest
+        # first, with the host actor they went to: a stale handle's reads and
+        # frees are sent on there (until one comes back)
+        self.moved_out: dict[str, Any] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __contains__(self, buffer_id: object) -> bool:
+        return buffer_id in self._entries
 
     async def reserve(self, nbytes: int) -> None:
         """Wait until ``nbytes`` more fit; then hold them for a :meth:`put`.
@@ -226,6 +250,8 @@ class ObjectStore:
         reserved: bool = False,
         ready: Promise[None] | None = None,
         nbytes: int | None = None,
+        place: int | str = -1,
+        buffer_id: str | None = None,
     ) -> str:
         """Store ``array`` and return its id.
 
@@ -237,6 +263,10 @@ class ObjectStore:
         computing; the promise settles once it exists (or fails with why it
         never will). Readers that need its bytes wait for it (:meth:`pending`).
         ``nbytes``: its size, when the caller knows it already.
+        ``place``: the device it belongs to (-1: none, host memory), or a
+        suspended slice's label for it.
+        ``buffer_id``: the id it keeps, when it moved here from another host
+        (``runtime/elastic.py``); else a new one.
         """
         segment = None
         if isinstance(array, np.ndarray):
@@ -251,8 +281,13 @@ class ObjectStore:
                 shm.release(segment)
             self._wake()
             raise
-        buffer_id = f"{self.name}:{next(self._ids)}"
-        self._entries[buffer_id] = _Entry(array, owner, 1, nbytes, segment, ready)
+        if buffer_id is None:
+            buffer_id = f"{self.name}:{next(self._ids)}"
+        elif buffer_id in self._entries:
+            raise AtollError(f"buffer {buffer_id!r} is already in store {self.name}")
+        else:  # it moved here: here it is again, if it had been here before
+            self.moved_out.pop(buffer_id, None)
+        self._entries[buffer_id] = _Entry(array, owner, 1, nbytes, segment, ready, place)
         self.used_bytes += nbytes
         if self.used_bytes > self.peak_bytes:
             self.peak_bytes = self.used_bytes
@@ -311,6 +346,37 @@ class ObjectStore:
             return False
         self._drop(buffer_id)
         return True
+
+    def placed_at(self, places: Collection[int | str] | None) -> list[StoredBuffer]:
+        """The buffers that belong to ``places`` (None: every buffer), as a
+        move needs to know them."""
+        return [
+            StoredBuffer(bid, e.owner, e.refs, e.place, e.nbytes, _shape(e.array), _dtype(e.array))
+            for bid, e in self._entries.items()
+            if places is None or e.place in places
+        ]
+
+    def place_of(self, buffer_id: str) -> int | str:
+        return self._entry(buffer_id).place
+
+    def retag(self, buffer_id: str, place: int | str, array: Any = None) -> None:
+        """Buffer ``buffer_id`` belongs to ``place`` now, as ``array`` if
+        given (the same value, held elsewhere: on another device, in host
+        memory)."""
+        entry = self._entry(buffer_id)
+        entry.place = place
+        if array is not None:
+            entry.array = array
+
+    def remove(self, buffer_id: str) -> int:
+        """Drop a buffer whatever its references (it moved to another
+        host); its references, which the new copy holds now."""
+        refs = self._entry(buffer_id).refs
+        self._drop(buffer_id)
+        return refs
+
+    def set_refs(self, buffer_id: str, refs: int) -> None:
+        self._entry(buffer_id).refs = refs
 
     def free_owner(self, owner: str) -> int:
         """Free every buffer labelled ``owner``; return how many."""
@@ -401,3 +467,11 @@ class ObjectStore:
         """Room was made: every waiter checks again."""
         while self._room:
             self._room.popleft().set()
+
+
+def _shape(array: Any) -> tuple[int, ...]:
+    return tuple(int(n) for n in getattr(array, "shape", ()))
+
+
+def _dtype(array: Any) -> str:
+    return str(getattr(array, "dtype", "object"))

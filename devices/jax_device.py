@@ -87,6 +87,17 @@ class JaxHost(Host):
             return []
         return sorted(d.id for d in array.devices())
 
+    def placed(self, buffer_id: str, place: int | str) -> Any:
+        """A device array retagged to another device of this host goes onto
+        it (asynchronously, as JAX copies); one parked by a suspended slice
+        goes to host memory, and gives its device memory back."""
+        array = self.store.get(buffer_id)
+        if isinstance(array, np.ndarray):
+            return None  # host memory already: a reader puts it on its device
+        if isinstance(place, int) and place in self.device_ids:
+            return jax.device_put(array, _jax_multi.jax_device(place))
+        return np.asarray(array)
+
 
 class JaxDevice(Device):
     """A device actor on one JAX device; see the module docstring."""
@@ -414,7 +425,9 @@ class JaxDevice(Device):
         where = (self.host, self.host_id, self.device_id)
         handles = [
             BufferHandle(
-                self.store.put(out, owner, reserved=True, ready=ready, nbytes=size),
+                self.store.put(
+                    out, owner, reserved=True, ready=ready, nbytes=size, place=self.device_id
+                ),
                 *where,
                 shape,
                 dtype,

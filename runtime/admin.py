@@ -26,7 +26,14 @@ from ..transports.capnp import ClusterFile
 from ..transports.capnp.clusterfile import find_cluster_file
 from .connect import connect
 
-__all__ = ["cluster_file_of", "open_dashboard", "record_timeline", "shut_down", "status_rows"]
+__all__ = [
+    "cluster_file_of",
+    "drain_host",
+    "open_dashboard",
+    "record_timeline",
+    "shut_down",
+    "status_rows",
+]
 
 
 def cluster_file_of(path: str | os.PathLike[str] | None) -> Path:
@@ -69,6 +76,18 @@ async def open_dashboard(
     async with connect(where) as client:
         url: str = await client.node.lookup("cluster").dashboard(host, port)
     return f"{url}?token={ClusterFile.read(where).token.hex()}"
+
+
+async def drain_host(path: str | os.PathLike[str] | None, host: int, timeout: float) -> str:
+    """``atoll drain``: move every slice and buffer off ``host``, which then
+    leaves; what moved, in words."""
+    async with connect(cluster_file_of(path)) as client:
+        with anyio.fail_after(timeout):
+            report = await client.node.lookup("cluster").drain(host)
+    return (
+        f"atoll drain: host {host} drained in {report['seconds']:.2f} s "
+        f"({report['buffers']} buffers moved); it leaves the cluster"
+    )
 
 
 async def shut_down(path: str | os.PathLike[str] | None, wait: float = 30.0) -> str:

@@ -33,9 +33,11 @@ from ..devices import (
 from ..devices import timeline as _timelines
 from ..kernel import (
     ActorRef,
+    ActorStopped,
     ActorSystem,
     AtollError,
     Clock,
+    HostLost,
     Promise,
     all_settled,
     as_promise,
@@ -144,7 +146,7 @@ class Cluster:
         # run calls made in one loop turn go as one graph (runtime/batching.py)
         self._batcher = RunBatcher(self._send_graph, self._send_call)
         # what this client's references keep alive (runtime/ownership.py)
-        self._refs = Ownership(owner)
+        self._refs = Ownership(owner, controller.locate)
         # which run made each output promise handed out: (run tag, output index)
         self._made: weakref.WeakKeyDictionary[Promise[Any], tuple[str, int]] = (
             weakref.WeakKeyDictionary()
@@ -198,6 +200,54 @@ class Cluster:
             n, island, mesh_shape, axis_names, self.owner
         )
         return slice_
+
+    # -- elastic slices (runtime/elastic.py) ------------------------------
+    async def move(
+        self,
+        slice_: VirtualSlice,
+        host: int | None = None,
+        devices: Sequence[int] | None = None,
+    ) -> dict[str, Any]:
+        """Move a slice to free devices on ``host``, or to physical
+        ``devices`` (in mesh order), or anywhere free off its hosts; its
+        buffers go with it, and this client's handles and ``ArrayRef`` s keep
+        working. What moved: buffers, bytes, seconds. Asynchronous: the
+        runs made before go first; the ones made meanwhile wait for it."""
+        self.flush()
+        devices = list(devices) if devices is not None else None
+        report: dict[str, Any] = await self.controller.move_slice(
+            slice_.slice_id, devices, host, self.owner
+        )
+        return report
+
+    async def suspend(self, slice_: VirtualSlice) -> dict[str, Any]:
+        """Give a slice's devices back, its buffers kept in host memory;
+        runs on it wait until :meth:`resume`."""
+        self.flush()
+        report: dict[str, Any] = await self.controller.suspend_slice(slice_.slice_id, self.owner)
+        return report
+
+    async def resume(self, slice_: VirtualSlice) -> dict[str, Any]:
+        """Devices again for a suspended slice (maybe others), its buffers on them."""
+        report: dict[str, Any] = await self.controller.resume_slice(slice_.slice_id, self.owner)
+        return report
+
+    async def drain(self, host: int) -> dict[str, Any]:
+        """Move every slice and buffer off ``host``, which then leaves (an
+        operator's call: it moves other sessions' slices too)."""
+        self.flush()
+        report: dict[str, Any] = await self.controller.drain_host(host)
+        return report
+
+    async def elastic_status(self) -> dict[str, Any]:
+        """Spares, suspended and moving slices, drains and recent changes."""
+        status: dict[str, Any] = await self.controller.elastic_status()
+        return status
+
+    async def _where(self, handle: BufferHandle) -> BufferHandle | None:
+        """Where a buffer is now, if it moved (its old host left or is lost)."""
+        found: dict[str, BufferHandle] = await self.controller.locate([handle.id])
+        return found.get(handle.id)
 
     async def release(self, slice_: VirtualSlice) -> None:
         """Give a slice's devices back."""
@@ -423,7 +473,13 @@ class Cluster:
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
         if handle.value is not None:  # a small value rides along in its handle
             return handle.value
-        array: np.ndarray = await handle.host.fetch(handle.id, self.owner)  # only its own
+        try:
+            array: np.ndarray = await handle.host.fetch(handle.id, self.owner)  # only its own
+        except (HostLost, ActorStopped):
+            moved = await self._where(handle)
+            if moved is None:  # lost with its host
+                raise
+            array = await moved.host.fetch(moved.id, self.owner)
         return array
 
     async def ready(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> None:
@@ -432,7 +488,13 @@ class Cluster:
         under way; this waits for the computation itself, and raises its
         error if it failed. Moves no bytes."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
-        await handle.host.ready(handle.id, self.owner)
+        try:
+            await handle.host.ready(handle.id, self.owner)
+        except (HostLost, ActorStopped):
+            moved = await self._where(handle)
+            if moved is None:
+                raise
+            await moved.host.ready(moved.id, self.owner)
 
     async def save(self, tree: Any, directory: str | os.PathLike[str]) -> None:
         """Checkpoint a pytree of :class:`ArrayRef` (and values) into
@@ -464,7 +526,13 @@ class Cluster:
         """Drop this client's reference to a buffer; True if it was freed."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
         self._refs.by_hand(handle)
-        freed: bool = await handle.host.free(handle.id, self.owner)  # only its own
+        try:
+            freed: bool = await handle.host.free(handle.id, self.owner)  # only its own
+        except (HostLost, ActorStopped):
+            moved = await self._where(handle)
+            if moved is None:
+                raise
+            freed = await moved.host.free(moved.id, self.owner)
         return freed
 
     async def store_usage(self, reset_peak: bool = False) -> list[dict[str, int]]:

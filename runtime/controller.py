@@ -50,6 +50,7 @@ from ..kernel import (
     then,
 )
 from .batching import call_graph, device_of_slice
+from .elastic import Elastic
 from .graph import Graph, Node, ValueRef
 from .island import IslandScheduler
 from .latency import Wire, over
@@ -95,6 +96,7 @@ class Controller(Actor):
         hosts: Sequence[ActorRef[Host]],
         wire: Wire | None = None,
         push: bool | None = None,
+        spare_hosts: Sequence[int] = (),
     ) -> None:
         self.wire = wire
         self.push = push
@@ -103,7 +105,11 @@ class Controller(Actor):
         self.schedulers = schedulers
         self.device_refs = list(devices)
         self.host_refs = list(hosts)
-        self.resources = ResourceManager([(d.id, d.host, d.island) for d in topology.devices])
+        self.resources = ResourceManager(
+            [(d.id, d.host, d.island) for d in topology.devices], spare_hosts
+        )
+        self.spare_hosts = tuple(spare_hosts)
+        self.elastic = Elastic(self)  # moves, suspends, drains (runtime/elastic.py)
         self.plans = PlanCache(on_drop=self._plan_dropped)
         self.tenants = Tenants()  # sessions' weights and quotas (runtime/tenancy.py)
         self.compile: bool | None = None  # None: when hosts are processes (see set_compile)
@@ -153,6 +159,8 @@ class Controller(Actor):
         quotas are set on it again. Asynchronous: waits for the host's
         address and for the islands and the host to answer."""
         replaced = dict(zip(self.topology_.on_host(host_id), devices, strict=True))
+        self.resources.restore_host(host_id)
+        self.elastic.lost.discard(host_id)
         self.host_refs[host_id] = host
         self.host_addresses[host_id] = await host.address()
         for device_id, ref in replaced.items():
@@ -198,6 +206,7 @@ class Controller(Actor):
         check_slice(self.resources.get(slice_id), owner)
         self.resources.release(slice_id)
         self.plans.invalidate_slice(slice_id)
+        self.elastic.forget(slice_id)
 
     @endpoint
     async def release_owner(self, owner: str) -> int:
@@ -205,12 +214,71 @@ class Controller(Actor):
         self.tenants.forget(owner)
         for slice_id in self.resources.release_owner(owner):
             self.plans.invalidate_slice(slice_id)
+            self.elastic.forget(slice_id)
         freed = [host.free_owner(owner) for host in self.host_refs]
         return sum([await _unless_lost(each) or 0 for each in freed])
+
+    # -- elastic slices (runtime/elastic.py) ----------------------------------
+    @endpoint
+    async def move_slice(
+        self,
+        slice_id: int,
+        devices: Sequence[int] | None = None,
+        host: int | None = None,
+        owner: str = "",
+    ) -> dict[str, Any]:
+        """Move a slice to ``devices`` (physical ids, in mesh order), or to
+        free devices on ``host``, or anywhere free off its hosts; its buffers
+        go with it. What moved (buffers, bytes, seconds). Asynchronous: waits
+        for the slice's runs, then for the copies; runs for it wait meanwhile."""
+        avoid = self.resources.hosts_of(slice_id) if devices is None and host is None else []
+        return await self.elastic.move(slice_id, devices, host, owner, avoid)
+
+    @endpoint
+    async def suspend_slice(self, slice_id: int, owner: str = "") -> dict[str, Any]:
+        """Park a slice's buffers in host memory and give its devices back
+        (runs for it wait until it is resumed)."""
+        return await self.elastic.suspend(slice_id, owner)
+
+    @endpoint
+    async def resume_slice(self, slice_id: int, owner: str = "") -> dict[str, Any]:
+        """Devices again for a suspended slice, and its buffers on them."""
+        return await self.elastic.resume(slice_id, owner)
+
+    @endpoint
+    async def drain_host(self, host_id: int) -> dict[str, Any]:
+        """Move every slice and buffer off host ``host_id``, which then holds
+        nothing and gets no new slice; a host process then leaves."""
+        self.topology_.on_host(host_id)  # raises for an unknown host
+        report = await self.elastic.drain(host_id)
+        leave = self.host_refs[host_id].leave()
+        leave.add_done_callback(_log_failed_notice)
+        return report
+
+    @endpoint
+    async def host_lost(self, host_id: int) -> list[int]:
+        """Host ``host_id`` is gone: re-place its slices (on spares if need
+        be). The slices re-placed; the buffers it held are lost."""
+        return await self.elastic.host_lost(host_id)
+
+    @endpoint
+    def locate(self, buffer_ids: list[str]) -> dict[str, BufferHandle]:
+        """Where buffers that moved are now (one that did not is absent)."""
+        return self.elastic.locate(buffer_ids)
+
+    @endpoint
+    def elastic_status(self) -> dict[str, Any]:
+        """Spares, suspended and moving slices, drains and recent changes."""
+        return self.elastic.status()
 
     @endpoint
     def put(self, array: Any, slice_id: int | None, owner: str = "") -> Promise[BufferHandle]:
         """Place a host array on the leader device of a slice (device 0 if None)."""
+        if slice_id is not None and self.elastic.gates:
+            again = functools.partial(self.put, array, slice_id, owner)
+            held = self.elastic.hold([slice_id], again)
+            if held is not None:
+                return held
         alloc = check_slice(self.resources.get(slice_id), owner) if slice_id is not None else None
         device = alloc.devices[0] if alloc is not None else 0
         promise: Promise[BufferHandle] = self.device_refs[device].put(array, owner)
@@ -221,8 +289,18 @@ class Controller(Actor):
         self, node: Node, inputs: Sequence[Any], owner: str = ""
     ) -> Promise[list[BufferHandle]]:
         """Dispatch one node; returns the promise of its output handles."""
-        check_slice(self.resources.get(node.slice.slice_id), owner)
-        return self._submit(self._island(node), self._task(node), inputs, owner)
+        slice_id = node.slice.slice_id
+        if self.elastic.gates:
+            again = functools.partial(self.run_node, node, inputs, owner)
+            held = self.elastic.hold([slice_id], again)
+            if held is not None:
+                return held
+        check_slice(self.resources.get(slice_id), owner)
+        if self.elastic.located:
+            inputs = self.elastic.fresh(inputs)
+        ran = self._submit(self._island(node), self._task(node), inputs, owner)
+        self.elastic.track([slice_id], ran)
+        return ran
 
     @endpoint(resolve_args=False)
     def run_graph(
@@ -249,6 +327,13 @@ class Controller(Actor):
         device that reads it goes to that device as an ``Earlier``, which it
         takes from what it kept of that run, with no round trip.
         """
+        if self.elastic.gates:  # a slice of it is moving, or suspended: wait for it
+            again = functools.partial(self.run_graph, graph, inputs, temporary, owner, tag, sources)
+            held = self.elastic.hold({n.slice.slice_id for n in graph.nodes}, again)
+            if held is not None:
+                return held
+        if self.elastic.located:  # buffers moved: name where they are now
+            inputs = self.elastic.fresh(inputs)
         plan_ = self.plan_for(graph, temporary, owner)
         compiled = self._compiled_plan(plan_, graph) if self.compile else None
         if compiled is not None:
@@ -256,7 +341,9 @@ class Controller(Actor):
             outs, done = self._run_compiled(compiled, plan_, inputs, owner, tag, earlier)
         else:
             outs, done = self._dispatch(plan_, graph, inputs, owner)
-        return _together(outs, done)
+        answer = _together(outs, done)
+        self.elastic.track(plan_.slices, answer)
+        return answer
 
     @endpoint(resolve_args=False)
     def run_call(
@@ -639,6 +726,7 @@ def spawn_control(
     policies: Mapping[int, str],
     wire: Callable[[str], Wire | None] = lambda sender: None,
     push: bool | None = None,
+    spare_hosts: Sequence[int] = (),
 ) -> ActorRef[Controller]:
     """Spawn one island scheduler per island and the controller over them.
 
@@ -665,6 +753,7 @@ def spawn_control(
         hosts,
         wire("controller"),
         push,
+        spare_hosts,
         name="controller",
     )
     return controller

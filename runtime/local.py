@@ -40,6 +40,7 @@ async def local_cluster(
     rpc_latency_s: float = 0.0,
     transport: str = "inproc",
     push: bool | None = None,
+    spares: int = 0,
 ) -> AsyncIterator[Cluster]:
     """Start a controller, one scheduler per island, hosts and devices.
 
@@ -57,6 +58,8 @@ async def local_cluster(
     ``rpc_latency_s``) are refused with :class:`BadClusterSpec`. Everything
     stops when the block exits, and calls still pending then fail with
     ``ActorStopped``. ``push`` is the controller's (see ``Controller``).
+    ``spares``: hosts per island kept for slices that must leave a host
+    (``ClusterSpec.spares``).
     """
     spec = ClusterSpec(
         islands,
@@ -69,6 +72,7 @@ async def local_cluster(
         rpc_latency_s,
         push,
         clock,
+        spares=spares,
     )
     spec.check_for(transport)
     if transport == "capnp":
@@ -107,6 +111,7 @@ async def start_local(system: ActorSystem, spec: ClusterSpec, owner: str = "clie
         spec.policies,
         lambda sender: _wire(system, spec.rpc_latency_s, sender),
         spec.push,
+        spec.spare_hosts,
     )
     client_wire = _wire(system, spec.rpc_latency_s, owner)
     return Cluster(system, controller, topology, devices, hosts, owner, client_wire)

@@ -16,6 +16,10 @@ ownership does. Two rules make that safe and cheap:
 Explicit ``cluster.free`` and ``cluster.close`` keep working: a buffer freed
 by hand is not freed again when its references go.
 
+A buffer may move to another host (``runtime/elastic.py``): its old host
+sends the free on while it lives; once it has left, the free fails there,
+and the buffers are looked up (``locate``) and freed where they are now.
+
 What is asynchronous about it: Python may collect a reference at any moment
 and on any thread; that only notes the buffer and asks the event loop
 (thread-safely) to do the rest in a turn of its own.
@@ -23,14 +27,15 @@ and on any thread; that only notes the buffer and asks the event loop
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..devices import BufferHandle
-from ..kernel import ActorRef, Promise, all_settled, log_failure
+from ..kernel import ActorRef, ActorStopped, HostLost, Promise, all_settled, log_failure
 from ..kernel.lowlevel import threadsafe_caller
 
 __all__ = ["Ownership"]
@@ -55,8 +60,14 @@ class Ownership:
     callbacks runs there.
     """
 
-    def __init__(self, owner: str) -> None:
+    def __init__(
+        self,
+        owner: str,
+        locate: Callable[[list[str]], Promise[dict[str, BufferHandle]]] | None = None,
+    ) -> None:
+        """``locate``: where buffers that moved are now (the controller's)."""
         self.owner = owner
+        self._locate = locate
         self.freed = 0  # buffers freed because their references went
         self._post = threadsafe_caller()
         self._live: dict[str, int] = {}  # buffer id -> references alive
@@ -180,7 +191,27 @@ class Ownership:
             self._dying.difference_update(dying)
             if dying:
                 self.freed += len(dying)
-                host.free_many(dying, self.owner).add_done_callback(_log_unfreed)
+                sent = host.free_many(dying, self.owner)
+                sent.add_done_callback(functools.partial(self._unfreed, dying))
+
+    def _unfreed(self, buffer_ids: Sequence[str], sent: Promise[Any]) -> None:
+        """A ``free_many`` failed: if its host is gone, the buffers that moved
+        off it before are freed where they are now."""
+        error = sent.exception()
+        if not isinstance(error, (HostLost, ActorStopped)) or self._locate is None:
+            _log_unfreed(sent)
+            return
+        self._locate(list(buffer_ids)).add_done_callback(self._free_found)
+
+    def _free_found(self, found: Promise[dict[str, BufferHandle]]) -> None:
+        if found.exception() is not None:
+            _log_unfreed(found)
+            return
+        by_host: dict[ActorRef[Any], list[str]] = {}
+        for handle in found.result().values():
+            by_host.setdefault(handle.host, []).append(handle.id)
+        for host, buffer_ids in by_host.items():
+            host.free_many(buffer_ids, self.owner).add_done_callback(_log_unfreed)
 
     def _schedule(self) -> None:
         if not self._scheduled:

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ..devices import Device, Host, ProcessPlane, use_plane
+from ..devices._host import on_leave
 from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint, logs
 from ..transports.capnp import (
     CapnpListener,
@@ -164,6 +165,7 @@ class ClusterBuilder(Actor):
         link = peer_of(node)
         if link is not None:  # a dead host's shared memory goes with it
             link.on_close(_sweep)
+            link.on_close(functools.partial(self._host_gone, host_id))
             link.watch(node, *host_heartbeat())  # a frozen host is lost too
         return host
 
@@ -190,6 +192,13 @@ class ClusterBuilder(Actor):
         _log.info("host %s rejoined (%s)", host_id, label)
         return host_id
 
+    def _host_gone(self, host_id: int, _: str) -> None:
+        """A host's link closed: the controller re-places its slices (onto
+        spares), unless it left because it was drained."""
+        if self.ready.done() and self.ready.exception() is None:
+            lost = self.ready.result().controller.host_lost(host_id)
+            lost.add_done_callback(_drop)
+
     def _build(self) -> None:
         controller = spawn_control(
             self.ctx.spawn,
@@ -198,6 +207,7 @@ class ClusterBuilder(Actor):
             self.hosts,
             self.spec.policies,
             push=self.spec.push,
+            spare_hosts=self.spec.spare_hosts,
         )
         sessions = self.ctx.spawn(SessionWatcher, controller, name="sessions")
         self.sessions = sessions
@@ -220,6 +230,14 @@ class ClusterBuilder(Actor):
         return await cluster_status(
             self.hosts, self.labels, self.topology, self.lost, self.islands, self.sessions, timeout
         )
+
+    @endpoint
+    async def drain(self, host_id: int) -> dict[str, Any]:
+        """Drain host ``host_id`` (``Controller.drain_host``): what a host
+        asked to stop calls, and ``atoll drain``."""
+        info = await self.ready
+        report: dict[str, Any] = await info.controller.drain_host(host_id)
+        return report
 
     @endpoint
     def jax_runtime(self) -> dict[str, str]:
@@ -537,6 +555,27 @@ async def run_up(spec: ClusterSpec, address: str, cluster_file: str, timeout: fl
         _remove_if_ours(cluster_file, written)
 
 
+def drain_grace_s() -> float:
+    """How long a host asked to stop (SIGTERM) spends draining first:
+    ``ATOLL_DRAIN_GRACE_S``, 20 s by default (SLURM and Kubernetes kill
+    30 s after their SIGTERM)."""
+    return float(os.environ.get("ATOLL_DRAIN_GRACE_S", "20"))
+
+
+async def _drain_on(term: asyncio.Event, stop: asyncio.Event, builder: Any, host_id: int) -> None:
+    """On ``term``: have this host drained (its slices and buffers moved to
+    other hosts) within the grace period, then stop."""
+    await term.wait()
+    print(f"atoll host {host_id}: asked to stop, draining first", flush=True)
+    try:
+        with anyio.move_on_after(drain_grace_s()):  # real preemption: wall time
+            report = await builder.drain(host_id)
+            print(f"atoll host {host_id}: drained ({report['buffers']} buffers moved)", flush=True)
+    except Exception as exc:  # stop anyway: the grace period is the scheduler's
+        print(f"atoll host {host_id}: drain failed: {exc}", flush=True)
+    stop.set()
+
+
 def _remove_if_ours(path: str, written: ClusterFile) -> None:
     """Remove the cluster file this launcher wrote, not a later launcher's."""
     with suppress(AtollError, OSError):
@@ -558,16 +597,20 @@ async def run_host(
     """
     _die_with_parent()
     shm.sweep()  # segments of earlier processes that were killed
-    stop = stop_on_signals()
+    term = stop_on_signals()
     try:
-        await _serve_host(join, token, listen, stop, forward_logs)
+        await _serve_host(join, token, listen, term, forward_logs)
     finally:
         shm.release_all()  # this host's buffers in shared memory
 
 
 async def _serve_host(
-    join: str, token: bytes, listen: str, stop: asyncio.Event, forward_logs: bool = False
+    join: str, token: bytes, listen: str, term: asyncio.Event, forward_logs: bool = False
 ) -> None:
+    """Serve a host until its controller goes, it is told to leave (it was
+    drained), or ``term`` is set (SIGTERM, SIGINT): then it asks to be
+    drained first, within ``drain_grace_s()``, as a preempted host should."""
+    stop = asyncio.Event()
     async with capnp_runtime(), ActorSystem("host") as system:
         _collect_garbage_on_loop(asyncio.get_running_loop())
         transport = CapnpTransport(token)
@@ -595,7 +638,11 @@ async def _serve_host(
             # a host never outlives its controller: the link's heartbeat closes
             # it when the controller dies or stops answering
             connection.peer.on_close(lambda _: stop.set())
+            on_leave(stop.set)  # drained: Host.leave
+            builder = connection.node.lookup("cluster")
+            drain = asyncio.ensure_future(_drain_on(term, stop, builder, host_id))
             await stop.wait()
+            drain.cancel()
         finally:
             await directory.close_all()
             await connection.aclose()

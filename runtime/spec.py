@@ -37,6 +37,8 @@ class ClusterSpec:
     from elsewhere (``atoll host --join``); process clusters only.
     ``clock`` (a ``VirtualClock`` for simulated time) and ``rpc_latency_s``
     (a modelled RPC hop) only make sense in one process.
+    ``spares``: the last hosts of every island are kept out of allocation
+    for slices that must leave a host (lost, or drained; ``runtime/elastic.py``).
     """
 
     islands: int = 1
@@ -50,6 +52,7 @@ class ClusterSpec:
     push: bool | None = None
     clock: Clock | None = None
     remote_hosts: int = 0
+    spares: int = 0  # spare hosts per island
 
     def __post_init__(self) -> None:
         for label in ("islands", "hosts_per_island", "devices_per_host"):
@@ -64,6 +67,11 @@ class ClusterSpec:
             raise BadClusterSpec(
                 f"remote_hosts must be between 0 and {self.hosts} (the hosts in all), "
                 f"got {self.remote_hosts}"
+            )
+        if not 0 <= self.spares < self.hosts_per_island:
+            raise BadClusterSpec(
+                f"spares must leave a host per island for slices: 0 to "
+                f"{self.hosts_per_island - 1}, got {self.spares}"
             )
         if not (isinstance(self.device_cls, type) and issubclass(self.device_cls, Device)):
             raise BadClusterSpec(f"device_cls must be a Device class, got {self.device_cls!r}")
@@ -85,6 +93,12 @@ class ClusterSpec:
     def local_hosts(self) -> int:
         """The hosts a launcher starts itself (the rest join from elsewhere)."""
         return self.hosts - self.remote_hosts
+
+    @property
+    def spare_hosts(self) -> list[int]:
+        """The spare hosts: the last ``spares`` of each island."""
+        per = self.hosts_per_island
+        return [i * per + h for i in range(self.islands) for h in range(per - self.spares, per)]
 
     @property
     def topology(self) -> Topology:
