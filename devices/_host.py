@@ -269,7 +269,8 @@ class Host(Actor):
             return False
         moved = self.store.moved_out.get(buffer_id) if self.store.moved_out else None
         if moved is not None:
-            return moved.free(buffer_id, owner)
+            forwarded: Promise[bool] = moved.free(buffer_id, owner)
+            return forwarded
         self.store.check_owner(buffer_id, owner)
         return self.store.decref(buffer_id)
 
