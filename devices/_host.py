@@ -433,9 +433,14 @@ def on_leave(callback: Callable[[], None]) -> None:
 
 
 def _jax_runtime_configured() -> bool:
-    from . import _jax_multi
+    """Whether this process joined a multi-process JAX runtime."""
+    import sys
 
-    return _jax_multi.configured()
+    if "jax" not in sys.modules:
+        return False
+    import jax
+
+    return bool(jax.distributed.is_initialized())
 
 
 _LEAVING: list[Callable[[], None]] = []

@@ -82,7 +82,7 @@ class InFlight:
         self._ready = ready
         self._name = name
         self._entries: deque[_Entry] = deque()
-        self._orders: queue.SimpleQueue[_Entry | None] = queue.SimpleQueue()
+        self._orders: queue.SimpleQueue[Sequence[Any] | None] = queue.SimpleQueue()
         self._watching = False  # the thread waits for an entry now
         self._post: Callable[[Callable[[], object]], object] | None = None
         self._thread: threading.Thread | None = None
@@ -158,7 +158,10 @@ class InFlight:
             )
             self._thread.start()
         self._watching = True
-        self._orders.put(self._entries[0] if done else newest)
+        # only the arrays go to the thread: an entry's report may hold capnp
+        # objects, which must never be released off the loop (the process
+        # aborts), and the thread's reference could be an entry's last
+        self._orders.put((self._entries[0] if done else newest).outputs)
 
     def _woken(self) -> None:
         """The thread saw its gang finish: settle what is done, watch again."""
@@ -171,9 +174,9 @@ class InFlight:
 
     # -- the watcher thread ---------------------------------------------------
     def _watcher(self) -> None:
-        while (entry := self._orders.get()) is not None:
+        while (outputs := self._orders.get()) is not None:
             with contextlib.suppress(Exception):  # failed: the loop finds out which, and why
-                self._wait(entry.outputs)
+                self._wait(outputs)
             if self._closed:
                 return
             try:

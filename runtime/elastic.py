@@ -224,9 +224,7 @@ class Elastic:
         finally:
             self.draining.discard(host_id)
         self.drained.add(host_id)
-        note = self._note("drain", -1, moved, 0, began)
-        note["host"] = host_id
-        return note
+        return self._note("drain", -1, moved, 0, began, host=host_id)
 
     async def host_lost(self, host_id: int) -> list[int]:
         """Host ``host_id`` is gone with its buffers: its slices get other
@@ -382,10 +380,12 @@ class Elastic:
             gate.held.popleft()()
 
     def _note(
-        self, op: str, slice_id: int, count: int, nbytes: int, began: float
+        self, op: str, slice_id: int, count: int, nbytes: int, began: float, **more: Any
     ) -> dict[str, Any]:
+        """What a change did, kept for ``atoll status`` too."""
         seconds = time.perf_counter() - began
         note = {"op": op, "slice": slice_id, "buffers": count, "bytes": nbytes, "seconds": seconds}
+        note.update(more)
         self.log.append({**note, "at": time.time()})
         return note
 

@@ -228,7 +228,14 @@ class ClusterBuilder(Actor):
         host (lost if it did not answer within ``timeout``), every island's
         queued and running gangs, every open session."""
         return await cluster_status(
-            self.hosts, self.labels, self.topology, self.lost, self.islands, self.sessions, timeout
+            self.hosts,
+            self.labels,
+            self.topology,
+            self.lost,
+            self.islands,
+            self.sessions,
+            timeout,
+            self._controller(),
         )
 
     @endpoint
@@ -266,8 +273,19 @@ class ClusterBuilder(Actor):
 
     async def _status_now(self) -> list[dict[str, Any]]:
         return await cluster_status(
-            self.hosts, self.labels, self.topology, self.lost, self.islands, self.sessions, 2.0
+            self.hosts,
+            self.labels,
+            self.topology,
+            self.lost,
+            self.islands,
+            self.sessions,
+            2.0,
+            self._controller(),
         )
+
+    def _controller(self) -> ActorRef[Controller] | None:
+        ready = self.ready
+        return ready.result().controller if ready.done() and not ready.exception() else None
 
     @endpoint
     def keep_timeline(self, document: dict[str, Any]) -> None:
@@ -370,14 +388,14 @@ def _link_lost(host: ActorRef[Host]) -> bool:
 
 # -- processes ---------------------------------------------------------------------
 def _die_with_parent() -> None:
-    """In a host process: get SIGTERM when the launcher dies (Linux).
+    """In a host process: get SIGINT (stop at once) when the launcher dies (Linux).
 
     Set by the child itself (a ``preexec_fn`` would force a plain fork, which
     JAX's at-fork hook rightly warns about). ``ATOLL_PARENT_PID`` closes the
     race in which the launcher died before this ran.
     """
     with suppress(OSError):  # not Linux: the parent's own cleanup has to do
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
     expected = os.environ.get("ATOLL_PARENT_PID")
     if expected and os.getppid() != int(expected):
         raise SystemExit("atoll host: the launcher is already gone")
@@ -416,8 +434,9 @@ def _start_hosts(
 
 
 async def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 10.0) -> None:
-    """SIGTERM every host, give them ``grace`` s in all to exit, then SIGKILL the
-    rest; then sweep the shared-memory segments of dead processes.
+    """SIGINT every host (stop now: SIGTERM would have each drain itself
+    first), give them ``grace`` s in all to exit, then SIGKILL the rest; then
+    sweep the shared-memory segments of dead processes.
 
     The waiting happens in a worker thread, so this event loop keeps serving
     (the hosts' goodbyes included) meanwhile; shielded, so that a cancelled
@@ -432,7 +451,7 @@ async def _stop_hosts(processes: list[subprocess.Popen[bytes]], grace: float = 1
         for group in (processes[1:], processes[:1]):
             for process in group:
                 if process.poll() is None:
-                    process.terminate()
+                    process.send_signal(signal.SIGINT)
             await anyio.to_thread.run_sync(reap, group, deadline)
     shm.sweep()  # what hosts that died without cleaning up left in shared memory
 
@@ -597,20 +616,28 @@ async def run_host(
     """
     _die_with_parent()
     shm.sweep()  # segments of earlier processes that were killed
-    term = stop_on_signals()
+    loop = asyncio.get_running_loop()
+    stop, term = asyncio.Event(), asyncio.Event()
+    loop.add_signal_handler(signal.SIGINT, stop.set)  # stop now
+    loop.add_signal_handler(signal.SIGTERM, term.set)  # be drained first (preemption)
     try:
-        await _serve_host(join, token, listen, term, forward_logs)
+        await _serve_host(join, token, listen, stop, term, forward_logs)
     finally:
         shm.release_all()  # this host's buffers in shared memory
 
 
 async def _serve_host(
-    join: str, token: bytes, listen: str, term: asyncio.Event, forward_logs: bool = False
+    join: str,
+    token: bytes,
+    listen: str,
+    stop: asyncio.Event,
+    term: asyncio.Event,
+    forward_logs: bool = False,
 ) -> None:
-    """Serve a host until its controller goes, it is told to leave (it was
-    drained), or ``term`` is set (SIGTERM, SIGINT): then it asks to be
-    drained first, within ``drain_grace_s()``, as a preempted host should."""
-    stop = asyncio.Event()
+    """Serve a host until ``stop`` is set (SIGINT), its controller goes, or
+    it is told to leave (it was drained). Once ``term`` is set (SIGTERM), it
+    asks to be drained first, within ``drain_grace_s()``, as a preempted
+    host should, then stops."""
     async with capnp_runtime(), ActorSystem("host") as system:
         _collect_garbage_on_loop(asyncio.get_running_loop())
         transport = CapnpTransport(token)

@@ -4,7 +4,10 @@
 returns plain rows (dicts of JSON values), each with a ``"kind"``: ``"host"``
 (alive or lost, address, pid, island, devices, object-store usage, its last
 error), ``"island"`` (scheduler, queued and running gangs) and ``"session"``
-(owner label, and whatever else the session watcher reports).
+(owner label, and whatever else the session watcher reports). With the
+controller, each host row also says whether it is a spare, draining, drained
+or lost (``"elastic"``), and the latest moves, suspends, resumes and drains
+follow as ``"change"`` rows (``runtime/elastic.py``).
 ``Client.status`` returns these rows; the CLI renders them as tables, one per
 kind, with a column for every key it meets, so rows that other parts of the
 runtime add later show up without a change here.
@@ -22,6 +25,7 @@ import anyio
 
 from ..devices import Host
 from ..kernel import ActorRef, AtollError, Promise
+from .controller import Controller
 from .island import IslandScheduler
 from .sessions import SessionWatcher
 from .topology import Topology
@@ -113,9 +117,16 @@ async def cluster_status(
     islands: Sequence[ActorRef[IslandScheduler]] = (),
     sessions: ActorRef[SessionWatcher] | None = None,
     timeout: float = 5.0,
+    controller: ActorRef[Controller] | None = None,
 ) -> list[dict[str, Any]]:
-    """Host rows, then island rows, then session rows (see the module docstring)."""
+    """Host rows, then island rows, then session rows, then the elastic
+    changes (see the module docstring)."""
     rows = await host_rows(hosts, labels, topology, lost, timeout)
+    elastic: dict[str, Any] = {}
+    if controller is not None:
+        with anyio.move_on_after(timeout):
+            elastic = await controller.elastic_status()
+        _mark_hosts(rows, elastic, topology)
     loads = [island.load() for island in islands]
     deadline = anyio.current_time() + timeout
     for answer in loads:
@@ -123,7 +134,29 @@ async def cluster_status(
         rows.append({"kind": "island", **load})
     if sessions is not None:
         rows += await _session_rows(sessions, timeout)
+    rows += [{"kind": "change", **change} for change in elastic.get("changes", [])]
     return rows
+
+
+def _mark_hosts(rows: list[dict[str, Any]], elastic: Mapping[str, Any], topology: Topology) -> None:
+    """Say of each host row whether it is a spare, draining, drained or lost."""
+    spares = {topology.device(d).host for d in elastic.get("spares", [])}
+    for row in rows:
+        host = row["host"]
+        states = [
+            name
+            for name, hosts in (
+                ("draining", elastic.get("draining", [])),
+                ("drained", elastic.get("drained", [])),
+                ("lost", elastic.get("lost", [])),
+            )
+            if host in hosts
+        ]
+        if host in spares:
+            states.append("spare")
+        row["elastic"] = ",".join(states) or None
+        if "drained" in states:
+            row["error"] = None  # it left on purpose
 
 
 async def _session_rows(sessions: ActorRef[SessionWatcher], timeout: float) -> list[dict[str, Any]]:
