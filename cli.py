@@ -358,6 +358,7 @@ BENCHMARKS = {
     "faults": "atoll.benchmarks.faults",
     "load": "atoll.benchmarks.load",
     "train": "atoll.benchmarks.train",
+    "elastic": "atoll.benchmarks.elastic",
 }
 
 

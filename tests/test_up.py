@@ -182,14 +182,14 @@ async def test_bulk_data_between_hosts_skips_the_controller(tmp_path: Path) -> N
 async def test_stopping_hosts_leaves_the_loop_free_and_kills_the_stubborn() -> None:
     from atoll.runtime.process import _stop_hosts
 
-    ignore_term = "import signal as s; s.signal(s.SIGTERM, s.SIG_IGN); print(flush=True); s.pause()"
+    ignore_int = "import signal as s; s.signal(s.SIGINT, s.SIG_IGN); print(flush=True); s.pause()"
     stubborn = subprocess.Popen(  # close_fds=False: posix_spawn, no fork of this process
-        [sys.executable, "-c", ignore_term], stdout=subprocess.PIPE, close_fds=False
+        [sys.executable, "-c", ignore_int], stdout=subprocess.PIPE, close_fds=False
     )
     assert stubborn.stdout is not None
-    stubborn.stdout.readline()  # SIGTERM is ignored from now on
+    stubborn.stdout.readline()  # SIGINT, the stop it gets, is ignored from now on
     stopping = asyncio.create_task(_stop_hosts([stubborn], grace=0.5))
-    await asyncio.sleep(0)  # the stop begins (SIGTERM) and waits off the loop: we run on
+    await asyncio.sleep(0)  # the stop begins (SIGINT) and waits off the loop: we run on
     assert not stopping.done()
     await stopping
     assert stubborn.returncode == -signal.SIGKILL
