@@ -40,6 +40,8 @@ from ..kernel import (
     then,
     value_of,
 )
+from ..transports.dataplane import shm
+from ..transports.dtypes import raw_bytes
 from . import _checkpoint as checkpoint
 from . import timeline
 from ._errors import DeviceError, UnsupportedKernel
@@ -144,16 +146,36 @@ class Device(Actor):
         for handle, stored, place in buffers:
             array = np.asarray(await self._read(handle))
             await self.store.reserve(array.nbytes)
+            # a large array lands as a mapping of the other host's segment, which
+            # it takes back once the move is over: copy it into one of this
+            # host's own (off the loop), so that it can be read in place here on
+            shared = await self._shared(array)
+            segment = None if shared is None else shared[1]
+            array = array if shared is None else shared[0]
             try:
                 buffer_id = self.store.put(
-                    array, stored.owner, reserved=True, place=place, buffer_id=stored.id
+                    array,
+                    stored.owner,
+                    reserved=True,
+                    place=place,
+                    buffer_id=stored.id,
+                    segment=segment,
                 )
             except AtollError:
                 self.store.unreserve(array.nbytes)
+                if segment is not None:
+                    shm.release(segment)
                 continue
             self.store.set_refs(buffer_id, stored.refs)
             copied += array.nbytes
         return copied
+
+    async def _shared(self, array: np.ndarray) -> tuple[np.ndarray, shm.Segment] | None:
+        """A copy of ``array`` in a segment of this process, if the store keeps
+        arrays that large in shared memory (else None)."""
+        if not self.store.shared or array.nbytes <= shm.THRESHOLD or not raw_bytes(array.dtype):
+            return None
+        return await shm.share_off_loop(array)
 
     @endpoint
     async def run(

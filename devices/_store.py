@@ -252,6 +252,7 @@ class ObjectStore:
         nbytes: int | None = None,
         place: int | str = -1,
         buffer_id: str | None = None,
+        segment: shm.Segment | None = None,
     ) -> str:
         """Store ``array`` and return its id.
 
@@ -266,10 +267,10 @@ class ObjectStore:
         ``place``: the device it belongs to (-1: none, host memory), or a
         suspended slice's label for it.
         ``buffer_id``: the id it keeps, when it moved here from another host
-        (``runtime/elastic.py``); else a new one.
+        (``runtime/elastic.py``); else a new one. ``segment``: the segment of
+        this process the array was copied into already.
         """
-        segment = None
-        if isinstance(array, np.ndarray):
+        if segment is None and isinstance(array, np.ndarray):
             array, segment = self._placed(array)
         nbytes = int(array.nbytes) if nbytes is None else nbytes
         if reserved:

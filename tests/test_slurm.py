@@ -10,9 +10,11 @@ already running here, the test skips and says why.
 
 The test takes the sbatch script from ``docs/deploy.md`` as it stands,
 submits it with three tasks on this one node and simulated devices, and
-the program it names connects to the cluster the script started (a host
-beside the controller, two more by ``srun``), runs a computation on every
-host's device, and writes what it saw.
+the program it names connects to the cluster the script started (every
+host a job step of its own, started by ``srun``), runs a computation on
+every host's device, and writes what it saw; then it cancels the first
+host's step with ``scancel --signal=TERM`` (preemption), and checks that the
+host drained itself first: every buffer it held is read back right.
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ def recipe() -> str:
 
 
 PROGRAM = """\
+import os
+import subprocess
 import sys
 
 import anyio
@@ -159,14 +163,39 @@ import atoll
 from atoll.devices import Computation
 
 
+def step_of(pid: int) -> str:
+    \"\"\"The job step a process runs in (``scontrol listpids``).\"\"\"
+    job = os.environ["SLURM_JOB_ID"]
+    listed = subprocess.run(["scontrol", "listpids", job], capture_output=True, text=True)
+    for line in listed.stdout.splitlines()[1:]:
+        fields = line.split()
+        if fields and fields[0] == str(pid):
+            return f"{job}.{fields[2]}"
+    raise SystemExit(f"no step of job {job} runs pid {pid}: {listed.stdout}")
+
+
 async def main() -> None:
     async with atoll.connect(sys.argv[1]) as client:
         cluster = await client.cluster("slurm-test")
         twice = Computation("twice", lambda x: np.asarray(x) * 2, 1e6)
-        outs = [cluster.run(twice, d, [np.arange(4.0)]) for d in range(len(cluster.device_infos))]
+        devices = range(len(cluster.device_infos))
+        outs = [cluster.run(twice, d, [np.arange(4.0)]) for d in devices]
         values = [float((await cluster.fetch(o)).sum()) for o in outs]
         hosts = sorted({d.host for d in cluster.device_infos})
         print(f"RESULT hosts={hosts} sums={values}", flush=True)
+
+        # preemption of one host: SIGTERM to its job step drains it first
+        kept = [cluster.run(twice, d, [np.arange(70_000.0)]) for d in devices]
+        for out in kept:
+            await cluster.ready(out)
+        rows = {r["host"]: r for r in await client.status() if r["kind"] == "host"}
+        step = step_of(rows[0]["pid"])
+        subprocess.run(["scancel", "--signal=TERM", step], check=True)
+        while rows[0]["elastic"] != "drained":
+            await anyio.sleep(0.2)
+            rows = {r["host"]: r for r in await client.status() if r["kind"] == "host"}
+        sums = [float((await cluster.fetch(o)).sum()) for o in kept]
+        print(f"DRAINED step={step} alive={rows[0]['alive']} sums={sums}", flush=True)
 
 
 anyio.run(main)
@@ -207,4 +236,9 @@ def test_the_sbatch_recipe_starts_the_hosts_and_a_program_runs(
     hosts, sums = (json.loads(part) for part in found.groups())
     assert hosts == [0, 1, 2], log  # the first task's host and the two that srun started
     assert set(sums) == {12.0} and len(sums) % 3 == 0, log  # every device computed
+    drained = re.search(r"^DRAINED step=(\S+) alive=(\w+) sums=(\[.*\])$", log, re.M)
+    assert drained is not None, log
+    kept = json.loads(drained.group(3))
+    assert set(kept) == {2 * sum(range(70_000))} and len(kept) == len(sums), log  # none lost
+    assert "asked to stop, draining first" in log and "drained (" in log, log
     assert "stopped" in log, log  # atoll down ended it

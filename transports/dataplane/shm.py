@@ -187,6 +187,26 @@ def share(array: np.ndarray) -> tuple[np.ndarray, Segment] | None:
     return out, segment
 
 
+async def share_off_loop(array: np.ndarray) -> tuple[np.ndarray, Segment] | None:
+    """:func:`share`, with the copy done by a worker thread (numpy lets go of
+    the GIL for it): the event loop that calls it goes on meanwhile. For
+    large arrays that must end up in a segment of this process (a buffer
+    that moved here, mapped from another's segment, which that process will
+    take back)."""
+    try:
+        view, segment = _take(array.nbytes)
+    except OSError:
+        return None
+    out = view.view(array.dtype).reshape(array.shape)
+    await asyncio.get_running_loop().run_in_executor(None, _copy, out, array)
+    out.flags.writeable = False
+    return out, segment
+
+
+def _copy(out: np.ndarray, array: np.ndarray) -> None:
+    np.copyto(out, array, casting="no")
+
+
 def _take(nbytes: int) -> tuple[np.ndarray, Segment]:
     """A writable uint8 view of a segment of ``nbytes`` that nobody reads: a
     freed one whose readers let go of it, or a spare made ahead (then the copy
