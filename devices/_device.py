@@ -146,9 +146,10 @@ class Device(Actor):
         for handle, stored, place in buffers:
             array = np.asarray(await self._read(handle))
             await self.store.reserve(array.nbytes)
-            # a large array lands as a mapping of the other host's segment, which
-            # it takes back once the move is over: copy it into one of this
-            # host's own (off the loop), so that it can be read in place here on
+            # a large array lands as a mapping of the other host's segment:
+            # this host takes the segment over (no copy), or else copies it
+            # into one of its own, off the loop (it came by stream, from
+            # another machine), so that it is read in place here from now on
             shared = await self._shared(array)
             segment = None if shared is None else shared[1]
             array = array if shared is None else shared[0]
@@ -171,10 +172,13 @@ class Device(Actor):
         return copied
 
     async def _shared(self, array: np.ndarray) -> tuple[np.ndarray, shm.Segment] | None:
-        """A copy of ``array`` in a segment of this process, if the store keeps
-        arrays that large in shared memory (else None)."""
+        """``array`` in a segment of this process (taken over, or a copy), if
+        the store keeps arrays that large in shared memory (else None)."""
         if not self.store.shared or array.nbytes <= shm.THRESHOLD or not raw_bytes(array.dtype):
             return None
+        taken = shm.take_over(array)
+        if taken is not None:
+            return array, taken
         return await shm.share_off_loop(array)
 
     @endpoint

@@ -64,7 +64,11 @@ class Host(Actor):
         # in a host process (one that serves at an address), large buffers
         # live in shared memory, for the other processes of this machine
         shared = bool(self.plane.address)
-        self.store = ObjectStore(f"host{host_id}", store_bytes, shared=shared)
+        # a host process's buffer ids name the process too: one that takes the
+        # place of a lost host (same host id) never reuses an id of the old
+        # one, which may have moved elsewhere (runtime/elastic.py)
+        name = f"host{host_id}.{os.getpid()}" if shared else f"host{host_id}"
+        self.store = ObjectStore(name, store_bytes, shared=shared)
         self.device_refs: list[ActorRef[Device]] = []
         self.pushes_in = 0  # pushes that landed here
         self.pushes_declined = 0
@@ -403,7 +407,9 @@ class Host(Actor):
         received by mapping, by bulk stream, by capnp chunks; ``lane_in``,
         ``lane_out``: small pushes it took and sent by lane; ``stream_out``:
         arrays it sent by bulk stream; ``tickets_refused``; ``maps_reused``,
-        ``recycled``: shared-memory reuse (``transports.dataplane.shm``); ``pid``. Those
+        ``recycled``: shared-memory reuse (``transports.dataplane.shm``);
+        ``taken_over``: segments of buffers that moved here, taken over
+        from the host they left (no copy); ``pid``. Those
         counters are the process's: hosts that share a process show the same.
         """
         shm_buffers, shm_bytes = self.store.shared_usage()
@@ -448,4 +454,4 @@ _LEAVE_AFTER_S = 0.2  # time for the answer to leave before the process does
 MOVED_KEPT = 1 << 20  # buffers that moved away whose readers are sent on
 _log_unfreed = log_failure(_log, "a free sent on to where a buffer moved", logging.DEBUG)
 _DATA_PLANE = ("shm_in", "stream_in", "chunks_in", "stream_out", "tickets_refused")
-_SHM_REUSE = ("maps_reused", "recycled")  # see atoll.transports.dataplane.shm
+_SHM_REUSE = ("maps_reused", "recycled", "taken_over")  # see atoll.transports.dataplane.shm

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["Elastic", "SliceSuspended"]
 
 _log = logging.getLogger(__name__)
+LOCATED_KEPT = 1 << 20  # moved buffers whose new place the controller remembers
 _log_hand_over = log_failure(_log, "a hand-over of moved buffers")
 
 
@@ -311,7 +312,10 @@ class Elastic:
             self._drop_later(copy.src, ids)
         device = copy.to_place if isinstance(copy.to_place, int) else -1
         for s in stored:
+            self.located.pop(s.id, None)  # the newest last: the oldest go first
             self.located[s.id] = self._handle(s, copy.dst, device)
+        while len(self.located) > LOCATED_KEPT:
+            del self.located[next(iter(self.located))]
         return len(stored), sum(s.nbytes for s in stored)
 
     def _handle(self, stored: StoredBuffer, host_id: int, place: int | str) -> BufferHandle:

@@ -65,6 +65,15 @@ def on(slice_: SliceSpec, fn: Any) -> Callable[..., Any]:
     return call
 
 
+def on_big(slice_: SliceSpec, cluster: Cluster, value: np.ndarray) -> Any:
+    """``value`` placed on ``slice_``'s device (a one-node copy)."""
+    builder = GraphBuilder()
+    aval = Aval(value.shape, "float32")
+    x = builder.input(aval)
+    [y] = builder.add(Computation("copy", np.copy, 1e6), slice_, [x], [aval])
+    return cluster.run_graph(builder.build([y]), [value])[0]
+
+
 async def _pids(cluster: Cluster) -> list[int]:
     return [usage["pid"] for usage in await cluster.store_usage()]
 
@@ -128,6 +137,28 @@ async def test_a_drained_host_process_leaves_with_no_buffer_lost() -> None:
         assert hosts[0]["elastic"] == "drained" and hosts[1]["elastic"] is None
         changes = [r for r in rows if r["kind"] == "change"]
         assert changes[-1]["op"] == "drain" and changes[-1]["host"] == 0
+
+
+async def test_moves_on_one_machine_take_the_segment_over_and_free_it() -> None:
+    async with atoll.local_cluster(1, 2, 1, transport="capnp") as cluster:
+        slice_ = await cluster.devices(1)  # on host 0
+        inc = on(slice_, _add_one)
+        big = np.arange(N * 8, dtype=np.float32)  # 2.2 MiB: in shared memory
+        x = on_big(slice_, cluster, big)
+        await cluster.ready(x)
+        for host in (1, 0, 1):
+            before = set(os.listdir("/dev/shm"))
+            await cluster.move(slice_, host=host)
+            renamed = set(os.listdir("/dev/shm")) - before
+            assert len(renamed) == 1, renamed  # the same file, under the new holder's name
+            np.testing.assert_array_equal(await cluster.fetch(x), big)
+        taken = sum(u["taken_over"] for u in await cluster.store_usage())
+        assert taken == 3  # no byte copied
+        y = inc(cluster, np.zeros(N, np.float32))  # the slice computes where it is
+        np.testing.assert_array_equal(await cluster.fetch(y), np.ones(N))
+        await cluster.free(x)
+        [name] = renamed
+        await eventually(lambda: name not in os.listdir("/dev/shm"), "its segment removed")
 
 
 async def test_sigterm_drains_a_host_before_it_stops() -> None:

@@ -134,11 +134,14 @@ class Segment:
     """A segment this process made: the name it was handed out under, whether
     it still has that name (``linked``), and the fresh name it has since."""
 
-    def __init__(self, name: str, nbytes: int) -> None:
+    def __init__(self, name: str, nbytes: int, taken_over: bool = False) -> None:
         self.name = name
         self.nbytes = nbytes
         self.linked = True
         self.hidden: str | None = None  # its name once ``name`` was taken away
+        # made by another process and taken over (:func:`take_over`): mapped
+        # read-only here, so it is removed when freed, never reused
+        self.taken_over = taken_over
 
     def unlink(self) -> None:
         """Take the name away (idempotent): the file gets a fresh name nobody
@@ -629,8 +632,38 @@ def locate(array: Any) -> tuple[str, int] | None:
 
 def release(segment: Segment) -> None:
     """Take ``segment``'s name away (its buffer was freed); its memory is
-    reused or removed once no view of it is left here."""
-    segment.unlink()
+    reused or removed once no view of it is left here (one taken over from
+    another process is removed now: readers' mappings stay valid)."""
+    if segment.taken_over:
+        segment.remove()
+    else:
+        segment.unlink()
+
+
+def take_over(array: np.ndarray) -> Segment | None:
+    """Make the segment of another process of this machine that ``array``
+    (a read-only mapping of all of it, from :func:`attach`) lives in this
+    process's: it gets a name of this process's (so its maker no longer
+    frees or reuses it, and a sweep after that process is gone leaves it),
+    and readers find it under that name. Returns the segment, to
+    :func:`release` when the buffer is freed; None when ``array`` is not a
+    whole segment mapped here, or its maker took its name away meanwhile
+    (then copy it). For a buffer that moved here (``runtime/elastic.py``):
+    no byte is copied."""
+    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+        return None
+    start = int(array.ctypes.data)
+    mapping = _mappings.get(start)
+    if mapping is None or mapping.own is not None or mapping.size != array.nbytes:
+        return None
+    fresh = _fresh_name()
+    try:
+        os.rename(_path(mapping.name), _path(fresh))
+    except OSError:
+        return None
+    _mappings[start] = _Mapping(start, mapping.size, fresh, None)
+    counts["taken_over"] += 1
+    return Segment(fresh, array.nbytes, taken_over=True)
 
 
 def release_all() -> None:
