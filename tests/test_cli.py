@@ -27,6 +27,12 @@ def test_bad_arguments_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert "must be at least 1" in capsys.readouterr().err
 
 
+def test_drain_without_a_cluster_says_so(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["drain", "--host", "0", "--cluster-file", str(tmp_path / "none.json")])
+    assert str(info.value.code).startswith("atoll drain: ")
+
+
 def test_console_script_is_installed() -> None:
     """The ``atoll`` script that installing the package put beside this Python."""
     bin_dir = Path(sys.executable).parent

@@ -12,6 +12,7 @@ spare: what lived only on it fails with ``HostLost``, the rest is right.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from collections.abc import Callable
@@ -147,9 +148,10 @@ async def test_moves_on_one_machine_take_the_segment_over_and_free_it() -> None:
         x = on_big(slice_, cluster, big)
         await cluster.ready(x)
         for host in (1, 0, 1):
-            before = set(os.listdir("/dev/shm"))
+            before = _segments()
             await cluster.move(slice_, host=host)
-            renamed = set(os.listdir("/dev/shm")) - before
+            after = _segments()
+            renamed = {n for i, n in after.items() if i in before and before[i] != n}
             assert len(renamed) == 1, renamed  # the same file, under the new holder's name
             np.testing.assert_array_equal(await cluster.fetch(x), big)
         taken = sum(u["taken_over"] for u in await cluster.store_usage())
@@ -204,6 +206,16 @@ async def test_a_killed_host_with_a_spare_has_its_slices_re_placed() -> None:
 
 async def _has(cluster: Cluster, key: str, value: Any) -> bool:
     return bool((await cluster.elastic_status())[key] == value)
+
+
+def _segments() -> dict[int, str]:
+    """The shared-memory files of this machine, by inode (a spare made
+    meanwhile is a new file; a segment taken over keeps its inode)."""
+    found = {}
+    for name in os.listdir("/dev/shm"):
+        with contextlib.suppress(FileNotFoundError):
+            found[os.stat(f"/dev/shm/{name}").st_ino] = name
+    return found
 
 
 def _gone(pid: int) -> bool:
