@@ -66,14 +66,24 @@ class LMConfig:
     weight_decay: float = 0.01
     seed: int = 0
     dtype: str = "float32"  # of the computation; "bfloat16": mixed precision
+    # each block's MLP width, in multiples of ``width`` (empty: 4 for every
+    # block, as GPT-2); blocks of unequal cost are what a pipeline's cut must
+    # balance (``lm_pipeline.cut``)
+    mlp: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if min(self.layers, self.width, self.heads, self.context, self.batch) < 1:
             raise ValueError(f"every size must be positive: {self}")
+        if self.mlp and (len(self.mlp) != self.layers or min(self.mlp) < 1):
+            raise ValueError(f"mlp needs a positive multiple per block ({self.layers}): {self}")
         if self.width % self.heads:
             raise ValueError(f"width {self.width} is not a multiple of heads {self.heads}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, not {self.dtype!r}")
+
+    def mlp_of(self, block: int) -> int:
+        """Block ``block``'s MLP width, in multiples of ``width``."""
+        return self.mlp[block] if self.mlp else 4
 
     def with_(self, **changes: Any) -> LMConfig:
         """This config with some fields changed (checked again)."""
@@ -84,6 +94,9 @@ CONFIGS = {
     "tiny": LMConfig(layers=2, width=32, heads=2, context=32, batch=8),  # tests
     "small": LMConfig(),  # this machine: a few minutes
     "gpt2": LMConfig(layers=12, width=768, heads=12, context=1024, batch=8, lr=6e-4),
+    # the first two blocks' MLPs 4x as wide as GPT-2's, the others' a quarter:
+    # equal block counts per stage put most of the work on the first stage
+    "uneven": LMConfig(layers=6, mlp=(16, 16, 1, 1, 1, 1)),
 }
 
 
@@ -106,10 +119,10 @@ def init(config: LMConfig) -> dict[str, Any]:
             "qkv": {"w": normal((w, 3 * w)), "b": np.zeros(3 * w, np.float32)},
             "proj": {"w": normal((w, w), residual_std), "b": np.zeros(w, np.float32)},
             "ln2": norm(),
-            "fc": {"w": normal((w, 4 * w)), "b": np.zeros(4 * w, np.float32)},
-            "out": {"w": normal((4 * w, w), residual_std), "b": np.zeros(w, np.float32)},
+            "fc": {"w": normal((w, m * w)), "b": np.zeros(m * w, np.float32)},
+            "out": {"w": normal((m * w, w), residual_std), "b": np.zeros(w, np.float32)},
         }
-        for _ in range(config.layers)
+        for m in (config.mlp_of(i) for i in range(config.layers))
     ]
     return {
         "wte": normal((VOCAB, w)),

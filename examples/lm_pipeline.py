@@ -66,10 +66,11 @@ def layer_graph(config: lm.LMConfig, micro_batch: int) -> Any:
     p = atoll.partition
     tokens, w = micro_batch * config.context, config.width
     act = 4.0 * tokens * w
-    block_flops = 3 * (24.0 * tokens * w * w + 4.0 * tokens * config.context * w)  # fwd + bwd
     nodes = [p.Op("embed", "gather", 3 * tokens * w, 4.0 * (lm.VOCAB + config.context) * w, act)]
-    weights = 48.0 * w * w
-    nodes += [p.Op(f"block{i}", "block", block_flops, weights, act) for i in range(config.layers)]
+    for i in range(config.layers):
+        weights = (4 + 2 * config.mlp_of(i)) * w * w  # attention's 4 w^2, the MLP's 2 m w^2
+        flops = 3 * (2.0 * tokens * weights + 4.0 * tokens * config.context * w)  # fwd + bwd
+        nodes.append(p.Op(f"block{i}", "block", flops, 4.0 * weights, act))
     nodes.append(p.Op("head", "matmul", 3 * 2.0 * tokens * w * lm.VOCAB, 4.0 * w, 4.0 * tokens))
     edges = [(i, i + 1, nodes[i].output_bytes) for i in range(len(nodes) - 1)]
     return p.OpGraph.build(f"lm{config.layers}x{w}", nodes, edges)

@@ -16,9 +16,9 @@ import itertools
 import logging
 import math
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -71,6 +71,7 @@ from .tracing import VirtualSlice
 __all__ = ["Controller", "spawn_control"]
 
 _log = logging.getLogger(__name__)
+T = TypeVar("T")
 _log_failed_notice = log_failure(_log, "a notice to a host")
 
 
@@ -219,47 +220,65 @@ class Controller(Actor):
         return sum([await _unless_lost(each) or 0 for each in freed])
 
     # -- elastic slices (runtime/elastic.py) ----------------------------------
+    # Each change runs as a task beside the message loop and answers when it
+    # is over: the controller goes on dispatching meanwhile.
     @endpoint
-    async def move_slice(
+    def move_slice(
         self,
         slice_id: int,
         devices: Sequence[int] | None = None,
         host: int | None = None,
         owner: str = "",
-    ) -> dict[str, Any]:
+    ) -> Promise[dict[str, Any]]:
         """Move a slice to ``devices`` (physical ids, in mesh order), or to
         free devices on ``host``, or anywhere free off its hosts; its buffers
         go with it. What moved (buffers, bytes, seconds). Asynchronous: waits
         for the slice's runs, then for the copies; runs for it wait meanwhile."""
         avoid = self.resources.hosts_of(slice_id) if devices is None and host is None else []
-        return await self.elastic.move(slice_id, devices, host, owner, avoid)
+        return self._beside(self.elastic.move, slice_id, devices, host, owner, avoid)
 
     @endpoint
-    async def suspend_slice(self, slice_id: int, owner: str = "") -> dict[str, Any]:
+    def suspend_slice(self, slice_id: int, owner: str = "") -> Promise[dict[str, Any]]:
         """Park a slice's buffers in host memory and give its devices back
         (runs for it wait until it is resumed)."""
-        return await self.elastic.suspend(slice_id, owner)
+        return self._beside(self.elastic.suspend, slice_id, owner)
 
     @endpoint
-    async def resume_slice(self, slice_id: int, owner: str = "") -> dict[str, Any]:
+    def resume_slice(self, slice_id: int, owner: str = "") -> Promise[dict[str, Any]]:
         """Devices again for a suspended slice, and its buffers on them."""
-        return await self.elastic.resume(slice_id, owner)
+        return self._beside(self.elastic.resume, slice_id, owner)
 
     @endpoint
-    async def drain_host(self, host_id: int) -> dict[str, Any]:
+    def drain_host(self, host_id: int) -> Promise[dict[str, Any]]:
         """Move every slice and buffer off host ``host_id``, which then holds
         nothing and gets no new slice; a host process then leaves."""
         self.topology_.on_host(host_id)  # raises for an unknown host
+        return self._beside(self._drain, host_id)
+
+    async def _drain(self, host_id: int) -> dict[str, Any]:
         report = await self.elastic.drain(host_id)
         leave = self.host_refs[host_id].leave()
         leave.add_done_callback(_log_failed_notice)
         return report
 
     @endpoint
-    async def host_lost(self, host_id: int) -> list[int]:
+    def host_lost(self, host_id: int) -> Promise[list[int]]:
         """Host ``host_id`` is gone: re-place its slices (on spares if need
         be). The slices re-placed; the buffers it held are lost."""
-        return await self.elastic.host_lost(host_id)
+        return self._beside(self.elastic.host_lost, host_id)
+
+    def _beside(self, op: Callable[..., Awaitable[T]], *args: Any) -> Promise[T]:
+        """The promise of ``op(*args)``, run as a task beside the message loop."""
+        answer: Promise[T] = Promise(getattr(op, "__name__", "elastic"))
+
+        async def run() -> None:
+            try:
+                answer.set_result(await op(*args))
+            except Exception as exc:
+                answer.set_exception(exc)
+
+        self.ctx.start_soon(run)
+        return answer
 
     @endpoint
     def locate(self, buffer_ids: list[str]) -> dict[str, BufferHandle]:
