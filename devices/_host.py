@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
@@ -64,10 +65,10 @@ class Host(Actor):
         # in a host process (one that serves at an address), large buffers
         # live in shared memory, for the other processes of this machine
         shared = bool(self.plane.address)
-        # a host process's buffer ids name the process too: one that takes the
-        # place of a lost host (same host id) never reuses an id of the old
-        # one, which may have moved elsewhere (runtime/elastic.py)
-        name = f"host{host_id}.{os.getpid()}" if shared else f"host{host_id}"
+        # a host process's buffer ids carry a token of its own: one that takes
+        # the place of a lost host (same host id) never reuses an id of the
+        # old one, which may have moved elsewhere (runtime/elastic.py)
+        name = f"host{host_id}.{secrets.token_hex(3)}" if shared else f"host{host_id}"
         self.store = ObjectStore(name, store_bytes, shared=shared)
         self.device_refs: list[ActorRef[Device]] = []
         self.pushes_in = 0  # pushes that landed here
@@ -305,8 +306,9 @@ class Host(Actor):
         ``copy``, they are about to be copied elsewhere: frees of them wait
         for :meth:`hand_over` (which sends them on) or :meth:`keep`."""
         stored = self.store.placed_at(None if places is None else set(places))
-        if copy:
-            self.moving.update((s.id, 0) for s in stored if s.id not in self.moving)
+        if copy:  # (one another change is copying already is its to move)
+            stored = [s for s in stored if s.id not in self.moving]
+            self.moving.update((s.id, 0) for s in stored)
         return stored
 
     @endpoint

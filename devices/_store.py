@@ -284,10 +284,11 @@ class ObjectStore:
             raise
         if buffer_id is None:
             buffer_id = f"{self.name}:{next(self._ids)}"
-        elif buffer_id in self._entries:
+        elif buffer_id in self._entries and buffer_id not in self.moved_out:
             raise AtollError(f"buffer {buffer_id!r} is already in store {self.name}")
         else:  # it moved here: here it is again, if it had been here before
-            self.moved_out.pop(buffer_id, None)
+            if self.moved_out.pop(buffer_id, None) is not None and buffer_id in self._entries:
+                self._drop(buffer_id)  # its old copy, handed over and not dropped yet
         self._entries[buffer_id] = _Entry(array, owner, 1, nbytes, segment, ready, place)
         self.used_bytes += nbytes
         if self.used_bytes > self.peak_bytes:

@@ -202,16 +202,28 @@ class Controller(Actor):
         return VirtualSlice(alloc.slice_id, shape, names, alloc.island)
 
     @endpoint
-    def release(self, slice_id: int, owner: str = "") -> None:
-        """Give a slice back; a session (``owner``) may release only its own."""
+    def release(self, slice_id: int, owner: str = "") -> Promise[None] | None:
+        """Give a slice back; a session (``owner``) may release only its own.
+        A slice being moved (or suspended, resumed) is given back once that
+        is over."""
         check_slice(self.resources.get(slice_id), owner)
+        busy = self.elastic.busy.get(slice_id)
+        if busy is not None:
+            later: Promise[None] = Promise(f"release slice {slice_id}")
+            busy.add_done_callback(lambda _: _settle_with(later, self.release, slice_id, owner))
+            return later
         self.resources.release(slice_id)
         self.plans.invalidate_slice(slice_id)
         self.elastic.forget(slice_id)
+        return None
 
     @endpoint
     async def release_owner(self, owner: str) -> int:
-        """Free every slice and buffer of ``owner`` (a client going away)."""
+        """Free every slice and buffer of ``owner`` (a client going away),
+        once the changes under way on its slices are over."""
+        for alloc in self.resources.slices():
+            while alloc.owner == owner and alloc.slice_id in self.elastic.busy:
+                await self.elastic.busy[alloc.slice_id]
         self.tenants.forget(owner)
         for slice_id in self.resources.release_owner(owner):
             self.plans.invalidate_slice(slice_id)
@@ -301,6 +313,8 @@ class Controller(Actor):
         alloc = check_slice(self.resources.get(slice_id), owner) if slice_id is not None else None
         device = alloc.devices[0] if alloc is not None else 0
         promise: Promise[BufferHandle] = self.device_refs[device].put(array, owner)
+        if slice_id is not None:  # a move of the slice waits for it
+            self.elastic.track([slice_id], promise)
         return promise
 
     @endpoint(resolve_args=False)
@@ -719,6 +733,15 @@ async def _unless_lost(answer: Promise[Any]) -> Any:
         return await answer
     except (HostLost, ActorStopped):
         return None
+
+
+def _settle_with(answer: Promise[Any], fn: Callable[..., Any], *args: Any) -> None:
+    """Settle ``answer`` with what ``fn(*args)`` gives (a promise's value
+    later), or its error."""
+    try:
+        forward(as_promise(fn(*args)), answer)
+    except Exception as exc:
+        answer.set_exception(exc)
 
 
 def _default_axes(rank: int) -> tuple[str, ...]:

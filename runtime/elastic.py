@@ -35,6 +35,7 @@ controller keeps answering meanwhile, and holds only the gated slices' runs.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections import deque
@@ -103,7 +104,7 @@ class Elastic:
         if gate is None:
             return None
         answer: Promise[Any] = Promise("held run")
-        gate.held.append(lambda: forward(call(), answer))
+        gate.held.append(functools.partial(_release_held, call, answer))
         return answer
 
     def track(self, slices: Iterable[int], run: Promise[Any]) -> None:
@@ -145,15 +146,22 @@ class Elastic:
         host: int | None = None,
         owner: str = "",
         avoid: Sequence[int] = (),
+        spares: bool = False,
     ) -> dict[str, Any]:
         """Move a slice to ``devices``, or free devices on ``host``, or any
-        free devices off the hosts in ``avoid`` (see the module docstring)."""
+        free devices off the hosts in ``avoid`` (spares too, with ``spares``:
+        a slice that must leave a host). See the module docstring."""
         async with self._turn(slice_id, owner) as alloc:
             if slice_id in self.parked:
                 raise SliceSuspended(f"slice {slice_id} is suspended: resume it to move it")
             resources = self.c.resources
             if devices is None:
-                devices = resources.targets(slice_id, host=host, avoid=avoid)
+                devices = resources.targets(slice_id, host=host, avoid=avoid, spares=spares)
+            if set(devices) & set(alloc.devices):
+                raise AtollError(
+                    f"slice {slice_id} holds devices {sorted(set(devices) & set(alloc.devices))}"
+                    " already: move it to devices it does not hold"
+                )
             return await self._relocate_slice(slice_id, alloc.devices, list(devices), "move")
 
     async def suspend(self, slice_id: int, owner: str = "") -> dict[str, Any]:
@@ -170,7 +178,12 @@ class Elastic:
                 _Copy(topology.device(d).host, d, topology.device(d).host, d, _label(slice_id, i))
                 for i, d in enumerate(alloc.devices)
             ]
-            count, nbytes = await self._copy(copies)
+            try:
+                count, nbytes = await self._copy(copies)
+            except BaseException:
+                await self._undo(copies)
+                self._open(slice_id)
+                raise
             self.parked[slice_id] = {i: c.dst for i, c in enumerate(copies)}
             self.c.resources.suspend(slice_id)
             self.c.plans.invalidate_slice(slice_id)
@@ -190,7 +203,7 @@ class Elastic:
                 devices = resources.targets(slice_id, host=hosts.pop()) if len(hosts) == 1 else []
             except AtollError:
                 devices = []
-            devices = devices or resources.targets(slice_id)
+            devices = devices or resources.targets(slice_id)  # (not spares)
             resources.reassign(slice_id, devices)
             topology = self.c.topology_
             copies = [
@@ -200,7 +213,8 @@ class Elastic:
             try:
                 count, nbytes = await self._copy(copies)
             except BaseException:
-                resources.suspend(slice_id)  # still suspended; what moved is noted
+                await self._undo(copies)
+                resources.suspend(slice_id)  # still suspended, as it was
                 raise
             del self.parked[slice_id]
             self._open(slice_id)
@@ -211,21 +225,29 @@ class Elastic:
         nothing and takes no new slices. What moved."""
         began = time.perf_counter()
         self.draining.add(host_id)
+        moved = [0, 0]  # buffers, bytes
         try:
             doomed = self.c.resources.retire_host(host_id)
-            moved = 0
             for slice_id in doomed:
-                report = await self.move(slice_id, avoid=[host_id])
-                moved += report["buffers"]
-            moved += await self._unpark(host_id)
-            moved += await self._leftovers(host_id)
+                if slice_id in self.parked or slice_id not in self.c.resources:
+                    continue  # suspended meanwhile (its buffers follow), or released
+                try:
+                    report = await self.move(slice_id, avoid=[host_id], spares=True)
+                except SliceSuspended:
+                    continue  # suspended meanwhile: its parked buffers follow
+                moved = [moved[0] + report["buffers"], moved[1] + report["bytes"]]
+            for count in (await self._unpark(host_id), await self._leftovers(host_id)):
+                moved = [moved[0] + count[0], moved[1] + count[1]]
             runs = [r for runs in self.running.values() for r in runs]
             if runs:  # a run of another slice may still read what was there
                 await all_settled(runs)
+        except BaseException:
+            self.c.resources.restore_host(host_id)  # not drained: it takes slices again
+            raise
         finally:
             self.draining.discard(host_id)
         self.drained.add(host_id)
-        return self._note("drain", -1, moved, 0, began, host=host_id)
+        return self._note("drain", -1, moved[0], moved[1], began, host=host_id)
 
     async def host_lost(self, host_id: int) -> list[int]:
         """Host ``host_id`` is gone with its buffers: its slices get other
@@ -240,7 +262,7 @@ class Elastic:
             if slice_id in self.parked:
                 continue  # parked in host memory: what was on that host is lost
             try:
-                await self.move(slice_id, avoid=[host_id])
+                await self.move(slice_id, avoid=[host_id], spares=True)
                 placed.append(slice_id)
             except AtollError as exc:
                 _log.warning(
@@ -270,6 +292,7 @@ class Elastic:
             ]
             count, nbytes = await self._copy(copies)
         except BaseException:
+            await self._undo(copies)
             resources.undo(before, new)
             self._open(slice_id)
             raise
@@ -292,8 +315,26 @@ class Elastic:
             count, nbytes = count + n, nbytes + b
         return count, nbytes
 
+    async def _undo(self, copies: Sequence[_Copy]) -> None:
+        """A change failed midway: take what went back where it was (as far
+        as the hosts involved still answer)."""
+        topology = self.c.topology_
+        for copy in copies:
+            device = copy.place if isinstance(copy.place, int) and copy.place >= 0 else -1
+            back = _Copy(copy.dst, copy.to_place, copy.src, device, copy.place)
+            if device < 0:  # parked: any device of the host it was on does the copy
+                back = _Copy(
+                    copy.dst, copy.to_place, copy.src, topology.on_host(copy.src)[0], copy.place
+                )
+            try:
+                await self._copy_one(back)
+            except Exception as exc:  # a host gone: what it held is lost with it
+                _log.warning("taking back %s after a failed change: %s", copy, exc)
+
     async def _copy_one(self, copy: _Copy) -> tuple[int, int]:
         c = self.c
+        if copy.src in self.lost:
+            return 0, 0  # what it held was lost with it
         src, here = c.host_refs[copy.src], copy.src == copy.dst
         stored: list[StoredBuffer] = await src.buffers([copy.place], not here)
         if not stored:
@@ -343,29 +384,33 @@ class Elastic:
 
         all_settled(runs).add_done_callback(drop)
 
-    async def _unpark(self, host_id: int) -> int:
+    async def _unpark(self, host_id: int) -> tuple[int, int]:
         """Suspended slices' buffers parked on a draining host go elsewhere."""
-        moved = 0
-        for slice_id, parked in self.parked.items():
-            for position, host in list(parked.items()):
-                if host != host_id:
-                    continue
-                dst, device = self._landing(host_id)
-                label = _label(slice_id, position)
-                moved += (await self._copy_one(_Copy(host, label, dst, device, label)))[0]
-                parked[position] = dst
-        return moved
+        count = nbytes = 0
+        for slice_id in list(self.parked):
+            async with self._turn(slice_id, ""):
+                parked = self.parked.get(slice_id, {})  # resumed meanwhile: none
+                for position, host in list(parked.items()):
+                    if host != host_id:
+                        continue
+                    dst, device = self._landing(host_id)
+                    label = _label(slice_id, position)
+                    n, b = await self._copy_one(_Copy(host, label, dst, device, label))
+                    count, nbytes = count + n, nbytes + b
+                    parked[position] = dst
+        return count, nbytes
 
-    async def _leftovers(self, host_id: int) -> int:
+    async def _leftovers(self, host_id: int) -> tuple[int, int]:
         """What a draining host still holds once its slices moved (buffers on
         devices no slice holds, pushes that landed): to another host."""
         stored: list[StoredBuffer] = await self.c.host_refs[host_id].buffers(None)
-        moved = 0
+        count = nbytes = 0
         for place in dict.fromkeys(s.place for s in stored):
             dst, device = self._landing(host_id)
             to_place = device if isinstance(place, int) and place >= 0 else place
-            moved += (await self._copy_one(_Copy(host_id, place, dst, device, to_place)))[0]
-        return moved
+            n, b = await self._copy_one(_Copy(host_id, place, dst, device, to_place))
+            count, nbytes = count + n, nbytes + b
+        return count, nbytes
 
     def _landing(self, leaving: int) -> tuple[int, int]:
         """A host (and one of its devices) to take a leaving host's buffers."""
@@ -426,6 +471,14 @@ class _Turn:
     async def __aexit__(self, *exc: object) -> None:
         del self.elastic.busy[self.slice_id]
         self.done.set_result(None)
+
+
+def _release_held(call: Callable[[], Promise[Any]], answer: Promise[Any]) -> None:
+    """A held run goes now (or fails, if its slice went meanwhile)."""
+    try:
+        forward(call(), answer)
+    except Exception as exc:
+        answer.set_exception(exc)
 
 
 def _label(slice_id: int, position: int) -> str:

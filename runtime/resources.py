@@ -49,12 +49,16 @@ class ResourceManager:
         leave a host."""
         self._host = {d: h for d, h, _ in devices}
         self._island = {d: i for d, _, i in devices}
+        self._spare_hosts = set(spare_hosts)
         self._spare: set[int] = {d for d, h, _ in devices if h in spare_hosts}
         self._free: set[int] = {d for d, _, _ in devices} - self._spare
         self._gone_hosts: set[int] = set()  # hosts that left or were lost
         self._slices: dict[int, Allocation] = {}
         self._sizes: dict[int, int] = {}  # devices of slices that were moved or suspended
         self._ids = itertools.count()
+
+    def __contains__(self, slice_id: object) -> bool:
+        return slice_id in self._slices
 
     def free_count(self, island: int | None = None) -> int:
         return sum(1 for d in self._free if island is None or self._island[d] == island)
@@ -125,11 +129,16 @@ class ResourceManager:
         return doomed
 
     def targets(
-        self, slice_id: int, host: int | None = None, avoid: Collection[int] = ()
+        self,
+        slice_id: int,
+        host: int | None = None,
+        avoid: Collection[int] = (),
+        spares: bool = False,
     ) -> list[int]:
         """Devices a slice could move to, on its island: free ones on
-        ``host``, or else off the hosts in ``avoid`` (free ones first, then
-        spares). Reserves nothing; raises AtollError when too few are there."""
+        ``host``, or else off the hosts in ``avoid`` (free ones first, then,
+        with ``spares``, spares). Reserves nothing; raises AtollError when
+        too few are there."""
         alloc = self.get(slice_id)
         n, island = self.size(slice_id), alloc.island
         if host is not None:
@@ -137,7 +146,7 @@ class ResourceManager:
             if self._island.get(mine[0] if mine else -1, island) != island or len(mine) < n:
                 raise AtollError(f"host {host} has {len(mine)} free devices on island {island}")
             return mine[:n]
-        for pool in (self._free, self._free | self._spare):
+        for pool in (self._free, self._free | self._spare) if spares else (self._free,):
             usable = {d for d in pool if self._host[d] not in avoid and self._island[d] == island}
             if len(usable) >= n:
                 return self._pick(n, island, usable)
@@ -167,7 +176,11 @@ class ResourceManager:
 
     def undo(self, alloc: Allocation, taken: Iterable[int]) -> None:
         """A change of ``alloc``'s slice failed: it has its devices again,
-        and the ones ``taken`` for it go back."""
+        and the ones ``taken`` for it go back (all of them, if it was
+        released meanwhile)."""
+        if alloc.slice_id not in self._slices:  # released: its new devices went back then
+            self.give_back(alloc.devices)
+            return
         self._slices[alloc.slice_id] = alloc
         self.give_back(d for d in taken if d not in alloc.devices)
 
@@ -202,7 +215,11 @@ class ResourceManager:
         self.give_back(d for d, h in self._host.items() if h == host and d not in held)
 
     def give_back(self, devices: Iterable[int]) -> None:
-        self._free.update(d for d in devices if self._host[d] not in self._gone_hosts)
+        """Devices no slice holds now: free again (a spare host's: spare)."""
+        for d in devices:
+            if self._host[d] in self._gone_hosts:
+                continue
+            (self._spare if self._host[d] in self._spare_hosts else self._free).add(d)
 
     def hosts_of(self, slice_id: int) -> list[int]:
         """The hosts a slice touches, in first-device order."""

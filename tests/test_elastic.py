@@ -199,6 +199,33 @@ async def test_a_suspended_slice_gives_its_devices_to_others() -> None:
         np.testing.assert_array_equal(await cluster.fetch(x), np.ones(70_000, np.float32))
 
 
+async def test_a_slice_released_while_runs_wait_fails_them_and_frees_everything() -> None:
+    async with cluster_of() as cluster:
+        slice_ = await cluster.devices(2)
+        add = slice_.jit(lambda x: x + 1)
+        x = cluster.run(add, np.zeros(70_000, np.float32)).refs
+        await cluster.suspend(slice_)
+        held = [cluster.run(add, x).refs for _ in range(3)]
+        cluster.flush()
+        await cluster.release(slice_)
+        for out in held:  # they fail (no such slice), none hangs
+            with pytest.raises(AtollError):
+                await cluster.fetch(out)
+        np.testing.assert_array_equal(await cluster.fetch(x), np.ones(70_000))  # parked, kept
+        assert await cluster.close() >= 1
+
+
+async def test_a_spare_taken_and_given_back_stays_a_spare() -> None:
+    async with cluster_of(spares=1) as cluster:
+        slice_ = await cluster.devices(2)  # host 0
+        await cluster.drain(0)  # forced off: to the spare
+        assert (await cluster.elastic_status())["spares"] == [6, 7]
+        await cluster.release(slice_)
+        assert (await cluster.elastic_status())["spares"] == [4, 5, 6, 7]
+        with pytest.raises(AtollError):
+            await cluster.devices(1)  # host 0 drained, host 1 spare: nothing to allocate
+
+
 async def test_bad_moves_are_refused_and_lose_nothing() -> None:
     async with cluster_of() as cluster:
         slice_ = await cluster.devices(2)
@@ -208,9 +235,11 @@ async def test_bad_moves_are_refused_and_lose_nothing() -> None:
         with pytest.raises(AtollError):
             await other.move(slice_, host=1)  # not theirs
         with pytest.raises(AtollError, match="not free"):
-            await cluster.move(slice_, devices=[0, 9])
+            await cluster.move(slice_, devices=[2, 9])
         with pytest.raises(AtollError, match="free devices"):
             await cluster.move(slice_, host=3)
+        with pytest.raises(AtollError, match="does not hold"):
+            await cluster.move(slice_, devices=[1, 2])  # overlaps its own [0, 1]
         np.testing.assert_array_equal(await cluster.fetch(x), np.arange(70_000) + 1)
         again = cluster.run(inc, x).refs
         np.testing.assert_array_equal(await cluster.fetch(again), np.arange(70_000) + 2)

@@ -122,3 +122,18 @@ def test_a_second_copy_on_a_settled_untaken_inbox_is_freed(settle: str) -> None:
     assert late not in store._entries
     store.take("k")
     assert len(store) == (1 if settle == "deliver" else 0)  # the first copy, its reader's
+
+
+def test_a_buffer_that_comes_back_before_its_old_copy_went_replaces_it() -> None:
+    """A moved buffer (``runtime/elastic.py``) handed over from this store
+    and moved back here before its old copy was dropped: the new copy takes
+    its place, and what was handed over no longer points away."""
+    store = ObjectStore("h")
+    old = store.put(np.arange(4.0), "alice", place=0)
+    store.moved_out[old] = "elsewhere"
+    again = store.put(np.arange(4.0) + 1, "alice", place=1, buffer_id=old)
+    assert again == old and old not in store.moved_out
+    assert store.place_of(old) == 1 and len(store) == 1
+    np.testing.assert_array_equal(store.get(old), np.arange(4.0) + 1)
+    with pytest.raises(AtollError, match="already in store"):
+        store.put(np.zeros(2), "alice", buffer_id=old)  # not handed over: refused

@@ -635,6 +635,7 @@ def release(segment: Segment) -> None:
     reused or removed once no view of it is left here (one taken over from
     another process is removed now: readers' mappings stay valid)."""
     if segment.taken_over:
+        _taken.pop(segment.name, None)
         segment.remove()
     else:
         segment.unlink()
@@ -663,13 +664,18 @@ def take_over(array: np.ndarray) -> Segment | None:
         return None
     _mappings[start] = _Mapping(start, mapping.size, fresh, None)
     counts["taken_over"] += 1
-    return Segment(fresh, array.nbytes, taken_over=True)
+    segment = _taken[fresh] = Segment(fresh, array.nbytes, taken_over=True)
+    return segment
+
+
+_taken: dict[str, Segment] = {}  # segments taken over and not freed yet
 
 
 def release_all() -> None:
     """Remove every segment this process made, spares too (on the way out)."""
-    for segment in list(_own.values()):
+    for segment in [*_own.values(), *_taken.values()]:
         segment.remove()
+    _taken.clear()
     _drop_spares()
 
 
