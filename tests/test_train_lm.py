@@ -67,6 +67,31 @@ def test_bad_configs_are_refused() -> None:
         TINY.with_(width=30, heads=4)
     with pytest.raises(ValueError, match="positive"):
         TINY.with_(layers=0)
+    with pytest.raises(ValueError, match="mlp"):
+        TINY.with_(mlp=(4,))  # one multiple per block
+
+
+def test_the_partitioner_balances_uneven_blocks_where_equal_counts_do_not() -> None:
+    uneven = lm.CONFIGS["uneven"]
+    for stages in (2, 3):
+        cut = lm_pipeline.cut(uneven, stages, uneven.batch // 4)
+        assert cut.blocks != lm_pipeline.even_cut(uneven, stages).blocks
+        assert cut.throughput > 1.1 * cut.even_throughput  # the model's own figures
+    params = lm.init(uneven)
+    assert params["blocks"][0]["fc"]["w"].shape == (128, 16 * 128)
+    assert params["blocks"][5]["fc"]["w"].shape == (128, 128)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_uneven_blocks_train_pipelined_as_plain_jax(anyio_backend: str) -> None:
+    config = TINY.with_(layers=3, mlp=(8, 1, 1))
+    cut = lm_pipeline.cut(config, 2, config.batch // 2)
+    assert cut.blocks == ((0,), (1, 2))  # the heavy block alone
+    async with train_lm.cluster_for(2, hosts=0, in_process_hosts=2) as cluster:
+        result = await train_lm.train_pipelined(cluster, config, 5, cut, 2, 1)
+    expected = train_lm.reference(config, 5)
+    np.testing.assert_allclose(result.losses, expected.losses, rtol=RTOL)
 
 
 @pytest.mark.anyio
