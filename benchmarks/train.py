@@ -6,7 +6,8 @@ Cases, each measured in this run:
   against plain JAX running the same step with the same shardings on the
   same D devices (target: 0.95 of it).
 * ``pipeline S x D, M micro (cut)``: tokens/s of the GPipe form with the
-  partitioner's cut and with equal block counts, against plain JAX
+  partitioner's cut (from the blocks' measured times, ``lm_pipeline.profile``)
+  and with equal block counts, against plain JAX
   data-parallel over the same S x D devices; its bubble, measured as the
   share of the stages' wall time their devices were idle, beside GPipe's
   ideal ``(S-1)/(M+S-1)``.
@@ -23,6 +24,7 @@ so busy times and bubbles are rough there; on a GPU they are the real thing.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -54,7 +56,7 @@ async def pipeline(
     config: lm.LMConfig, steps: int, stages: int, devices: int, micro: int, how: str
 ) -> list[Row]:
     cut = (
-        lm_pipeline.cut(config, stages, config.batch // micro)
+        lm_pipeline.cut(config, stages, config.batch // micro, _profiled(config, micro))
         if how == "partitioner"
         else lm_pipeline.even_cut(config, stages)
     )
@@ -78,6 +80,12 @@ async def pipeline(
         Row(BENCH, case, "bubble", bubble, "share", n),
         Row(BENCH, case, "GPipe ideal", (stages - 1) / (micro + stages - 1), "share", n),
     ]
+
+
+@functools.cache
+def _profiled(config: lm.LMConfig, micro: int) -> tuple[float, ...]:
+    """The model's ops' measured seconds, for the partitioner (once per config)."""
+    return tuple(lm_pipeline.profile(config, config.batch // micro))
 
 
 def _sizes(cut: lm_pipeline.Cut) -> str:

@@ -45,6 +45,7 @@ __all__ = [
     "Stages",
     "cut",
     "even_cut",
+    "profile",
     "schedule",
     "split_params",
     "step_program",
@@ -61,33 +62,94 @@ class Cut:
     even_throughput: float = 0.0
 
 
-def layer_graph(config: lm.LMConfig, micro_batch: int) -> Any:
-    """The model as the partitioner sees it: embedding, blocks, head, a chain."""
+def layer_graph(
+    config: lm.LMConfig, micro_batch: int, seconds: Sequence[float] | None = None
+) -> Any:
+    """The model as the partitioner sees it: embedding, blocks, head, a chain.
+
+    Each op's work is its FLOPs, counted from the shapes; or, with
+    ``seconds`` (from :func:`profile`: embedding, each block, head), its
+    measured time on a device, as FLOPs at the partitioner's 1e12 per second.
+    """
     p = atoll.partition
     tokens, w = micro_batch * config.context, config.width
     act = 4.0 * tokens * w
-    nodes = [p.Op("embed", "gather", 3 * tokens * w, 4.0 * (lm.VOCAB + config.context) * w, act)]
+    measured = None if seconds is None else [s * _FLOPS_PER_S for s in seconds]
+    embed = 3 * tokens * w if measured is None else measured[0]
+    nodes = [p.Op("embed", "gather", embed, 4.0 * (lm.VOCAB + config.context) * w, act)]
     for i in range(config.layers):
         weights = (4 + 2 * config.mlp_of(i)) * w * w  # attention's 4 w^2, the MLP's 2 m w^2
         flops = 3 * (2.0 * tokens * weights + 4.0 * tokens * config.context * w)  # fwd + bwd
+        flops = flops if measured is None else measured[1 + i]
         nodes.append(p.Op(f"block{i}", "block", flops, 4.0 * weights, act))
-    nodes.append(p.Op("head", "matmul", 3 * 2.0 * tokens * w * lm.VOCAB, 4.0 * w, 4.0 * tokens))
+    head = 3 * 2.0 * tokens * w * lm.VOCAB if measured is None else measured[-1]
+    nodes.append(p.Op("head", "matmul", head, 4.0 * w, 4.0 * tokens))
     edges = [(i, i + 1, nodes[i].output_bytes) for i in range(len(nodes) - 1)]
     return p.OpGraph.build(f"lm{config.layers}x{w}", nodes, edges)
 
 
-def cut(config: lm.LMConfig, stages: int, micro_batch: int) -> Cut:
-    """The partitioner's cut of the model into ``stages`` (exact DP over the chain)."""
+def cut(
+    config: lm.LMConfig, stages: int, micro_batch: int, seconds: Sequence[float] | None = None
+) -> Cut:
+    """The partitioner's cut of the model into ``stages`` (exact DP over the
+    chain), from the ops' FLOPs or, with ``seconds``, their measured times
+    (:func:`profile`)."""
     if not 2 <= stages <= config.layers + 1:
         raise ValueError(f"{stages} stages for {config.layers} blocks: need 2 to layers + 1")
     p = atoll.partition
-    graph = layer_graph(config, micro_batch)
-    chips = p.Chiplets(stages, sram_bytes=1 << 40, flops_per_s=1e12, link_bytes_per_s=1e10)
+    graph = layer_graph(config, micro_batch, seconds)
+    chips = p.Chiplets(stages, sram_bytes=1 << 40, flops_per_s=_FLOPS_PER_S, link_bytes_per_s=1e10)
     best = p.search(graph, chips, method="dp")
     assembled = _blocks_of([list(stage.nodes) for stage in best.stages], stages, config.layers)
     even = even_cut(config, stages)
     assignment = [0] + [s for s, bs in enumerate(even.blocks) for _ in bs] + [stages - 1]
     return Cut(assembled, best.throughput, p.throughput(graph, chips, assignment))
+
+
+_FLOPS_PER_S = 1e12  # the partitioner's chips (measured seconds become FLOPs at it)
+
+
+def profile(config: lm.LMConfig, micro_batch: int, repeats: int = 5) -> list[float]:
+    """Measured seconds of the forward and backward of the embedding, each
+    block and the head, for one micro-batch on this process's first device
+    (medians of ``repeats``, after a compiling run). FLOPs miss what a block
+    also spends (layer norms, softmax, small matmuls that run below peak):
+    a cut from measured times balances the stages as they really run."""
+    params = lm.init(config)
+    tokens = jnp.asarray(lm.batch_at(0, config)[:micro_batch, :-1])
+    x = params["wte"][tokens] + params["wpe"][: config.context]
+
+    def embed(p: Any, t: Any) -> Any:
+        return p["wte"][t] + p["wpe"][: t.shape[1]]
+
+    def head(p: Any, h: Any) -> Any:
+        return jnp.mean(lm._layer_norm(h, p["ln_f"]) @ p["wte"].T)
+
+    def block(p: Any, h: Any) -> Any:
+        return lm.block_forward(h, p, config.heads)
+
+    ends = {"wte": params["wte"], "wpe": params["wpe"], "ln_f": params["ln_f"]}
+    seconds = [_time_fwd_bwd(embed, ends, tokens, repeats)]
+    seconds += [_time_fwd_bwd(block, b, x, repeats) for b in params["blocks"]]
+    return [*seconds, _time_fwd_bwd(head, ends, x, repeats)]
+
+
+def _time_fwd_bwd(fn: Any, params: Any, x: Any, repeats: int) -> float:
+    """Median seconds of ``fn``'s forward and its gradients (jitted)."""
+    import time
+
+    def step(p: Any, h: Any) -> Any:
+        out, pull = jax.vjp(lambda q: fn(q, h), p)
+        return pull(jnp.ones_like(out))
+
+    jitted = jax.jit(step)
+    jax.block_until_ready(jitted(params, x))  # compiles
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        jax.block_until_ready(jitted(params, x))
+        times.append(time.perf_counter() - began)
+    return float(np.median(times))
 
 
 def even_cut(config: lm.LMConfig, stages: int) -> Cut:

@@ -346,8 +346,8 @@ def _check_paths(args: argparse.Namespace) -> None:
 
 
 def _cut(config: lm.LMConfig, stages: int, how: str, micro_batch: int) -> lm_pipeline.Cut:
-    chosen = (
-        lm_pipeline.cut(config, stages, micro_batch)
+    chosen = (  # the partitioner's, from the blocks' times measured here
+        lm_pipeline.cut(config, stages, micro_batch, lm_pipeline.profile(config, micro_batch))
         if how == "partitioner"
         else lm_pipeline.even_cut(config, stages)
     )
