@@ -226,17 +226,9 @@ class ClusterBuilder(Actor):
     async def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
         """Rows for ``atoll status`` (see ``runtime/status.py``): every joined
         host (lost if it did not answer within ``timeout``), every island's
-        queued and running gangs, every open session."""
-        return await cluster_status(
-            self.hosts,
-            self.labels,
-            self.topology,
-            self.lost,
-            self.islands,
-            self.sessions,
-            timeout,
-            self._controller(),
-        )
+        queued and running gangs, every open session, what changed lately
+        (moves, drains: ``runtime/elastic.py``)."""
+        return await self._status(timeout)
 
     @endpoint
     async def drain(self, host_id: int) -> dict[str, Any]:
@@ -272,20 +264,16 @@ class ClusterBuilder(Actor):
         return await self.web.start(host, port)
 
     async def _status_now(self) -> list[dict[str, Any]]:
-        return await cluster_status(
-            self.hosts,
-            self.labels,
-            self.topology,
-            self.lost,
-            self.islands,
-            self.sessions,
-            2.0,
-            self._controller(),
-        )
+        return await self._status(2.0)
 
-    def _controller(self) -> ActorRef[Controller] | None:
+    async def _status(self, timeout: float) -> list[dict[str, Any]]:
         ready = self.ready
-        return ready.result().controller if ready.done() and not ready.exception() else None
+        built = ready.done() and not ready.exception()
+        controller = ready.result().controller if built else None
+        hosts, labels, lost = self.hosts, self.labels, self.lost
+        return await cluster_status(
+            hosts, labels, self.topology, lost, self.islands, self.sessions, timeout, controller
+        )
 
     @endpoint
     def keep_timeline(self, document: dict[str, Any]) -> None:
