@@ -125,6 +125,28 @@ async def test_runs_made_while_suspended_wait_and_go_in_order_to_the_new_devices
         assert sum(s.computations for s in stats[4:]) == 5  # on host 1
 
 
+async def test_a_move_drops_the_slices_plans_and_the_next_run_compiles_for_the_new_devices() -> (
+    None
+):
+    async with cluster_of() as cluster:
+        slice_ = await cluster.devices(1)
+        add = slice_.jit(lambda x: x + 1)
+        x: Any = cluster.run(add, np.zeros(70_000, np.float32)).refs
+        for _ in range(3):
+            x = cluster.run(add, x).refs
+        await cluster.ready(x)
+        before = await cluster.controller.plan_stats()
+        await cluster.move(slice_, devices=[6])
+        assert (await cluster.controller.plan_stats())["plans"] < before["plans"]
+        for _ in range(3):
+            x = cluster.run(add, x).refs
+        np.testing.assert_array_equal(await cluster.fetch(x), np.full(70_000, 7, np.float32))
+        after = await cluster.controller.plan_stats()
+        assert after["misses"] == before["misses"] + 1  # planned once for device 6
+        stats = await cluster.device_stats()
+        assert stats[6].computations == 3
+
+
 async def test_a_second_client_is_not_affected_by_moves() -> None:
     expected = await uninterrupted()
     async with cluster_of() as cluster:
