@@ -237,6 +237,21 @@ async def test_a_slice_released_while_runs_wait_fails_them_and_frees_everything(
         assert await cluster.close() >= 1
 
 
+async def test_a_suspended_slice_parked_on_a_drained_host_resumes_elsewhere() -> None:
+    async with cluster_of() as cluster:
+        slice_ = await cluster.devices(2)  # host 0
+        add = slice_.jit(lambda x: x + 1)
+        x = cluster.run(add, np.zeros(70_000, np.float32)).refs
+        y = cluster.run(add, x).refs
+        await cluster.suspend(slice_)  # parked in host 0's memory
+        report = await cluster.drain(0)  # the parked buffers go to host 1
+        assert report["buffers"] >= 2 and (await cluster.store_usage())[0]["buffers"] == 0
+        await cluster.resume(slice_)  # on host 1, where they are now
+        z = cluster.run(add, y).refs
+        np.testing.assert_array_equal(await cluster.fetch(z), np.full(70_000, 3, np.float32))
+        np.testing.assert_array_equal(await cluster.fetch(x), np.ones(70_000, np.float32))
+
+
 async def test_a_spare_taken_and_given_back_stays_a_spare() -> None:
     async with cluster_of(spares=1) as cluster:
         slice_ = await cluster.devices(2)  # host 0
