@@ -120,8 +120,8 @@ class Elastic:
         return [self._fresh_one(x) for x in inputs]
 
     def _fresh_one(self, value: Any) -> Any:
-        if isinstance(value, BufferHandle):
-            return self.located.get(value.id, value)
+        if isinstance(value, BufferHandle):  # (a small value rides in its handle: as it is)
+            return value if value.value is not None else self.located.get(value.id, value)
         if isinstance(value, Promise):
             if value.done() and value.exception() is None:
                 return self._fresh_one(value.result())
