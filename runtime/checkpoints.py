@@ -42,21 +42,33 @@ __all__ = ["CheckpointError", "restore", "save"]
 TREE = "tree.pkl"
 
 
-async def save(tree: Any, directory: str, owner: str) -> None:
+async def save(
+    tree: Any,
+    directory: str,
+    owner: str,
+    locate: Callable[[list[str]], Promise[dict[str, BufferHandle]]] | None = None,
+) -> None:
     """Write ``tree`` (leaves: promises of handles, handles, or plain values)
-    into ``directory`` from the hosts that hold it (see the module docstring)."""
+    into ``directory`` from the hosts that hold it (see the module docstring).
+    ``locate``: where buffers that moved are now (``Controller.locate``),
+    asked once: each is written by the host that holds it now."""
     import jax
 
     root = Path(directory).absolute()
     if root.exists():
         raise CheckpointError(f"{root} exists: a checkpoint is never written over")
     leaves, treedef = jax.tree_util.tree_flatten(tree)
+    leaves = [await value_of(v) if isinstance(v, Promise) else v for v in leaves]
+    moved: dict[str, BufferHandle] = {}
+    if locate is not None:
+        held = [v.id for v in leaves if isinstance(v, BufferHandle) and v.value is None]
+        moved = await locate(held) if held else {}
     by_host: dict[int, tuple[Any, dict[str, str]]] = {}
     places: list[tuple[str, Any]] = []  # per leaf: ("host", (host id, name)) or ("value", v)
     for i, leaf in enumerate(leaves):
         value = leaf
-        if isinstance(value, (Promise, BufferHandle)):
-            handle = await value_of(value)
+        if isinstance(value, BufferHandle):
+            handle = moved.get(value.id, value)
             if handle.value is None:  # in its host's store: that host writes it
                 by_host.setdefault(handle.host_id, (handle.host, {}))[1][f"leaf{i}"] = handle.id
                 places.append(("host", (handle.host_id, f"leaf{i}")))

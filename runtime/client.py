@@ -508,7 +508,7 @@ class Cluster:
             return leaf.promise if isinstance(leaf, ArrayRef) else leaf
 
         plain = jax.tree_util.tree_map(promise, tree, is_leaf=_is_array_ref)
-        await checkpoints.save(plain, os.fspath(directory), self.owner)
+        await checkpoints.save(plain, os.fspath(directory), self.owner, self.controller.locate)
 
     async def restore(self, directory: str | os.PathLike[str], device: int = 0) -> Any:
         """The pytree :meth:`save` wrote, its arrays loaded by physical
