@@ -45,10 +45,6 @@ MIB = 1 << 20
 TINY = Aval((1,), "float32")
 
 
-def _fill(seed: np.ndarray, count: int) -> np.ndarray:
-    return np.full(count, seed[0], np.float32)
-
-
 def _head(values: np.ndarray) -> np.ndarray:
     return np.asarray(values[:1], np.float32)
 
@@ -75,13 +71,13 @@ async def _filled(cluster: Cluster, slice_: VirtualSlice, mib: int) -> Any:
 
 
 class _FillN:
-    """``_fill`` for one size (picklable by reference, unlike a closure)."""
+    """A vector of ``count`` copies of a seed (picklable by reference, unlike a closure)."""
 
     def __init__(self, count: int) -> None:
         self.count = count
 
     def __call__(self, seed: np.ndarray) -> np.ndarray:
-        return _fill(seed, self.count)
+        return np.full(self.count, seed[0], np.float32)
 
 
 async def moves(cluster: Cluster, sizes: Sequence[int], repeats: int) -> list[Row]:
@@ -129,7 +125,8 @@ async def suspend_resume(cluster: Cluster, mib: int, repeats: int) -> list[Row]:
         if borrowed is not None:
             await other.release(borrowed)
     value = await cluster.fetch(buffer)
-    assert value[0] == 1 and value.nbytes == mib * MIB, "the buffer came back wrong"
+    if value[0] != 1 or value.nbytes != mib * MIB:
+        raise RuntimeError("the suspended and resumed buffer came back wrong")
     await cluster.free(buffer)
     await cluster.release(slice_)
     case = f"suspend and resume {mib} MiB"

@@ -109,7 +109,6 @@ class Controller(Actor):
         self.resources = ResourceManager(
             [(d.id, d.host, d.island) for d in topology.devices], spare_hosts
         )
-        self.spare_hosts = tuple(spare_hosts)
         self.elastic = Elastic(self)  # moves, suspends, drains (runtime/elastic.py)
         self.plans = PlanCache(on_drop=self._plan_dropped)
         self.tenants = Tenants()  # sessions' weights and quotas (runtime/tenancy.py)

@@ -253,7 +253,7 @@ class Elastic:
         """Host ``host_id`` is gone with its buffers: its slices get other
         devices (free, else spare); their buffers elsewhere stay. The slices
         re-placed."""
-        if host_id in self.lost or host_id in self.drained or not self.c.spare_hosts:
+        if host_id in self.lost or host_id in self.drained or not self.c.resources.spare_hosts:
             return []  # no spares: its slices wait for a host to take its place
         self.lost.add(host_id)
         doomed = self.c.resources.retire_host(host_id)
@@ -318,14 +318,11 @@ class Elastic:
     async def _undo(self, copies: Sequence[_Copy]) -> None:
         """A change failed midway: take what went back where it was (as far
         as the hosts involved still answer)."""
-        topology = self.c.topology_
         for copy in copies:
-            device = copy.place if isinstance(copy.place, int) and copy.place >= 0 else -1
-            back = _Copy(copy.dst, copy.to_place, copy.src, device, copy.place)
-            if device < 0:  # parked: any device of the host it was on does the copy
-                back = _Copy(
-                    copy.dst, copy.to_place, copy.src, topology.on_host(copy.src)[0], copy.place
-                )
+            on_device = isinstance(copy.place, int) and copy.place >= 0
+            # a parked buffer's copy is done by any device of the host it was on
+            device = copy.place if on_device else self.c.topology_.on_host(copy.src)[0]
+            back = _Copy(copy.dst, copy.to_place, copy.src, int(device), copy.place)
             try:
                 await self._copy_one(back)
             except Exception as exc:  # a host gone: what it held is lost with it

@@ -69,6 +69,11 @@ class ResourceManager:
         return sorted(self._spare)
 
     @property
+    def spare_hosts(self) -> list[int]:
+        """The hosts kept for slices that must leave a host (taken or not)."""
+        return sorted(self._spare_hosts)
+
+    @property
     def gone_hosts(self) -> list[int]:
         return sorted(self._gone_hosts)
 
@@ -142,8 +147,10 @@ class ResourceManager:
         alloc = self.get(slice_id)
         n, island = self.size(slice_id), alloc.island
         if host is not None:
-            mine = [d for d in sorted(self._free) if self._host[d] == host]
-            if self._island.get(mine[0] if mine else -1, island) != island or len(mine) < n:
+            mine = [
+                d for d in sorted(self._free) if (self._host[d], self._island[d]) == (host, island)
+            ]
+            if len(mine) < n:
                 raise AtollError(f"host {host} has {len(mine)} free devices on island {island}")
             return mine[:n]
         for pool in (self._free, self._free | self._spare) if spares else (self._free,):
