@@ -359,6 +359,7 @@ BENCHMARKS = {
     "load": "atoll.benchmarks.load",
     "train": "atoll.benchmarks.train",
     "elastic": "atoll.benchmarks.elastic",
+    "controlplane": "atoll.benchmarks.controlplane",
 }
 
 

@@ -22,7 +22,16 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
-from ..kernel import Actor, ActorRef, Promise, endpoint, log_failure, then, value_of
+from ..kernel import (
+    Actor,
+    ActorRef,
+    Promise,
+    endpoint,
+    log_failure,
+    process_counters,
+    then,
+    value_of,
+)
 from ..transports.dataplane import bulk, lane, shm
 from ..transports.dataplane.lane import LaneMessage
 from . import _checkpoint as checkpoint
@@ -180,6 +189,12 @@ class Host(Actor):
         """Switch this process's timeline recorder on or off; what it held
         (``devices/timeline.py``; hosts sharing a process share one)."""
         return timeline.RECORDER.switch(record)
+
+    @endpoint
+    def process_counters(self) -> dict[str, float]:
+        """This host's process: its pid, CPU seconds and message counters
+        (``atoll bench controlplane``; hosts sharing a process share them)."""
+        return process_counters()
 
     @endpoint
     def address(self) -> str:

@@ -32,6 +32,7 @@ from ._combinators import forward as forward
 from ._combinators import log_failure as log_failure
 from ._combinators import then as then
 from ._combinators import value_of as value_of
+from ._counts import process_counters as process_counters
 from ._errors import ActorCancelled as ActorCancelled
 from ._errors import ActorFailed as ActorFailed
 from ._errors import ActorStopped as ActorStopped
@@ -99,6 +100,7 @@ __all__ = [
     "forward",
     "log_failure",
     "move_on_after",
+    "process_counters",
     "resolve_actor_class",
     "then",
     "use_clock",

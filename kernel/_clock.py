@@ -35,6 +35,8 @@ from typing import Protocol
 import anyio
 import sniffio
 
+from ._alarm import wake_at
+
 __all__ = [
     "Clock",
     "Timer",
@@ -81,14 +83,14 @@ class WallClock:
 
     Event loops wake from timers in whole milliseconds (epoll's timeout
     unit, rounded up), which would add up to a millisecond to a simulated
-    kernel of 2.3 ms. So a sleep waits on a timer that ends half a
-    millisecond before the last whole millisecond it holds (an idle loop's
-    wait rounds up to that millisecond; one woken early by I/O is not pushed
-    past it) and spends the rest, at most ``spin_s``, yielding to the loop
-    until the deadline: precise, at the price of host CPU in that window
-    only. (An idle 2 ms sleep spins for nothing; spinning its last 1.5 ms,
-    as this clock once did, cost a simulated host three quarters of a
-    core.) ``spin_s=0`` never spins.
+    kernel of 2.3 ms. On asyncio (on Linux) a sleep therefore waits on a
+    ``timerfd`` that the loop watches (``kernel/_alarm.py``), which wakes it
+    on time and costs no CPU meanwhile. Elsewhere (trio) it waits on a timer that ends
+    half a millisecond before the last whole millisecond it holds and spends
+    the rest, at most ``spin_s``, yielding to the loop until the deadline:
+    precise, at the price of host CPU in that window. (Spinning, a simulated
+    host once spent as much CPU as its devices spent device time.)
+    ``spin_s=0`` is never more precise than the loop: no alarm, no spin.
     """
 
     def __init__(self, spin_s: float = 0.0015) -> None:
@@ -100,7 +102,12 @@ class WallClock:
 
     async def sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + max(0.0, seconds)
-        # the timer ends half a millisecond before the last whole one: alone,
+        if self.spin_s > 0 and _on_asyncio():  # precise, no spin: a timerfd
+            alarm = wake_at(deadline)
+            if alarm is not None:
+                await alarm
+                return
+        # elsewhere (trio), the timer ends half a millisecond before the last whole one: alone,
         # epoll rounds its wait up to that millisecond (no spin); woken early
         # by I/O, the rest rounds up to at most the deadline's millisecond
         whole_ms = math.floor(seconds * 1e3) * 1e-3 - 0.5e-3
@@ -118,6 +125,14 @@ class WallClock:
                 raise RuntimeError("call_later needs this thread's event loop") from None
             return _TrioTimer(seconds, callback)
         return loop.call_later(max(0.0, seconds), _logged, callback)
+
+
+def _on_asyncio() -> bool:
+    """Whether this task runs on an asyncio loop (not trio, nor trio-asyncio's
+    trio side)."""
+    if sniffio.thread_local.name is not None:
+        return sniffio.thread_local.name == "asyncio"
+    return asyncio._get_running_loop() is not None
 
 
 def _in_trio() -> bool:

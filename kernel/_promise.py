@@ -17,6 +17,7 @@ object works on asyncio and on trio.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import logging
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
+import sniffio
 
 from ._errors import AtollError
 
@@ -99,7 +101,7 @@ class Promise(Generic[T]):
         self._label = label
         self._value: Any = _PENDING
         self._error: BaseException | None = None
-        self._event: anyio.Event | None = None
+        self._event: list[Any] | None = None  # waiters: asyncio futures, anyio events
         self._callbacks: list[Callable[[Promise[T]], None]] | None = None
         self._canceller: Callable[[str], bool] | None = None
         # Set by network transports: a channel to the promised actor, usable
@@ -168,8 +170,12 @@ class Promise(Generic[T]):
         self._canceller = None
         self._pipe = None
         self._answer = None
-        if self._event is not None:
-            self._event.set()
+        waiting, self._event = self._event, None
+        for waiter in waiting or ():
+            if not isinstance(waiter, asyncio.Future):  # an anyio event (trio)
+                waiter.set()
+            elif not waiter.done():  # a cancelled waiter cancelled its future
+                waiter.set_result(None)
         callbacks, self._callbacks = self._callbacks, None
         for callback in callbacks or ():
             _run_callback(callback, self)
@@ -207,8 +213,16 @@ class Promise(Generic[T]):
             if counter is not None:
                 counter.waits += 1
             if self._event is None:
-                self._event = anyio.Event()
-            await self._event.wait()
+                self._event = []
+            loop = _asyncio_loop()
+            if loop is not None:  # a future per waiter: cancelling one leaves the others
+                future = loop.create_future()
+                self._event.append(future)
+                await future
+            else:  # trio
+                event = anyio.Event()
+                self._event.append(event)
+                await event.wait()
         return self.result()
 
     # -- pipelining -----------------------------------------------------
@@ -295,6 +309,15 @@ def _settle_pipelined(target: Promise[Any], inner: Promise[Any], result: Promise
         return
     error = inner._error
     target.add_done_callback(lambda t: result._reject(t._error if t._error is not None else error))
+
+
+def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio loop, unless this thread runs trio (sniffio's
+    own test, minus the costly ``current_task`` that ``anyio.Event`` makes
+    on every wait)."""
+    if sniffio.thread_local.name is not None or sniffio.current_async_library_cvar.get():
+        return None
+    return asyncio._get_running_loop()
 
 
 def _run_callback(callback: Callable[[Promise[Any]], None], promise: Promise[Any]) -> None:

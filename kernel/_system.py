@@ -28,6 +28,7 @@ from anyio.abc import TaskGroup
 
 from ._actor import Actor, ActorRef, Call, Directive, EndpointSpec
 from ._clock import Clock, VirtualClock, current_clock
+from ._counts import COUNTS
 from ._errors import (
     ActorCancelled,
     ActorFailed,
@@ -187,6 +188,7 @@ class _Cell:
             call.promise._reject(exc)
         else:
             self.received += 1
+            COUNTS["actor_messages"] += 1
 
     async def submit_wait(self, call: Call) -> None:
         self._prepare(call)
@@ -196,6 +198,7 @@ class _Cell:
             call.promise._reject(exc)
         else:
             self.received += 1
+            COUNTS["actor_messages"] += 1
 
     def _prepare(self, call: Call) -> None:
         call.args = tuple(_share(a) for a in call.args)

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import sniffio
 
 from ._actor import ActorRef, Channel
+from ._counts import COUNTS as counts
 from ._promise import Promise, WaitCounter, count_waits, detach_wait_counter
 from ._system import _Cell, share_arguments_with
 from ._system import _resolve as _resolve_nested
@@ -29,6 +30,7 @@ __all__ = [
     "call_soon",
     "channel_of",
     "count_waits",
+    "counts",
     "detach_wait_counter",
     "message_handler",
     "pipeline_answer",

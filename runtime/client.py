@@ -16,7 +16,7 @@ import operator
 import os
 import secrets
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
@@ -135,6 +135,7 @@ class Cluster:
         hosts: list[ActorRef[Host]],
         owner: str = "client0",
         wire: Wire | None = None,
+        direct: Mapping[str, ActorRef[Host]] | None = None,
     ) -> None:
         self.wire = wire
         self.system = system
@@ -142,11 +143,15 @@ class Cluster:
         self.topology = topology
         self.owner = owner
         self._devices = devices
+        # host processes over this client's own links, by address: a client
+        # fetches and frees at the host that holds a buffer, not through the
+        # controller (which proxies the references it passed on)
+        self._direct = dict(direct or {})
         self._hosts = hosts
         # run calls made in one loop turn go as one graph (runtime/batching.py)
         self._batcher = RunBatcher(self._send_graph, self._send_call)
         # what this client's references keep alive (runtime/ownership.py)
-        self._refs = Ownership(owner, controller.locate)
+        self._refs = Ownership(owner, controller.locate, self.host_of)
         # which run made each output promise handed out: (run tag, output index)
         self._made: weakref.WeakKeyDictionary[Promise[Any], tuple[str, int]] = (
             weakref.WeakKeyDictionary()
@@ -185,7 +190,15 @@ class Cluster:
             self._hosts,
             owner,
             self.wire,
+            self._direct,
         )
+
+    def host_of(self, handle: BufferHandle) -> ActorRef[Host]:
+        """The host that holds ``handle``'s buffer, over this client's own link
+        to its process where there is one (else the handle's reference)."""
+        if handle.address and self._direct:
+            return self._direct.get(handle.address, handle.host)
+        return handle.host
 
     # -- virtual devices ------------------------------------------------
     async def devices(
@@ -383,7 +396,7 @@ class Cluster:
                 values[ValueRef(node.id, i)] = handle
         for ref in graph.freeable(temporary):
             handle = await value_of(values[ref])
-            await handle.host.free(handle.id, self.owner)
+            await self.host_of(handle).free(handle.id, self.owner)
         return [
             ArrayRef(self._refs.track(as_promise(await value_of(values[r]))), graph.aval(r))
             for r in graph.outputs
@@ -474,12 +487,12 @@ class Cluster:
         if handle.value is not None:  # a small value rides along in its handle
             return handle.value
         try:
-            array: np.ndarray = await handle.host.fetch(handle.id, self.owner)  # only its own
+            array: np.ndarray = await self.host_of(handle).fetch(handle.id, self.owner)
         except (HostLost, ActorStopped):
             moved = await self._where(handle)
             if moved is None:  # lost with its host
                 raise
-            array = await moved.host.fetch(moved.id, self.owner)
+            array = await self.host_of(moved).fetch(moved.id, self.owner)
         return array
 
     async def ready(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> None:
@@ -489,12 +502,12 @@ class Cluster:
         error if it failed. Moves no bytes."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
         try:
-            await handle.host.ready(handle.id, self.owner)
+            await self.host_of(handle).ready(handle.id, self.owner)
         except (HostLost, ActorStopped):
             moved = await self._where(handle)
             if moved is None:
                 raise
-            await moved.host.ready(moved.id, self.owner)
+            await self.host_of(moved).ready(moved.id, self.owner)
 
     async def save(self, tree: Any, directory: str | os.PathLike[str]) -> None:
         """Checkpoint a pytree of :class:`ArrayRef` (and values) into
@@ -527,12 +540,12 @@ class Cluster:
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
         self._refs.by_hand(handle)
         try:
-            freed: bool = await handle.host.free(handle.id, self.owner)  # only its own
+            freed: bool = await self.host_of(handle).free(handle.id, self.owner)  # its own only
         except (HostLost, ActorStopped):
             moved = await self._where(handle)
             if moved is None:
                 raise
-            freed = await moved.host.free(moved.id, self.owner)
+            freed = await self.host_of(moved).free(moved.id, self.owner)
         return freed
 
     async def store_usage(self, reset_peak: bool = False) -> list[dict[str, int]]:

@@ -23,13 +23,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import sniffio
 
-from ..kernel import ActorRef, ActorSystem, NodeActor
-from ..transports.capnp import CapnpTransport, ClusterFile, capnp_runtime
+from ..kernel import ActorRef, ActorSystem, AtollError, NodeActor
+from ..transports.capnp import CapnpConnection, CapnpTransport, ClusterFile, capnp_runtime
 from ..transports.capnp.bridge import CapnpBridge
 from ..transports.capnp.clusterfile import find_cluster_file
 from .sessions import SessionAnchor, SessionWatcher
 
 if TYPE_CHECKING:
+    from ..devices import Host
     from .client import Cluster
     from .process import ClusterInfo
 
@@ -45,6 +46,10 @@ class Client:
     address: str
     weight: float = 1.0  # this client's share of device time (see runtime/sessions.py)
     _anchor: ActorRef[SessionAnchor] | None = field(default=None, repr=False)
+    _transport: CapnpTransport | None = field(default=None, repr=False)
+    # host processes reached over links of this client's own, by address
+    _direct: dict[str, ActorRef[Host]] | None = field(default=None, repr=False)
+    _links: list[CapnpConnection] = field(default_factory=list, repr=False)
 
     def spawn(self, target: str, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
         """Start an actor on the remote node (``"module:Class"``); a promise."""
@@ -64,7 +69,37 @@ class Client:
         """
         info: ClusterInfo = await self.node.lookup("cluster").cluster()  # one round trip
         label = await self._open_session(info.sessions, owner)
-        return info.client(self.system, label)
+        return info.client(self.system, label, await self._direct_hosts(info.hosts))
+
+    async def _direct_hosts(self, hosts: list[ActorRef[Host]]) -> dict[str, ActorRef[Host]]:
+        """Host processes over links of this client's own, by address (made
+        once). A reference to a host that came through the controller is
+        proxied by it (Cap'n Proto has no three-party hand-off): every
+        fetch and free would cost the controller a message each way. A host
+        that cannot be dialled keeps its proxied reference."""
+        if self._direct is not None:
+            return self._direct
+        self._direct = {}
+        addresses = [host.address() for host in hosts]
+        for host_id, answer in enumerate(addresses):
+            address = await answer
+            if not address or self._transport is None or address in self._direct:
+                continue
+            try:
+                link = await self._transport.connect(address, self.system)
+            except (OSError, AtollError):
+                continue
+            self._links.append(link)
+            try:
+                self._direct[address] = await link.node.lookup(f"host{host_id}")
+            except AtollError:
+                continue
+        return self._direct
+
+    async def _close_links(self) -> None:
+        links, self._links = self._links, []
+        for link in links:
+            await link.aclose()
 
     async def _open_session(self, sessions: ActorRef[SessionWatcher], owner: str | None) -> str:
         """A session's owner label; the anchor that binds it is made once."""
@@ -139,7 +174,9 @@ async def connect(
     transport = CapnpTransport(found)
     async with capnp_runtime(), ActorSystem("client") as system:
         connection = await transport.connect(address, system)
+        client = Client(connection.node, system, address, weight, _transport=transport)
         try:
-            yield Client(connection.node, system, address, weight)
+            yield client
         finally:
+            await client._close_links()
             await connection.aclose()

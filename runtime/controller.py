@@ -47,6 +47,7 @@ from ..kernel import (
     endpoint,
     forward,
     log_failure,
+    process_counters,
     then,
 )
 from .batching import call_graph, device_of_slice
@@ -172,6 +173,12 @@ class Controller(Actor):
             quota = self.tenants.byte_quota(owner)
             if quota is not None:
                 await host.set_quota(owner, quota)
+
+    @endpoint
+    def process_counters(self) -> dict[str, float]:
+        """The controller's process: its pid, CPU seconds and message
+        counters (``atoll bench controlplane``)."""
+        return process_counters()
 
     @endpoint
     def topology(self) -> Topology:

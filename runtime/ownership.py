@@ -64,10 +64,14 @@ class Ownership:
         self,
         owner: str,
         locate: Callable[[list[str]], Promise[dict[str, BufferHandle]]] | None = None,
+        host_of: Callable[[BufferHandle], ActorRef[Any]] | None = None,
     ) -> None:
-        """``locate``: where buffers that moved are now (the controller's)."""
+        """``locate``: where buffers that moved are now (the controller's);
+        ``host_of``: the reference to free a handle's buffer at (default:
+        the handle's own)."""
         self.owner = owner
         self._locate = locate
+        self._host_of = host_of or _own_host
         self.freed = 0  # buffers freed because their references went
         self._post = threadsafe_caller()
         self._live: dict[str, int] = {}  # buffer id -> references alive
@@ -131,7 +135,8 @@ class Ownership:
         freed comes back: a program that passes an input through to an
         output hands out a new reference to it)."""
         self._live[handle.id] = self._live.get(handle.id, 0) + 1
-        self._hosts.setdefault(handle.id, handle.host)
+        if handle.id not in self._hosts:
+            self._hosts[handle.id] = self._host_of(handle)
         self._dying.discard(handle.id)
 
     def _read_by(self, value: Promise[Any], done: Promise[Any]) -> None:
@@ -209,7 +214,7 @@ class Ownership:
             return
         by_host: dict[ActorRef[Any], list[str]] = {}
         for handle in found.result().values():
-            by_host.setdefault(handle.host, []).append(handle.id)
+            by_host.setdefault(self._host_of(handle), []).append(handle.id)
         for host, buffer_ids in by_host.items():
             host.free_many(buffer_ids, self.owner).add_done_callback(_log_unfreed)
 
@@ -231,3 +236,7 @@ class Ownership:
         self._handles.discard(handle_id)
         self._gone.append(buffer_id)
         self._schedule()
+
+
+def _own_host(handle: BufferHandle) -> ActorRef[Any]:
+    return handle.host

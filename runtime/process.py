@@ -93,11 +93,17 @@ class ClusterInfo:
     hosts: list[ActorRef[Host]]
     sessions: ActorRef[SessionWatcher]
 
-    def client(self, system: ActorSystem, owner: str) -> Cluster:
-        """A :class:`Cluster` handle on this cluster, for ``owner``, in ``system``."""
+    def client(
+        self, system: ActorSystem, owner: str, direct: Mapping[str, ActorRef[Host]] | None = None
+    ) -> Cluster:
+        """A :class:`Cluster` handle on this cluster, for ``owner``, in
+        ``system``; ``direct``: host processes over the client's own links,
+        by address."""
         from .client import Cluster
 
-        return Cluster(system, self.controller, self.topology, self.devices, self.hosts, owner)
+        return Cluster(
+            system, self.controller, self.topology, self.devices, self.hosts, owner, direct=direct
+        )
 
 
 class ClusterBuilder(Actor):

@@ -68,6 +68,7 @@ from ...kernel import (
 from ...kernel.lowlevel import (
     attach_pipeline,
     channel_of,
+    counts,
     detach_wait_counter,
     pipeline_answer,
     resolve_arguments,
@@ -171,6 +172,7 @@ class Peer:
 
     def remote_promise(self, later: Any) -> Promise[Any]:
         promise: Promise[Any] = Promise("remote")
+        counts["capnp_calls_out"] += 1
         self.attach(promise, later.get(), later)
         return promise
 
@@ -533,6 +535,7 @@ class RemoteChannel:
     def _request(self, method: str, call: Call) -> Any:
         cap = self._live()
         self.peer.calls_sent += 1
+        counts["capnp_calls_out"] += 1
         request = getattr(cap, f"{method}_request")()
         request.endpoint = call.endpoint
         request.callId = call.meta["call_id"] = self.peer.calls_sent
@@ -562,6 +565,7 @@ class RemoteChannel:
             call.promise.set_exception(self.peer._lost(exc))
             return
         later = response.later
+        counts["capnp_calls_out"] += 1
         self._track(call, later.get(), later)
 
     def _track(self, call: Call, answer: Any, later: Any) -> None:
@@ -647,6 +651,7 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
         may wait).
         """
         peer = self._peer
+        counts["capnp_calls_in"] += 1
         if not peer.call_arrived():
             error = peer.refusal(self._ref.name)
             encode_error(context.results.result.init("error"), error, self._ref.name)
@@ -670,6 +675,7 @@ class ActorServer(schema.Actor.Server):  # type: ignore[misc]
     async def send(
         self, endpoint: str, args: Any, kwargs: Any, callId: int, _context: Any, **_: Any
     ) -> None:
+        counts["capnp_calls_in"] += 1
         if not self._peer.call_arrived():  # waiting for room counts: it holds state
             refused = failed(self._peer.refusal(self._ref.name), "refused")
             _context.results.later = LaterServer(refused, self._peer)
@@ -717,6 +723,7 @@ class LaterServer(schema.Later.Server):  # type: ignore[misc]
 
     async def get(self, _context: Any, **_: Any) -> None:
         # a reader that goes away does not cancel the call: others may hold it
+        counts["capnp_calls_in"] += 1
         counted = self._peer.call_arrived()  # never refused: the call itself ran
         try:
             await _answer(self._peer, self._promise, _context, cancel_on_drop=False, later=False)
