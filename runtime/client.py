@@ -16,8 +16,8 @@ import operator
 import os
 import secrets
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, overload
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import numpy as np
 
@@ -58,6 +58,14 @@ if TYPE_CHECKING:
     from .controller import Controller
 
 __all__ = ["ArrayRef", "Cluster", "Outputs"]
+
+
+class HostLinks(Protocol):
+    """Links of a client's own to host processes (``runtime/connect.py``)."""
+
+    def get(self, address: str, host_id: int) -> ActorRef[Host] | None:
+        """The host at ``address`` over such a link, if one is up (never waits)."""
+        ...
 
 
 class ArrayRef:
@@ -135,7 +143,7 @@ class Cluster:
         hosts: list[ActorRef[Host]],
         owner: str = "client0",
         wire: Wire | None = None,
-        direct: Mapping[str, ActorRef[Host]] | None = None,
+        direct: HostLinks | None = None,
     ) -> None:
         self.wire = wire
         self.system = system
@@ -146,7 +154,7 @@ class Cluster:
         # host processes over this client's own links, by address: a client
         # fetches and frees at the host that holds a buffer, not through the
         # controller (which proxies the references it passed on)
-        self._direct = dict(direct or {})
+        self._direct = direct
         self._hosts = hosts
         # run calls made in one loop turn go as one graph (runtime/batching.py)
         self._batcher = RunBatcher(self._send_graph, self._send_call)
@@ -196,8 +204,8 @@ class Cluster:
     def host_of(self, handle: BufferHandle) -> ActorRef[Host]:
         """The host that holds ``handle``'s buffer, over this client's own link
         to its process where there is one (else the handle's reference)."""
-        if handle.address and self._direct:
-            return self._direct.get(handle.address, handle.host)
+        if handle.address and self._direct is not None:
+            return self._direct.get(handle.address, handle.host_id) or handle.host
         return handle.host
 
     # -- virtual devices ------------------------------------------------

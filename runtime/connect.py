@@ -14,13 +14,16 @@ cleanly or not.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 import sniffio
 
 from ..kernel import ActorRef, ActorSystem, AtollError, NodeActor
@@ -47,9 +50,7 @@ class Client:
     weight: float = 1.0  # this client's share of device time (see runtime/sessions.py)
     _anchor: ActorRef[SessionAnchor] | None = field(default=None, repr=False)
     _transport: CapnpTransport | None = field(default=None, repr=False)
-    # host processes reached over links of this client's own, by address
-    _direct: dict[str, ActorRef[Host]] | None = field(default=None, repr=False)
-    _links: list[CapnpConnection] = field(default_factory=list, repr=False)
+    _direct: DirectHosts | None = field(default=None, repr=False)  # links to host processes
 
     def spawn(self, target: str, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
         """Start an actor on the remote node (``"module:Class"``); a promise."""
@@ -69,37 +70,9 @@ class Client:
         """
         info: ClusterInfo = await self.node.lookup("cluster").cluster()  # one round trip
         label = await self._open_session(info.sessions, owner)
-        return info.client(self.system, label, await self._direct_hosts(info.hosts))
-
-    async def _direct_hosts(self, hosts: list[ActorRef[Host]]) -> dict[str, ActorRef[Host]]:
-        """Host processes over links of this client's own, by address (made
-        once). A reference to a host that came through the controller is
-        proxied by it (Cap'n Proto has no three-party hand-off): every
-        fetch and free would cost the controller a message each way. A host
-        that cannot be dialled keeps its proxied reference."""
-        if self._direct is not None:
-            return self._direct
-        self._direct = {}
-        addresses = [host.address() for host in hosts]
-        for host_id, answer in enumerate(addresses):
-            address = await answer
-            if not address or self._transport is None or address in self._direct:
-                continue
-            try:
-                link = await self._transport.connect(address, self.system)
-            except (OSError, AtollError):
-                continue
-            self._links.append(link)
-            try:
-                self._direct[address] = await link.node.lookup(f"host{host_id}")
-            except AtollError:
-                continue
-        return self._direct
-
-    async def _close_links(self) -> None:
-        links, self._links = self._links, []
-        for link in links:
-            await link.aclose()
+        if self._direct is None and self._transport is not None:
+            self._direct = DirectHosts(self._transport, self.system)
+        return info.client(self.system, label, self._direct)
 
     async def _open_session(self, sessions: ActorRef[SessionWatcher], owner: str | None) -> str:
         """A session's owner label; the anchor that binds it is made once."""
@@ -136,6 +109,70 @@ class Client:
         island's queued and running gangs, every session (``runtime/status.py``)."""
         report: list[dict[str, Any]] = await self.node.lookup("cluster").status()
         return report
+
+
+class DirectHosts:
+    """Host processes over this client's own links, by address, dialled in
+    the background the first time a handle names one.
+
+    A reference to a host that came through the controller is proxied by it
+    (Cap'n Proto has no three-party hand-off), so every fetch and free
+    would cost the controller a message each way. :meth:`get` never waits:
+    until a link is up (or where none can be had) the caller uses the
+    reference it has. What is asynchronous about it: each dial is a task of
+    this client's loop, and :meth:`aclose` ends them and the links.
+    """
+
+    def __init__(self, transport: CapnpTransport, system: ActorSystem) -> None:
+        self._transport = transport
+        self._system = system
+        self._links: dict[str, tuple[CapnpConnection, ActorRef[Host]]] = {}
+        self._tried: dict[str, float] = {}  # address -> when a dial began
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def get(self, address: str, host_id: int) -> ActorRef[Host] | None:
+        """The host at ``address`` over a link of this client's, if one is up;
+        else None, and a dial begins (at most one per address, and again
+        only ``REDIAL_S`` after the last)."""
+        found = self._links.get(address)
+        if found is not None and found[0].peer.closed is None:
+            return found[1]
+        now = time.monotonic()
+        if now - self._tried.get(address, -REDIAL_S) >= REDIAL_S:
+            self._tried[address] = now
+            task = asyncio.get_running_loop().create_task(self._dial(address, host_id))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return None
+
+    async def _dial(self, address: str, host_id: int) -> None:
+        try:
+            with anyio.fail_after(DIAL_TIMEOUT_S):
+                link = await self._transport.connect(address, self._system)
+        except (OSError, AtollError, TimeoutError):
+            return
+        try:
+            with anyio.fail_after(DIAL_TIMEOUT_S):
+                ref: ActorRef[Host] = await link.node.lookup(f"host{host_id}")
+        except (AtollError, TimeoutError):
+            await link.aclose()
+            return
+        old = self._links.get(address)
+        self._links[address] = (link, ref)
+        if old is not None:
+            await old[0].aclose()
+
+    async def aclose(self) -> None:
+        """End the dials under way and close every link."""
+        for task in list(self._tasks):
+            task.cancel()
+        links, self._links = list(self._links.values()), {}
+        for link, _ in links:
+            await link.aclose()
+
+
+REDIAL_S = 1.0  # a host whose link failed or fell is dialled again after this long
+DIAL_TIMEOUT_S = 5.0
 
 
 @asynccontextmanager
@@ -178,5 +215,6 @@ async def connect(
         try:
             yield client
         finally:
-            await client._close_links()
+            if client._direct is not None:
+                await client._direct.aclose()
             await connection.aclose()

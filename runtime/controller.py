@@ -530,12 +530,17 @@ class Controller(Actor):
 
     def _free_held(self, reports: dict[int, Promise[RunReport]], _: Promise[None]) -> None:
         """The whole run is over: free the outputs devices kept because a
-        reader elsewhere read them in place (a declined push)."""
+        reader elsewhere read them in place (a declined push), one message
+        per host. One that is gone already is skipped: its session ended
+        (a client killed with runs in flight) and took it."""
+        by_host: dict[int, list[str]] = {}
         for device, report in reports.items():
             if report.exception() is None and report.result().held:
-                host = self.host_refs[self.topology_.device(device).host]
-                for buffer_id in report.result().held:
-                    host.free(buffer_id).add_done_callback(_log_failed_notice)
+                host_id = self.topology_.device(device).host
+                by_host.setdefault(host_id, []).extend(report.result().held)
+        for host_id, buffer_ids in by_host.items():
+            freed = self.host_refs[host_id].free_many(buffer_ids)
+            freed.add_done_callback(_log_failed_notice)
 
     def _reported(self, run: _CompiledRun, device: int, report: Promise[RunReport]) -> None:
         """A device's report: the gangs it led that failed (all of them, if
@@ -546,14 +551,20 @@ class Controller(Actor):
         error = report.exception()
         failed = report.result().errors if error is None else {}
         prefix = run_key(run.epoch)
+        notices: dict[tuple[int, int], tuple[list[str], BaseException]] = {}  # one per host, error
+        boxed_lost = portable(error, f"{prefix}/device{device}") if error is not None else None
         for gang in run.compiled.programs[device].gangs:
             if gang.devices[0] != device or (error is None and gang.node not in failed):
                 continue
-            boxed = portable(failed[gang.node] if error is None else error, f"{prefix}/{gang.node}")
+            boxed: BaseException = boxed_lost or portable(
+                failed[gang.node], f"{prefix}/{gang.node}"
+            )
             for target in gang.push:
-                keys = [f"{prefix}/{k}" for k in target.keys]
-                notice = self.host_refs[target.host_id].fail_inbox(keys, boxed)
-                notice.add_done_callback(_log_failed_notice)
+                keys, _ = notices.setdefault((target.host_id, id(boxed)), ([], boxed))
+                keys.extend(f"{prefix}/{k}" for k in target.keys)
+        for (host_id, _), (keys, boxed) in notices.items():  # a lost host: one notice each
+            notice = self.host_refs[host_id].fail_inbox(keys, boxed)
+            notice.add_done_callback(_log_failed_notice)
 
     def _fail_inboxes(self, gang_id: str, targets: Sequence[PushTarget], ran: Promise[Any]) -> None:
         """A producer (or its push) failed: its readers wait on inboxes that

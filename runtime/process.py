@@ -66,7 +66,7 @@ from .status import cluster_status
 from .topology import Topology
 
 if TYPE_CHECKING:
-    from .client import Cluster
+    from .client import Cluster, HostLinks
 
 _log = logging.getLogger(__name__)
 
@@ -93,12 +93,9 @@ class ClusterInfo:
     hosts: list[ActorRef[Host]]
     sessions: ActorRef[SessionWatcher]
 
-    def client(
-        self, system: ActorSystem, owner: str, direct: Mapping[str, ActorRef[Host]] | None = None
-    ) -> Cluster:
+    def client(self, system: ActorSystem, owner: str, direct: HostLinks | None = None) -> Cluster:
         """A :class:`Cluster` handle on this cluster, for ``owner``, in
-        ``system``; ``direct``: host processes over the client's own links,
-        by address."""
+        ``system``; ``direct``: host processes over the client's own links."""
         from .client import Cluster
 
         return Cluster(

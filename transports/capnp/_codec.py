@@ -39,7 +39,6 @@ from ...kernel import (
     TransportError,
     failed,
 )
-from ...kernel.lowlevel import channel_of
 from ..dataplane import shm
 from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
 from ._imports import find_class
@@ -119,8 +118,9 @@ def encode_actor(peer: Peer, builder: Any, ref: ActorRef[Any]) -> None:
     builder.cap = peer.actor_cap(ref)
     builder.id = ref.id
     builder.name = ref.name
-    endpoints = channel_of(ref).endpoints
-    builder.endpoints = sorted(endpoints) if endpoints is not None else []
+    names = peer.endpoint_names(ref)
+    if names:
+        builder.endpoints = names
 
 
 def _encode_promise(peer: Peer, builder: Any, promise: Promise[Any]) -> None:
@@ -160,14 +160,14 @@ class _Pickler(pickle.Pickler):
         super().__init__(file, protocol=5, buffer_callback=buffers.append)
         self._caps: list[Any] = []
 
-    def persistent_id(self, obj: Any) -> int | None:
+    def reducer_override(self, obj: Any) -> Any:
+        # What travels aside is caught here, not by ``persistent_id``, which
+        # the pickler calls for every object (ints and strings too: 50 calls
+        # for one buffer handle); this is not called for plain values.
+        kind = type(obj)
         if _set_aside(obj):
             self._caps.append(obj)
-            return len(self._caps) - 1
-        return None
-
-    def reducer_override(self, obj: Any) -> Any:
-        kind = type(obj)
+            return _aside, (len(self._caps) - 1,)
         if (kind is FunctionType or isinstance(obj, type)) and _by_value(obj):
             from . import _byvalue  # imports cloudpickle: only when a value needs it
 
@@ -235,11 +235,16 @@ class _Unpickler(pickle.Unpickler):
         super().__init__(file, buffers=buffers)
         self._caps = caps
 
-    def persistent_load(self, pid: Any) -> Any:
-        return self._caps[int(pid)]
-
     def find_class(self, module: str, name: str) -> Any:
+        if name == "_aside" and module == __name__:  # a value that travelled aside
+            return self._caps.__getitem__
         return find_class(super().find_class, module, name)  # says what is missing, where
+
+
+def _aside(index: int) -> Any:
+    """Stands, in a pickle, for the value sent aside as capability ``index``
+    (the unpickler resolves it to that value; never called)."""
+    raise AtollError(f"value {index} travelled aside: only the codec's unpickler reads it")
 
 
 def _decode_pickled(peer: Peer, reader: Any) -> Any:

@@ -132,16 +132,42 @@ class Peer:
         self._pending: weakref.WeakSet[Promise[Any]] = weakref.WeakSet()
         self._holders: weakref.WeakSet[RemoteChannel] = weakref.WeakSet()
         self._on_close: dict[int, Callable[[str], None]] = {}
+        self._servers: dict[int, tuple[Any, Any]] = {}  # local channel -> (it, its capability)
+        self._named: set[str] = set()  # actors whose endpoint names went over this link
+        self._endpoints_of: dict[str, dict[str, EndpointSpec | None]] = {}  # came over it
         self._callback_ids = 0
         # set by whoever owns the socket: drops it (after :meth:`close`, see :meth:`lose`)
         self.abort: Callable[[], None] | None = None
 
     # -- local things out ------------------------------------------------
     def actor_cap(self, ref: ActorRef[Any]) -> Any:
+        """The capability for ``ref`` on this connection: a remote actor's own,
+        or, for a local one, one server made on first use and kept, so that
+        every later send reuses its export (a new server each time cost a
+        server, an export and the far side's import per message)."""
         channel = channel_of(ref)
         if isinstance(channel, RemoteChannel) and channel.cap is not None:
             return channel.cap
-        return ActorServer(channel, self)
+        kept = self._servers.get(id(channel))
+        if kept is None:
+            kept = self._servers[id(channel)] = (
+                channel,
+                schema.Actor._new_client(ActorServer(channel, self)),
+            )
+        return kept[1]
+
+    def endpoint_names(self, ref: ActorRef[Any]) -> list[str]:
+        """The endpoint names to send with ``ref``: all of them the first time
+        it goes over this connection, none after (the far side keeps them by
+        actor id, see :meth:`remote_ref`; a handle's host is sent with
+        every buffer handle)."""
+        if ref.id in self._named:
+            return []
+        endpoints = channel_of(ref).endpoints
+        if endpoints is None:
+            return []
+        self._named.add(ref.id)
+        return sorted(endpoints)
 
     def later_cap(self, promise: Promise[Any]) -> Any:
         """The ``Later`` that stands for ``promise`` on this connection.
@@ -165,9 +191,14 @@ class Peer:
 
     # -- remote things in ------------------------------------------------
     def remote_ref(self, reader: Any) -> ActorRef[Any]:
-        names = list(reader.endpoints)
-        endpoints: dict[str, EndpointSpec | None] | None = dict.fromkeys(names) if names else None
-        channel = RemoteChannel(self, reader.cap, reader.id, reader.name, endpoints)
+        actor_id = reader.id
+        names = reader.endpoints
+        endpoints: dict[str, EndpointSpec | None] | None
+        if len(names):
+            endpoints = self._endpoints_of[actor_id] = dict.fromkeys(names)
+        else:  # sent before on this connection (or an actor that has none)
+            endpoints = self._endpoints_of.get(actor_id)
+        channel = RemoteChannel(self, reader.cap, actor_id, reader.name, endpoints)
         return ActorRef(channel)
 
     def remote_promise(self, later: Any) -> Promise[Any]:
@@ -326,6 +357,7 @@ class Peer:
             promise.set_exception(HostLost(f"connection to {self.label} lost: {reason}"))
         for channel in list(self._holders):
             channel.cap = None
+        self._servers.clear()
         callbacks, self._on_close = list(self._on_close.values()), {}
         for callback in callbacks:
             _run_close_callback(callback, reason)

@@ -14,11 +14,6 @@ flushes it first. Flow control stays the real transport's: when it asks the
 protocol to pause, pycapnp stops writing as before. Everything here runs on
 the event loop's thread.
 
-Reading is paused lazily: pycapnp asks for data message by message, and a
-pause it asks for takes effect at the end of the loop turn only if it did
-not ask again by then (which it nearly always has), so the socket stays in
-the selector instead of leaving and rejoining it for every message.
-
 Reading can be held from above (:meth:`GatheringTransport.hold_reading`, how a
 node back-pressures a connection with too many calls in flight): pycapnp asks
 for data read by read (``resume_reading``, then ``pause_reading`` once it has
@@ -68,7 +63,6 @@ class GatheringTransport:
         self._loop = asyncio.get_running_loop()
         self._held = False  # reading held from above (hold_reading)
         self._wants_read = False  # pycapnp asked for data (resume_reading)
-        self._pausing = False  # a pause is due at the end of this loop turn
 
     def write(self, data: bytes) -> None:
         if len(data) >= _DIRECT:  # bulk: no copy into a joined buffer
@@ -102,23 +96,12 @@ class GatheringTransport:
         return bool(self._transport.is_closing())
 
     def pause_reading(self) -> None:
-        """pycapnp got what it asked for: stop reading, unless it asks again
-        within this loop turn, as it does after nearly every message (each
-        pause and resume would cost the selector a registration each).
-        Bytes that come meanwhile wait in pycapnp's own buffer."""
         self._wants_read = False
-        if not self._pausing:
-            self._pausing = True
-            self._loop.call_soon(self._pause_if_unwanted)
-
-    def _pause_if_unwanted(self) -> None:
-        self._pausing = False
-        if not self._wants_read and not self._transport.is_closing():
-            self._transport.pause_reading()
+        self._transport.pause_reading()
 
     def resume_reading(self) -> None:
         self._wants_read = True
-        if not self._held and not self._transport.is_reading():
+        if not self._held:
             self._transport.resume_reading()
 
     def hold_reading(self, held: bool) -> None:

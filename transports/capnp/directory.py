@@ -15,6 +15,7 @@ All of this is per process and lives on the one thread that runs capnp.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,9 +33,11 @@ class _Directory:
     connections: dict[str, CapnpConnection] = field(default_factory=dict)
     refs: dict[tuple[str, str], ActorRef[Any]] = field(default_factory=dict)
     dialing: dict[str, asyncio.Lock] = field(default_factory=dict)
+    unreachable: dict[str, float] = field(default_factory=dict)  # address -> dial again after
 
 
 _here = _Directory()
+REDIAL_AFTER_S = 1.0  # an address that could not be dialled is not tried again for this long
 
 
 def announce(address: str, token: bytes) -> None:
@@ -69,11 +72,15 @@ async def direct_actor(address: str, name: str, system: ActorSystem) -> ActorRef
     ref = _here.refs.get(key)
     if ref is not None and _usable(_here.connections.get(address)):
         return ref
+    if time.monotonic() < _here.unreachable.get(address, 0.0):
+        return None  # it just failed: every gang of a chain would dial a dead host again
     try:
         connection = await _connection(address, system)
         ref = await _lookup(connection, name)
     except Exception:
+        _here.unreachable[address] = time.monotonic() + REDIAL_AFTER_S
         return None
+    _here.unreachable.pop(address, None)
     _here.refs[key] = ref
     return ref
 
@@ -110,5 +117,6 @@ async def close_all() -> None:
     _here.connections.clear()
     _here.refs.clear()
     _here.dialing.clear()
+    _here.unreachable.clear()
     for connection in connections:
         await connection.aclose()
