@@ -115,8 +115,8 @@ def _handle(
     """A handle as :meth:`BufferHandle.__reduce__` sent it."""
     value = small if not isinstance(small, tuple) else None
     if isinstance(small, tuple):
-        data, dtype, value_shape = small
-        value = read_only(np.frombuffer(data, dtype_from_wire(dtype)).reshape(value_shape))
+        data, value_dtype, value_shape = small
+        value = read_only(np.frombuffer(data, dtype_from_wire(value_dtype)).reshape(value_shape))
     fields = (buffer_id, host, host_id, device_id, shape, dtype, nbytes, island, address)
     return BufferHandle(*fields, value)
 

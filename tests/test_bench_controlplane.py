@@ -1,0 +1,27 @@
+"""``atoll bench controlplane --tiny``: the benchmark runs and measures something.
+
+It starts ``atoll up`` with a host process and a client process, and the
+same case in this process; each case must finish computations and report
+CPU per computation from every role, and the process case Cap'n Proto calls.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from atoll.benchmarks.controlplane import main
+
+
+@pytest.mark.timeout(120)
+def test_the_tiny_benchmark_reports_every_role(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--tiny", "--json", "--seconds", "0.5"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
+    by = {(row["case"], row["system"]): row["value"] for row in rows}
+    for role in ("controller", "hosts", "clients", "total"):
+        assert by["single x1 processes", f"cpu_{role}"] > 0
+    assert by["single x1 in-process", "cpu_all"] > 0
+    assert by["single x1 processes", "rate"] > 0 and by["single x1 processes", "busy"] > 0
+    assert by["single x1 processes", "capnp_calls_in_controller"] >= 0.5  # a run reaches it
+    assert by["single x1 processes", "target_total"] == 250.0
