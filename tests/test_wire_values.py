@@ -9,6 +9,8 @@ still come back inside pickled values.
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -52,7 +54,7 @@ async def test_a_handle_comes_back_with_its_value_and_dtype(value: np.ndarray | 
         array = np.zeros(1, np.float32) if value is None else value
         handle = BufferHandle.of("host0:1", array, host, 0, 0, 0, "capnp://127.0.0.1:1")
         if value is None:
-            handle = BufferHandle(*[getattr(handle, f) for f in _FIELDS], None)
+            handle = dataclasses.replace(handle, value=None)
         back = _round_trip(Peer("wire"), [handle])
         assert isinstance(back, list) and isinstance(back[0], BufferHandle)
         got = back[0]
