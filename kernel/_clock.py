@@ -83,11 +83,12 @@ class WallClock:
 
     Event loops wake from timers in whole milliseconds (epoll's timeout
     unit, rounded up), which would add up to a millisecond to a simulated
-    kernel of 2.3 ms. On asyncio (on Linux) a sleep therefore passes the
-    loop's turns while the loop has other work ready (cheap: it runs anyway),
-    and otherwise waits on a ``timerfd`` that the loop watches
-    (``kernel/_alarm.py``), which wakes it on time and costs no CPU
-    meanwhile. Elsewhere (trio) it waits on a timer that ends
+    kernel of 2.3 ms. On asyncio (on Linux) a sleep therefore waits on a
+    ``timerfd`` that the loop watches (``kernel/_alarm.py``), which wakes it
+    on time and costs no CPU meanwhile; in its last ``spin_s`` it passes the
+    loop's turns instead while the loop has other work ready (cheap: the
+    loop runs anyway, and a saturated one reaches the deadline sooner).
+    Elsewhere (trio) it waits on a timer that ends
     half a millisecond before the last whole millisecond it holds and spends
     the rest, at most ``spin_s``, yielding to the loop until the deadline:
     precise, at the price of host CPU in that window. (Spinning, a simulated
@@ -104,7 +105,7 @@ class WallClock:
 
     async def sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + max(0.0, seconds)
-        if self.spin_s > 0 and _on_asyncio() and await _until(deadline):
+        if self.spin_s > 0 and _on_asyncio() and await _until(deadline, self.spin_s):
             return
         # elsewhere (trio), the timer ends half a millisecond before the last whole one: alone,
         # epoll rounds its wait up to that millisecond (no spin); woken early
@@ -126,17 +127,18 @@ class WallClock:
         return loop.call_later(max(0.0, seconds), _logged, callback)
 
 
-async def _until(deadline: float) -> bool:
-    """Wait until ``deadline`` on asyncio: passes of the loop while it has
-    other work ready (each costs the loop one step of this task, less than
-    the timer), else the ``timerfd`` alarm, which costs nothing while the
-    loop would be idle. False where there is no alarm (nothing waited)."""
+async def _until(deadline: float, spin_s: float) -> bool:
+    """Wait until ``deadline`` on asyncio: on the ``timerfd`` alarm, except
+    that in the last ``spin_s`` the task passes the loop's turns while the
+    loop has other work ready (each pass costs one step of this task, less
+    than the timer; an idle loop waits on the alarm instead). False where
+    there is no alarm (nothing waited)."""
     loop = asyncio.get_running_loop()
-    while time.monotonic() < deadline:
-        if getattr(loop, "_ready", None):  # busy: the next pass comes soon anyway
+    while (left := deadline - time.monotonic()) > 0:
+        if left <= spin_s and getattr(loop, "_ready", None):  # busy: a pass comes soon
             await asyncio.sleep(0)
             continue
-        alarm = wake_at(deadline)
+        alarm = wake_at(deadline if left <= spin_s else deadline - spin_s)
         if alarm is None:
             return False
         await alarm
