@@ -37,15 +37,21 @@ U = TypeVar("U")
 
 def then(promise: Promise[T], fn: Callable[[T], U], label: str = "") -> Promise[U]:
     """A promise of ``fn(value)``; returns at once, settles when ``promise`` does."""
-    out: Promise[U] = Promise(label or f"{promise!r}.then")
+    out: Promise[U] = Promise(label or "then")  # (a repr of the source per call cost a
+    # formatted string, nested ever deeper along a chain)
 
     def settle(done: Promise[T]) -> None:
-        error = done.exception()
+        error = done._error
         if error is not None:
-            out.set_exception(error)
+            out._reject(error)
             return
-        with _failing(out):
-            out.set_result(fn(done.result()))
+        try:
+            out._resolve(fn(done._value))
+        except Exception as exc:
+            out._reject(exc)
+        except BaseException as exc:  # see _failing
+            out._reject(exc)
+            raise
 
     promise.add_done_callback(settle)
     return out
@@ -57,7 +63,7 @@ def flatten(promise: Promise[Promise[T] | T], label: str = "") -> Promise[T]:
     The inner value may also arrive as a plain value: a network transport
     delivers a promise that settled before it was sent as its value.
     """
-    out: Promise[T] = Promise(label or f"{promise!r}.flat")
+    out: Promise[T] = Promise(label or "flat")
 
     def outer(done: Promise[Promise[T] | T]) -> None:
         error = done.exception()

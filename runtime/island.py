@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -22,7 +21,6 @@ from ..devices import (
     DeviceProgram,
     GangTask,
     Host,
-    PlannedGang,
     Rendezvous,
     RunReport,
     run_key,
@@ -38,9 +36,8 @@ from ..kernel import (
     endpoint,
     forward,
     log_failure,
-    then,
 )
-from ..schedulers import Completed, Dispatch, PolicyError, Submit, get_scheduler
+from ..schedulers import Completed, Dispatch, Submit, get_scheduler
 from .latency import Wire, over
 from .planner import CompiledPlan
 
@@ -68,7 +65,8 @@ class IslandScheduler(Actor):
     ) -> None:
         self.island = island
         self.hosts = dict(hosts or {})  # every host, by id: to fail readers' inboxes
-        self.gang_by_gang = 0  # compiled runs this island's policy made go gang by gang
+        self.held_back = 0  # compiled runs the policy did not dispatch at once on every device
+        self._runs: dict[str, _HeldRun] = {}  # compiled runs not yet sent to every device
         self.wire = wire
         self.policy_name = policy
         self.policy = get_scheduler(policy)
@@ -106,6 +104,13 @@ class IslandScheduler(Actor):
     def _carry_out(self, instructions: Sequence[Dispatch]) -> None:
         for instruction in instructions:
             gang_id, device = instruction.gang_id, instruction.device
+            held = self._runs.get(gang_id)
+            if held is not None:  # a compiled run's part
+                held.left -= 1
+                if held.left == 0:
+                    del self._runs[gang_id]
+                self._send_part(held, device)
+                continue
             task, inputs, owner, result, sent = self._pending[gang_id]
             given = _unpushed(task, inputs) if device == task.leader else inputs
             promise = over(self.wire, self.devices[device]).run_gang(task, given, owner)
@@ -136,94 +141,52 @@ class IslandScheduler(Actor):
         ``Completed`` per device once it reported): the run's gangs take
         consecutive places in the island's order, and a policy that keeps
         shares charges the run's client for all of them, at a cost per run
-        that does not grow with its length. That needs a policy that
-        dispatches a gang as it is submitted (``dispatches_on_submit``: gang
-        FIFO, or the share policy while one client is alone); with any other,
-        or when the policy does not now, the run goes through the policy gang
-        by gang (:meth:`_gang_by_gang`), in this same handler, so that nothing
-        sent later can overtake it. Devices get their part in one
-        island-wide order, since this actor is the only sender to them.
+        that does not grow with its length. Each device is sent its part
+        (installed first, once, on the same link) when the policy dispatches
+        the run there: at once for gang FIFO, or later, in the policy's
+        order, when it holds runs back (the share policy while clients share
+        the island). Devices get their parts in one island-wide order, since
+        this actor is the only sender to them and the policy dispatches all
+        of a gang's devices together.
 
-        Each device is sent its part (installed first, once, on the same
-        link); returns each device's promise of its
-        :class:`~atoll.devices.RunReport`. Inputs stay promises.
+        Returns each device's promise of its
+        :class:`~atoll.devices.RunReport` at once. Inputs stay promises.
         """
-        if not getattr(self.policy, "dispatches_on_submit", False):
-            return self._gang_by_gang(compiled, epoch, inputs, owner, weight)
-        run, devices = run_key(epoch), tuple(compiled.programs)
+        run = run_key(epoch)
+        reports: dict[int, Promise[RunReport]] = {d: Promise(run) for d in compiled.programs}
+        self._runs[run] = _HeldRun(compiled, epoch, inputs, owner, reports)
         shards = sum(len(gang_devices) for _, gang_devices in compiled.gangs)
+        devices = tuple(compiled.programs)
         submit = Submit(next(self._events), run, devices, owner, weight, shards / len(devices))
-        sent = self.policy.handle(submit)
-        if sorted(d.device for d in sent) != sorted(devices):
-            raise PolicyError(f"{self.policy_name} did not dispatch run {run} as submitted")
-        self._running[run] = len(devices)
-        if timeline.RECORDER.on:  # the run's gangs: consecutive places in the order
-            for node, gang_devices in compiled.gangs:
-                self._record_dispatch(f"{run}/{node}", gang_devices[0], owner)
-        else:
-            self._positions += len(compiled.gangs)
-        reports = {}
-        for device, program in compiled.programs.items():
-            ref = self.devices[device]
-            installed = self._install(device, ref, program)
-            given = inputs.get(device, ())
-            report = over(self.wire, ref).run_plan(compiled.plan_id, epoch, given, owner)
-            if installed is not None:  # a plan that could not be installed says why
-                report = _unless_not_installed(report, installed)
-            report.add_done_callback(functools.partial(self._report, run, device))
-            reports[device] = report
+        try:
+            instructions = self.policy.handle(submit)
+        except Exception:
+            del self._runs[run]
+            raise
+        if len(instructions) < len(devices):
+            self.held_back += 1  # (for status and tests: the policy queued it)
+        self._carry_out(instructions)
         return reports
 
-    def _gang_by_gang(
-        self,
-        compiled: CompiledPlan,
-        epoch: int,
-        inputs: Mapping[int, Sequence[Any]],
-        owner: str,
-        weight: float,
-    ) -> dict[int, Promise[RunReport]]:
-        """A compiled run submitted gang by gang, in the plan's order, with a
-        report per leader device made here: kept outputs, errors, and the
-        other outputs as ``held`` (the controller frees them once the whole
-        run is over). A gang that fails fails its readers' inboxes at once."""
-        self.gang_by_gang += 1
-        values: dict[int, dict[int, Any]] = {}  # per device: an Earlier is its own
-        planned: dict[int, PlannedGang] = {}
-        for device, program in compiled.programs.items():
-            values[device] = dict(zip(program.inputs, inputs.get(device, ()), strict=True))
-            planned.update((gang.node, gang) for gang in program.gangs)
-        reports: dict[int, RunReport] = {}
-        ran: dict[int, list[Promise[Any]]] = {}
-        made: dict[tuple[int, int] | None, Promise[Any]] = {}  # outputs read by their leader
-        for node, devices in compiled.gangs:
-            gang, leader = planned[node], devices[0]
-            task = gang.task(epoch, gang.host, leader)
-            result = self.submit_gang(task, gang.given(values[leader], made), owner, weight)
-            made.update(
-                ((node, o), then(result, operator.itemgetter(o))) for o in range(len(gang.outputs))
-            )
-            report = reports.setdefault(leader, RunReport())
-            result.add_done_callback(functools.partial(self._gang_ran, gang, task, report))
-            ran.setdefault(leader, []).append(result)
-        return {
-            leader: then(all_settled(ran[leader]), functools.partial(_given, report))
-            for leader, report in reports.items()
-        }
-
-    def _gang_ran(
-        self, gang: PlannedGang, task: GangTask, report: RunReport, result: Promise[Any]
-    ) -> None:
-        """A gang of a run gone gang by gang settled: its outputs no one keeps
-        are held until the whole run is over; if it failed, so do the inboxes
-        its readers wait on, now."""
-        report.held.extend(report.record(gang, task.gang_id, result))
-        error = report.errors.get(gang.node)
-        if error is None:
-            return
-        for target in task.push:
-            host = self.hosts.get(target.host_id)
-            if host is not None:
-                host.fail_inbox(list(target.keys), error).add_done_callback(_log_failed)
+    def _send_part(self, held: _HeldRun, device: int) -> None:
+        """The policy dispatched run ``held`` on ``device``: send it its part."""
+        run = run_key(held.epoch)
+        compiled = held.compiled
+        if timeline.RECORDER.on:  # the run's gangs: consecutive places in the order
+            for node, gang_devices in compiled.gangs:
+                if gang_devices[0] == device:
+                    self._record_dispatch(f"{run}/{node}", device, held.owner)
+        else:
+            self._positions += sum(1 for _, d in compiled.gangs if d[0] == device)
+        self._running[run] = self._running.get(run, 0) + 1
+        ref = self.devices[device]
+        installed = self._install(device, ref, compiled.programs[device])
+        given = held.inputs.get(device, ())
+        report = over(self.wire, ref).run_plan(compiled.plan_id, held.epoch, given, held.owner)
+        if installed is not None:  # a plan that could not be installed says why
+            report = _unless_not_installed(report, installed)
+        report.add_done_callback(functools.partial(self._report, run, device))
+        forward(report, held.reports[device])
 
     def _install(
         self, device: int, ref: ActorRef[Device], program: DeviceProgram
@@ -308,16 +271,17 @@ class IslandScheduler(Actor):
 
     @endpoint
     def load(self) -> dict[str, Any]:
-        """For ``atoll status``: gangs the policy holds back (queued, none of
-        their shards sent yet), gangs sent to devices and not finished, and
-        compiled runs the policy made go gang by gang."""
+        """For ``atoll status``: gangs and compiled runs the policy holds back
+        (queued, none of their shards sent yet), those sent to devices and
+        not finished, and how many compiled runs the policy held back."""
         queued = sum(1 for entry in self._pending.values() if entry[4] == 0)
+        queued += sum(1 for held in self._runs.values() if held.left == len(held.reports))
         return {
             "island": self.island,
             "scheduler": self.policy_name,
             "queued": queued,
             "running": len(self._running),
-            "compiled_gang_by_gang": self.gang_by_gang,
+            "compiled_held_back": self.held_back,
         }
 
     @endpoint
@@ -339,10 +303,6 @@ class IslandScheduler(Actor):
         return len(done)
 
 
-def _given(report: RunReport, _: Promise[None]) -> RunReport:
-    return report
-
-
 def _unpushed(task: GangTask, inputs: Sequence[Any]) -> Sequence[Any]:
     """The leader's inputs without those pushed to its inbox: it waits for
     the push, so their promises would only cost messages to resolve (a
@@ -359,7 +319,7 @@ def _unless_not_installed(
 ) -> Promise[RunReport]:
     """``report``, except that a run whose plan failed to install fails with
     why it did (not with the device's "not installed")."""
-    out: Promise[RunReport] = Promise(f"report of {report!r}")
+    out: Promise[RunReport] = Promise("report")
 
     def settled(_: Promise[None]) -> None:
         error = installed.exception()
@@ -377,3 +337,24 @@ def _forget_failed(plans: set[int], plan_id: int, sent: Promise[None]) -> None:
     if sent.exception() is not None:
         plans.discard(plan_id)
         _log_failed(sent)
+
+
+class _HeldRun:
+    """A compiled run the island took, until every device was sent its part."""
+
+    __slots__ = ("compiled", "epoch", "inputs", "left", "owner", "reports")
+
+    def __init__(
+        self,
+        compiled: CompiledPlan,
+        epoch: int,
+        inputs: Mapping[int, Sequence[Any]],
+        owner: str,
+        reports: dict[int, Promise[RunReport]],
+    ) -> None:
+        self.compiled = compiled
+        self.epoch = epoch
+        self.inputs = inputs
+        self.owner = owner
+        self.reports = reports
+        self.left = len(reports)  # devices not sent their part yet

@@ -97,6 +97,7 @@ def test_kernel_api() -> None:
             "forward",
             "log_failure",
             "move_on_after",
+            "process_counters",
             "resolve_actor_class",
             "then",
             "use_clock",
