@@ -90,7 +90,7 @@ HOSTS = (4, 16, 64, 128, 512)
 QUICK_HOSTS = (4, 16, 64)
 CONTROL_PLANE: dict[type[Any], tuple[str, ...]] = {
     Controller: ("run_graph", "_send_run", "_compiled_sent", "_reported", "_free_held"),
-    IslandScheduler: ("submit_gang", "run_plan", "completed", "_report", "_gang_ran"),
+    IslandScheduler: ("submit_gang", "run_plan", "completed", "_report", "_send_part"),
 }
 # synchronous host-side methods that promise callbacks call, maybe in another actor's task
 HOST_SIDE: dict[type[Any], tuple[str, ...]] = {

@@ -473,7 +473,7 @@ class Controller(Actor):
         """One run of a compiled plan: the island sends each device one
         ``run_plan``; each output settles from its device's report. A
         session's run goes through its gang quota as one entry (sent now,
-        after a stall, or refused), like a gang sent gang by gang."""
+        after a stall, or refused), like a gang of a plan that does not compile."""
         epoch = next(self._runs)
         self._compiled_runs += 1
         outs: list[Promise[BufferHandle]] = [
@@ -507,8 +507,9 @@ class Controller(Actor):
         sent.add_done_callback(functools.partial(self._compiled_sent, run))
 
     def _compiled_sent(self, run: _CompiledRun, sent: Promise[Any], counted: bool = True) -> None:
-        """The island sent a compiled run (as one, or gang by gang), or it
-        failed to, or the session's quota refused it (not ``counted``)."""
+        """The island took a compiled run (and sends each device its part
+        when its policy dispatches it), or it failed to, or the session's
+        quota refused it (not ``counted``)."""
         error = sent.exception()
         reports: dict[int, Promise[RunReport]] | None = None if error else sent.result()
         for (node, index, device), out in zip(run.compiled.outputs, run.outs, strict=True):
@@ -618,8 +619,8 @@ class Controller(Actor):
     def plan_stats(self) -> dict[str, int]:
         """Plan counters, for tests and tools: plans held, cache hits and
         misses; ``compiled``: plans held that run compiled; ``compiled_runs``:
-        runs sent compiled (an island whose policy holds gangs back runs them
-        gang by gang; ``IslandScheduler.load`` counts those)."""
+        runs sent compiled (``IslandScheduler.load`` counts those its policy
+        held back before sending them)."""
         compiled = sum(c is not None for c in self._compiled.values())
         return {
             "plans": len(self.plans),

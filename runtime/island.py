@@ -172,12 +172,12 @@ class IslandScheduler(Actor):
         """The policy dispatched run ``held`` on ``device``: send it its part."""
         run = run_key(held.epoch)
         compiled = held.compiled
-        if timeline.RECORDER.on:  # the run's gangs: consecutive places in the order
-            for node, gang_devices in compiled.gangs:
-                if gang_devices[0] == device:
-                    self._record_dispatch(f"{run}/{node}", device, held.owner)
-        else:
-            self._positions += sum(1 for _, d in compiled.gangs if d[0] == device)
+        if held.left == len(held.reports) - 1:  # its first part: the run takes its places
+            if timeline.RECORDER.on:  # its gangs: consecutive places in the order
+                for node, gang_devices in compiled.gangs:
+                    self._record_dispatch(f"{run}/{node}", gang_devices[0], held.owner)
+            else:
+                self._positions += len(compiled.gangs)
         self._running[run] = self._running.get(run, 0) + 1
         ref = self.devices[device]
         installed = self._install(device, ref, compiled.programs[device])

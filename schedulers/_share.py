@@ -32,8 +32,8 @@ dispatches), there is nothing to share and the policy dispatches every gang
 as it is submitted, exactly like gang FIFO; that is why it can be every
 island's default. The mode is decided again at each completion only, never
 in the middle of a run of submissions, so a caller that reads
-:attr:`SharePolicy.dispatches_on_submit` (the island's compiled-plan path)
-can rely on it for every submit until the next completion.
+:attr:`SharePolicy.dispatches_on_submit` can rely on it for every submit
+until the next completion.
 """
 
 from __future__ import annotations
