@@ -131,23 +131,25 @@ async def _until(deadline: float, spin_s: float) -> bool:
     """Wait until ``deadline`` on asyncio: on the ``timerfd`` alarm, set
     ``_EARLY_S`` ahead of it (a wake-up comes tens of microseconds late, and
     a simulated device of 0.33 ms programs would lose a tenth of its time to
-    that), then passes of the loop for the rest; and in the last ``spin_s``,
-    passes of the loop instead while it has other work ready (each costs one
-    step of this task, less than the timer). False where there is no alarm
-    (nothing waited)."""
+    that), then a busy wait for what is left (no pass of the loop: each
+    would cost a poll of the selector); and in the last ``spin_s``, passes
+    of the loop instead while it has other work ready (each costs one step
+    of this task, less than the timer). False where there is no alarm."""
     loop = asyncio.get_running_loop()
-    while (left := deadline - time.monotonic()) > 0:
-        if left <= _EARLY_S or (left <= spin_s and getattr(loop, "_ready", None)):
+    while (left := deadline - time.monotonic()) > _EARLY_S:
+        if left <= spin_s and getattr(loop, "_ready", None):  # busy: a pass comes soon
             await asyncio.sleep(0)
             continue
         alarm = wake_at(deadline - (_EARLY_S if left <= spin_s else spin_s))
         if alarm is None:
             return False
         await alarm
+    while time.monotonic() < deadline:  # at most _EARLY_S
+        pass
     return True
 
 
-_EARLY_S = 1e-4  # the alarm goes this far ahead of a deadline; the loop's passes do the rest
+_EARLY_S = 8e-5  # the alarm goes this far ahead of a deadline; a busy wait does the rest
 
 
 def _on_asyncio() -> bool:
