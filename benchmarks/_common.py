@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping, Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "timings",
     "track",
     "unit_column",
+    "wait_for_line",
 ]
 
 
@@ -194,3 +196,18 @@ def p99(samples: Sequence[float]) -> float:
     """The 99th percentile of ``samples`` (the nearest sample at or below it)."""
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
+# -- processes ---------------------------------------------------------------------
+def wait_for_line(process: subprocess.Popen[str], prefix: str) -> None:
+    """Read ``process``'s output until a line starts with ``prefix`` (a
+    cluster that is up, a client that is ready); raise if it ends first."""
+    from atoll.kernel import AtollError
+
+    assert process.stdout is not None
+    while True:
+        line = process.stdout.readline()
+        if not line:
+            raise AtollError(f"process {process.pid} ended before printing {prefix!r}")
+        if line.startswith(prefix):
+            return

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from atoll.benchmarks._common import Column, Row, emit, system_column, table
+from atoll.benchmarks._common import Column, Row, emit, system_column, table, wait_for_line
 from atoll.devices import BufferHandle, Computation, CostModel
 from atoll.kernel import AtollError, Promise, process_counters
 from atoll.runtime import Cluster, local_cluster
@@ -233,7 +233,7 @@ async def over_processes(
             for _ in range(case.clients):
                 clients.append(_start_client(cluster_file, case.mode, devices, per_host, program_s))
             for client in clients:
-                _wait_for(client, "ready")
+                wait_for_line(client, "ready")
             for client in clients:
                 _say(client, "go")
             async with connect(cluster_file) as admin:
@@ -296,7 +296,7 @@ def _start_up(cluster_file: str, hosts: int, per_host: int) -> subprocess.Popen[
         *("--devices-per-host", str(per_host), "--cluster-file", cluster_file),
     ]
     up = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, close_fds=False)
-    _wait_for(up, "atoll cluster up")
+    wait_for_line(up, "atoll cluster up")
     return up
 
 
@@ -311,16 +311,6 @@ def _start_client(
     return subprocess.Popen(
         command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, close_fds=False
     )
-
-
-def _wait_for(process: subprocess.Popen[str], prefix: str) -> None:
-    assert process.stdout is not None
-    while True:
-        line = process.stdout.readline()
-        if not line:
-            raise AtollError(f"process {process.pid} ended before printing {prefix!r}")
-        if line.startswith(prefix):
-            return
 
 
 def _say(process: subprocess.Popen[str], line: str) -> None:

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from atoll.benchmarks._common import Row, system_column, table, unit_column
+from atoll.benchmarks._common import Row, system_column, table, unit_column, wait_for_line
 from atoll.devices import BufferHandle, Computation
 from atoll.kernel import AtollError, Promise
 from atoll.runtime.connect import Client, connect
@@ -124,18 +124,8 @@ def _start_up(directory: str, devices: int, scheduler: str = "share") -> Running
         *("--cluster-file", cluster_file, "--scheduler", scheduler),
     )
     up = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, close_fds=False)
-    _wait_for(up, "atoll cluster up")
+    wait_for_line(up, "atoll cluster up")
     return Running(cluster_file, up, {})
-
-
-def _wait_for(process: subprocess.Popen[str], prefix: str) -> None:
-    assert process.stdout is not None
-    while True:
-        line = process.stdout.readline()
-        if not line:
-            raise AtollError(f"process {process.pid} ended before printing {prefix!r}")
-        if line.startswith(prefix):
-            return
 
 
 def _start_clients(
@@ -166,7 +156,7 @@ def _start_clients(
             command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, close_fds=False
         )
     for name, _, _ in clients:
-        _wait_for(running.clients[name], "ready")
+        wait_for_line(running.clients[name], "ready")
 
 
 def _go(running: Running, names: Sequence[str]) -> None:
