@@ -329,7 +329,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--forms", default=",".join(FORMS))
     parser.add_argument("--where", default=",".join(WHERE))
     parser.add_argument(
-        "--variants", default=",".join(VARIANTS), help="fused (the default), unfused or both"
+        "--variants",
+        default=",".join(VARIANTS),
+        help="fused, unfused, or both (the default): comma-separated",
     )
     parser.add_argument("--tiny", action="store_true", help="one small size, short (tests)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # SIZE:RANK, in this process
@@ -344,7 +346,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else None
     if args.tiny:
         sizes, args.seconds, args.reps = sizes or [32], 0.02, 1
-    variants = args.variants.split(",")
+    variants = list(VARIANTS) if args.variants == "both" else args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:  # (each would run, and measure nothing)
+        parser.error(f"--variants: unknown {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     emit(run(sizes, args.seconds, args.reps, wheres, forms, variants), args.json, _render)
     return 0
 

@@ -84,16 +84,17 @@ class WallClock:
     Event loops wake from timers in whole milliseconds (epoll's timeout
     unit, rounded up), which would add up to a millisecond to a simulated
     kernel of 2.3 ms. On asyncio (on Linux) a sleep therefore waits on a
-    ``timerfd`` that the loop watches (``kernel/_alarm.py``), which wakes it
-    on time and costs no CPU meanwhile; in its last ``spin_s`` it passes the
-    loop's turns instead while the loop has other work ready (cheap: the
-    loop runs anyway, and a saturated one reaches the deadline sooner).
-    Elsewhere (trio) it waits on a timer that ends
-    half a millisecond before the last whole millisecond it holds and spends
-    the rest, at most ``spin_s``, yielding to the loop until the deadline:
-    precise, at the price of host CPU in that window. (Spinning, a simulated
-    host once spent as much CPU as its devices spent device time.)
-    ``spin_s=0`` is never more precise than the loop: no alarm, no spin.
+    ``timerfd`` that the loop watches (``kernel/_alarm.py``), set 80 µs
+    ahead of the deadline, and a busy wait ends it on time: no CPU is spent
+    meanwhile. In its last ``spin_s`` it passes the loop's turns instead
+    while the loop has other work ready (cheap: the loop runs anyway, and a
+    saturated one reaches the deadline sooner). Elsewhere (trio) it waits
+    on a timer that ends half a millisecond before the last whole
+    millisecond it holds and spends the rest, at most ``spin_s``, yielding
+    to the loop until the deadline: precise, at the price of host CPU in
+    that window. (Spinning, a simulated host once spent as much CPU as its
+    devices spent device time.) ``spin_s=0`` is never more precise than
+    the loop: no alarm, no spin.
     """
 
     def __init__(self, spin_s: float = 0.0015) -> None:
@@ -155,8 +156,9 @@ _EARLY_S = 8e-5  # the alarm goes this far ahead of a deadline; a busy wait does
 def _on_asyncio() -> bool:
     """Whether this task runs on an asyncio loop (not trio, nor trio-asyncio's
     trio side)."""
-    if sniffio.thread_local.name is not None:
-        return sniffio.thread_local.name == "asyncio"
+    name = sniffio.thread_local.name or sniffio.current_async_library_cvar.get()
+    if name is not None and name != "asyncio":
+        return False
     return asyncio._get_running_loop() is not None
 
 

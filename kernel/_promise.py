@@ -315,7 +315,8 @@ def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
     """The running asyncio loop, unless this thread runs trio (sniffio's
     own test, minus the costly ``current_task`` that ``anyio.Event`` makes
     on every wait)."""
-    if sniffio.thread_local.name is not None or sniffio.current_async_library_cvar.get():
+    name = sniffio.thread_local.name or sniffio.current_async_library_cvar.get()
+    if name is not None and name != "asyncio":
         return None
     return asyncio._get_running_loop()
 
