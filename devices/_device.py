@@ -204,28 +204,12 @@ class Device(Actor):
         handles reach anyone only after the pushes landed); the other shards
         return an empty list.
         """
-        return await self._run_gang(task, inputs, owner)
-
-    async def _run_gang(
-        self,
-        task: GangTask,
-        inputs: Sequence[Any],
-        owner: str,
-        held: list[str] | None = None,
-    ) -> list[BufferHandle] | Promise[list[BufferHandle]]:
-        """The body of :meth:`run_gang`; ``held`` collects the outputs a reader
-        elsewhere reads in place."""
         try:
             outputs = await self._run_here(task, inputs, owner)
         except _InputFailed as failure:  # as it is, not boxed
-            if task.made is not None and self.device_id == task.leader:
-                self._keep_earlier(*task.made, failure.error, len(task.outputs))
             return failed(failure.error)
-        leader = self.device_id == task.leader
-        if leader and task.made is not None:  # a compiled run's gang, sent gang by gang
-            self._keep_earlier(*task.made, outputs)
-        if leader and task.push:
-            return await self.push_outputs(task.push, outputs, owner, held)
+        if self.device_id == task.leader and task.push:
+            return await self.push_outputs(task.push, outputs, owner, None)
         return outputs
 
     async def _run_here(

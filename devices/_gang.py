@@ -49,9 +49,7 @@ class GangTask:
     * ``resident``: per input, True when the producer was a gang over these
       same devices, so every shard's part of it is already in place (the
       device ran the producer first) and only the leader waits for it;
-    * ``push``: where the leader sends its outputs;
-    * ``made``: for a gang of a compiled run, ``(run, node)``: its leader keeps
-      its outputs' handles for later runs that read them (``Earlier``).
+    * ``push``: where the leader sends its outputs.
     """
 
     gang_id: str
@@ -65,7 +63,6 @@ class GangTask:
     inbox_host: int = -1
     resident: tuple[bool, ...] = ()
     push: tuple[PushTarget, ...] = ()
-    made: tuple[int, int] | None = None  # (run, node) of a compiled run's gang
 
     @property
     def output_bytes(self) -> int:

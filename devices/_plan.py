@@ -101,7 +101,6 @@ class PlannedGang:
         shape = (self.kernel, self.devices, self.mesh_shape, self.axis_names, self.outputs)
         if device != self.devices[0]:
             return GangTask(gang_id, *shape, resident=self.resident)
-        made = (epoch, self.node)
         inbox = tuple(
             f"{gang_id}/{i}" if src == PUSHED_IN else None for i, src in enumerate(self.inputs)
         )
@@ -113,7 +112,6 @@ class PlannedGang:
             inbox_host=host if PUSHED_IN in self.inputs else -1,
             resident=self.resident,
             push=targets,
-            made=made,
         )
 
     def given(
