@@ -113,10 +113,12 @@ def _handle(
     small: tuple[bytes, str, tuple[int, ...]] | np.ndarray | None,
 ) -> BufferHandle:
     """A handle as :meth:`BufferHandle.__reduce__` sent it."""
-    value = small if not isinstance(small, tuple) else None
+    value: np.ndarray | None
     if isinstance(small, tuple):
         data, value_dtype, value_shape = small
         value = read_only(np.frombuffer(data, dtype_from_wire(value_dtype)).reshape(value_shape))
+    else:  # none, or a dtype numpy pickled
+        value = small
     fields = (buffer_id, host, host_id, device_id, shape, dtype, nbytes, island, address)
     return BufferHandle(*fields, value)
 

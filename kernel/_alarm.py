@@ -31,7 +31,9 @@ import sys
 import weakref
 from time import monotonic as _monotonic
 
-__all__ = ["wake_at"]
+import sniffio
+
+__all__ = ["running_asyncio_loop", "wake_at"]
 
 _CLOCK_MONOTONIC = 1  # the clock of time.monotonic() on Linux
 _TFD_NONBLOCK = os.O_NONBLOCK
@@ -126,10 +128,19 @@ def _alarm(loop: asyncio.AbstractEventLoop) -> _LoopAlarm | None:
     return alarm
 
 
-def wake_at(deadline: float) -> asyncio.Future[None] | None:
-    """A future of the running asyncio loop, settled at ``deadline``
+def wake_at(loop: asyncio.AbstractEventLoop, deadline: float) -> asyncio.Future[None] | None:
+    """A future of ``loop`` (the running one), settled at ``deadline``
     (``time.monotonic()`` seconds) to within tens of microseconds; None
     where this loop cannot have a ``timerfd``."""
-    loop = asyncio.get_running_loop()
     alarm = _alarm(loop)
     return None if alarm is None else alarm.wake_at(loop, deadline)
+
+
+def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:
+    """The asyncio loop this thread runs, unless the task is trio's (or
+    trio-asyncio's trio side): sniffio's own test, without the costly
+    ``current_task`` it falls back on (``anyio.Event`` made one per wait)."""
+    name = sniffio.thread_local.name or sniffio.current_async_library_cvar.get()
+    if name is not None and name != "asyncio":
+        return None
+    return asyncio._get_running_loop()

@@ -35,7 +35,7 @@ from typing import Protocol
 import anyio
 import sniffio
 
-from ._alarm import wake_at
+from ._alarm import running_asyncio_loop, wake_at
 
 __all__ = [
     "Clock",
@@ -106,7 +106,8 @@ class WallClock:
 
     async def sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + max(0.0, seconds)
-        if self.spin_s > 0 and _on_asyncio() and await _until(deadline, self.spin_s):
+        loop = running_asyncio_loop() if self.spin_s > 0 else None
+        if loop is not None and await _until(loop, deadline, self.spin_s):
             return
         # elsewhere (trio), the timer ends half a millisecond before the last whole one: alone,
         # epoll rounds its wait up to that millisecond (no spin); woken early
@@ -128,7 +129,7 @@ class WallClock:
         return loop.call_later(max(0.0, seconds), _logged, callback)
 
 
-async def _until(deadline: float, spin_s: float) -> bool:
+async def _until(loop: asyncio.AbstractEventLoop, deadline: float, spin_s: float) -> bool:
     """Wait until ``deadline`` on asyncio: on the ``timerfd`` alarm, set
     ``_EARLY_S`` ahead of it (a wake-up comes tens of microseconds late, and
     a simulated device of 0.33 ms programs would lose a tenth of its time to
@@ -136,12 +137,11 @@ async def _until(deadline: float, spin_s: float) -> bool:
     would cost a poll of the selector); and in the last ``spin_s``, passes
     of the loop instead while it has other work ready (each costs one step
     of this task, less than the timer). False where there is no alarm."""
-    loop = asyncio.get_running_loop()
     while (left := deadline - time.monotonic()) > _EARLY_S:
         if left <= spin_s and getattr(loop, "_ready", None):  # busy: a pass comes soon
             await asyncio.sleep(0)
             continue
-        alarm = wake_at(deadline - (_EARLY_S if left <= spin_s else spin_s))
+        alarm = wake_at(loop, deadline - (_EARLY_S if left <= spin_s else spin_s))
         if alarm is None:
             return False
         await alarm
@@ -151,15 +151,6 @@ async def _until(deadline: float, spin_s: float) -> bool:
 
 
 _EARLY_S = 8e-5  # the alarm goes this far ahead of a deadline; a busy wait does the rest
-
-
-def _on_asyncio() -> bool:
-    """Whether this task runs on an asyncio loop (not trio, nor trio-asyncio's
-    trio side)."""
-    name = sniffio.thread_local.name or sniffio.current_async_library_cvar.get()
-    if name is not None and name != "asyncio":
-        return False
-    return asyncio._get_running_loop() is not None
 
 
 def _in_trio() -> bool:

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import anyio
-import sniffio
 
+from ._alarm import running_asyncio_loop
 from ._errors import AtollError
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class Promise(Generic[T]):
                 counter.waits += 1
             if self._event is None:
                 self._event = []
-            loop = _asyncio_loop()
+            loop = running_asyncio_loop()
             if loop is not None:  # a future per waiter: cancelling one leaves the others
                 future = loop.create_future()
                 self._event.append(future)
@@ -309,16 +309,6 @@ def _settle_pipelined(target: Promise[Any], inner: Promise[Any], result: Promise
         return
     error = inner._error
     target.add_done_callback(lambda t: result._reject(t._error if t._error is not None else error))
-
-
-def _asyncio_loop() -> asyncio.AbstractEventLoop | None:
-    """The running asyncio loop, unless this thread runs trio (sniffio's
-    own test, minus the costly ``current_task`` that ``anyio.Event`` makes
-    on every wait)."""
-    name = sniffio.thread_local.name or sniffio.current_async_library_cvar.get()
-    if name is not None and name != "asyncio":
-        return None
-    return asyncio._get_running_loop()
 
 
 def _run_callback(callback: Callable[[Promise[Any]], None], promise: Promise[Any]) -> None:

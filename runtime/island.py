@@ -12,7 +12,7 @@ import functools
 import itertools
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..devices import (
@@ -163,7 +163,7 @@ class IslandScheduler(Actor):
         except Exception:
             del self._runs[run]
             raise
-        if len(instructions) < len(devices):
+        if sum(i.gang_id == run for i in instructions) < len(devices):
             self.held_back += 1  # (for status and tests: the policy queued it)
         self._carry_out(instructions)
         return reports
@@ -339,22 +339,16 @@ def _forget_failed(plans: set[int], plan_id: int, sent: Promise[None]) -> None:
         _log_failed(sent)
 
 
+@dataclass(slots=True)
 class _HeldRun:
     """A compiled run the island took, until every device was sent its part."""
 
-    __slots__ = ("compiled", "epoch", "inputs", "left", "owner", "reports")
+    compiled: CompiledPlan
+    epoch: int
+    inputs: Mapping[int, Sequence[Any]]
+    owner: str
+    reports: dict[int, Promise[RunReport]]  # by device, settled from its report
+    left: int = field(init=False)  # devices not sent their part yet
 
-    def __init__(
-        self,
-        compiled: CompiledPlan,
-        epoch: int,
-        inputs: Mapping[int, Sequence[Any]],
-        owner: str,
-        reports: dict[int, Promise[RunReport]],
-    ) -> None:
-        self.compiled = compiled
-        self.epoch = epoch
-        self.inputs = inputs
-        self.owner = owner
-        self.reports = reports
-        self.left = len(reports)  # devices not sent their part yet
+    def __post_init__(self) -> None:
+        self.left = len(self.reports)

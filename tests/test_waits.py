@@ -72,7 +72,7 @@ async def test_a_cancelled_sleep_does_not_stop_the_next() -> None:
 async def test_the_alarm_wakes_a_loop_that_waits_for_nothing_else() -> None:
     from atoll.kernel._alarm import wake_at
 
-    future = wake_at(time.monotonic() + 0.0005)
+    future = wake_at(asyncio.get_running_loop(), time.monotonic() + 0.0005)
     if future is None:
         pytest.skip("no timerfd on this platform")
     await asyncio.wait_for(future, 1.0)

@@ -93,6 +93,7 @@ _log = logging.getLogger("atoll.transports.capnp")
 CHUNK = 1 << 20
 IN_FLIGHT = 4
 HOLD_S = 2.0  # a hold on reading this long turns into refusals (heartbeats: 6 s)
+ACTORS_KEPT = 1024  # actors a connection keeps a capability and endpoint names for
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ class Peer:
         self._holders: weakref.WeakSet[RemoteChannel] = weakref.WeakSet()
         self._on_close: dict[int, Callable[[str], None]] = {}
         self._servers: dict[int, tuple[Any, Any]] = {}  # local channel -> (it, its capability)
-        self._named: set[str] = set()  # actors whose endpoint names went over this link
+        self._named: dict[str, None] = {}  # actors whose endpoint names went over this link
         self._endpoints_of: dict[str, dict[str, EndpointSpec | None]] = {}  # came over it
         self._callback_ids = 0
         # set by whoever owns the socket: drops it (after :meth:`close`, see :meth:`lose`)
@@ -154,6 +155,7 @@ class Peer:
                 channel,
                 schema.Actor._new_client(ActorServer(channel, self)),
             )
+            _bound(self._servers)  # (each keeps its actor's cell alive)
         return kept[1]
 
     def endpoint_names(self, ref: ActorRef[Any]) -> list[str]:
@@ -166,7 +168,8 @@ class Peer:
         endpoints = channel_of(ref).endpoints
         if endpoints is None:
             return []
-        self._named.add(ref.id)
+        self._named[ref.id] = None
+        _bound(self._named)
         return sorted(endpoints)
 
     def later_cap(self, promise: Promise[Any]) -> Any:
@@ -196,6 +199,7 @@ class Peer:
         endpoints: dict[str, EndpointSpec | None] | None
         if len(names):
             endpoints = self._endpoints_of[actor_id] = dict.fromkeys(names)
+            _bound(self._endpoints_of)
         else:  # sent before on this connection (or an actor that has none)
             endpoints = self._endpoints_of.get(actor_id)
         channel = RemoteChannel(self, reader.cap, actor_id, reader.name, endpoints)
@@ -416,6 +420,13 @@ async def heartbeat(
             return
         except Exception:
             continue  # a broken link closes the peer (the loop then ends)
+
+
+def _bound(kept: dict[Any, Any]) -> None:
+    """Drop the oldest entries of a per-connection cache beyond ``ACTORS_KEPT``
+    (a dropped one only costs its next send what the first one cost)."""
+    while len(kept) > ACTORS_KEPT:
+        del kept[next(iter(kept))]
 
 
 def _run_close_callback(callback: Callable[[str], None], reason: str) -> None:
