@@ -15,11 +15,13 @@ those calls with a clear error instead of leaving them pending.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import Generic, TypeVar
 
 import anyio
 
+from ._alarm import running_asyncio_loop
 from ._errors import ActorStopped, BadMailbox, MailboxFull
 
 __all__ = ["Mailbox"]
@@ -38,7 +40,9 @@ class Mailbox(Generic[M]):
         self.slack = slack
         self._queue: deque[M] = deque()
         self._closed: str | None = None
-        self._not_empty: anyio.Event | None = None
+        # what the actor waits on while empty: a future on asyncio (no
+        # anyio.Event, which asks sniffio which library runs on every wait)
+        self._not_empty: asyncio.Future[None] | anyio.Event | None = None
         self._room: deque[_Waiter] = deque()
         self.blocked_puts = 0  # how many times a sender had to wait for room
 
@@ -77,9 +81,14 @@ class Mailbox(Generic[M]):
         """Take the oldest message, waiting for one; ``ActorStopped`` once closed."""
         while not self._queue:
             self._check_open()
-            if self._not_empty is None:
-                self._not_empty = anyio.Event()
-            await self._not_empty.wait()
+            loop = running_asyncio_loop()
+            if loop is not None:
+                future = self._not_empty = loop.create_future()
+                await future
+            else:
+                if self._not_empty is None:
+                    self._not_empty = anyio.Event()
+                await self._not_empty.wait()
         message = self._queue.popleft()
         self._wake_one_sender()
         return message
@@ -90,17 +99,22 @@ class Mailbox(Generic[M]):
             self._closed = reason
         leftovers = list(self._queue)
         self._queue.clear()
-        if self._not_empty is not None:
-            self._not_empty.set()
+        self._wake_reader()
         for waiter in self._room:
             waiter.wake()
         return leftovers
 
     def _append(self, message: M) -> None:
         self._queue.append(message)
-        if self._not_empty is not None:
-            self._not_empty.set()
-            self._not_empty = None
+        self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        waiting, self._not_empty = self._not_empty, None
+        if isinstance(waiting, asyncio.Future):
+            if not waiting.done():
+                waiting.set_result(None)
+        elif waiting is not None:
+            waiting.set()
 
     def _wake_one_sender(self) -> None:
         if self._room and len(self._queue) < self.capacity:
