@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import sniffio
 
 from ._actor import ActorRef, Channel
+from ._alarm import running_asyncio_loop
 from ._counts import COUNTS as counts
 from ._promise import Promise, WaitCounter, count_waits, detach_wait_counter
 from ._system import _Cell, share_arguments_with
@@ -116,6 +117,10 @@ def threadsafe_caller() -> Callable[[Callable[[], object]], object]:
 def call_soon(fn: Callable[[], object]) -> None:
     """Run ``fn()`` on this event loop once the current turn is over (before
     it waits for I/O again): asyncio's ``call_soon``, trio's ``run_sync_soon``."""
+    loop = running_asyncio_loop()
+    if loop is not None:  # asyncio's own test first: sniffio asks for the task
+        loop.call_soon(fn)
+        return
     if _on_trio():
         import trio
 
