@@ -152,8 +152,15 @@ class SharePolicy:
 
     def _next(self, limit: int | None) -> str | None:
         """The client whose head gang goes next, or None when none can."""
-        reserved: set[int] = set()
         waiting = [name for name, c in self._clients.items() if c.queue]
+        if not waiting:
+            return None
+        first = min(waiting, key=lambda n: self._clients[n].pass_)  # as sorted's first
+        if limit is None or all(
+            self._busy[d] < limit for d in self._clients[first].queue[0].devices
+        ):
+            return first  # the usual case: no sort
+        reserved: set[int] = set()
         for name in sorted(waiting, key=lambda n: self._clients[n].pass_):
             devices = self._clients[name].queue[0].devices
             room = limit is None or all(self._busy[d] < limit for d in devices)
