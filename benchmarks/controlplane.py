@@ -9,8 +9,9 @@ gives, per computation that a device ran in the measured window:
   processes, and in all of them (``total``), beside the issue's target;
 * computations per second and the devices' utilization (simulated device
   time over wall time);
-* actor messages (calls enqueued on a local mailbox) and Cap'n Proto calls
-  (made plus served) per computation, for each role.
+* actor messages (calls enqueued on a local mailbox), Cap'n Proto calls
+  (made, served) and socket writes (each a gathered burst of Cap'n Proto
+  messages, and a wake-up of the far side) per computation, for each role.
 
 Cases (simulated devices, each computation ``--program-ms`` of device time):
 
@@ -202,7 +203,7 @@ def _rows(
     for role in roles:
         per = 1e6 * cpu[role] / computations
         rows.append(Row(BENCH, label, f"cpu_{role}", per, "µs"))
-        for key in ("actor_messages", "capnp_calls_out", "capnp_calls_in"):
+        for key in ("actor_messages", "capnp_calls_out", "capnp_calls_in", "socket_writes"):
             count = _delta(before, after, role, key) / computations
             rows.append(Row(BENCH, label, f"{key}_{role}", count, "/comp"))
     total = 1e6 * sum(cpu.values()) / computations
@@ -352,12 +353,14 @@ def _render(rows: Sequence[Row]) -> str:
         messages.append(system_column(f"actor_messages_{role}", 8, ".1f", title=f"msg {short}"))
         messages.append(system_column(f"capnp_calls_out_{role}", 8, ".1f", title=f"out {short}"))
         messages.append(system_column(f"capnp_calls_in_{role}", 8, ".1f", title=f"in {short}"))
+        messages.append(system_column(f"socket_writes_{role}", 8, ".1f", title=f"wr {short}"))
     return "\n".join(
         [
             "CPU µs per computation, by process role",
             table(rows, cpu, case_width=24),
             "",
-            "per computation: actor messages (msg), Cap'n Proto calls made (out) and served (in)",
+            "per computation: actor messages (msg), Cap'n Proto calls made (out) and served"
+            " (in), socket writes (wr)",
             table(rows, messages, case_width=24),
         ]
     )

@@ -2,7 +2,8 @@
 
 It starts ``atoll up`` with a host process and a client process, and the
 same case in this process; each case must finish computations and report
-CPU per computation from every role, and the process case Cap'n Proto calls.
+CPU per computation from every role, and the process case Cap'n Proto calls
+and socket writes.
 """
 
 from __future__ import annotations
@@ -24,4 +25,6 @@ def test_the_tiny_benchmark_reports_every_role(capsys: pytest.CaptureFixture[str
     assert by["single x1 in-process", "cpu_all"] > 0
     assert by["single x1 processes", "rate"] > 0 and by["single x1 processes", "busy"] > 0
     assert by["single x1 processes", "capnp_calls_in_controller"] >= 0.5  # a run reaches it
+    assert by["single x1 processes", "socket_writes_clients"] > 0  # it is sent
+    assert by["single x1 in-process", "socket_writes_all"] == 0  # no socket in one process
     assert by["single x1 processes", "target_total"] == 250.0

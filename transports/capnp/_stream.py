@@ -38,6 +38,8 @@ from typing import Any
 
 import capnp
 
+from ...kernel.lowlevel import counts
+
 __all__ = ["GatheringTransport", "WireStats", "connect_stream", "serve_streams", "wire_stats"]
 
 _DIRECT = 1 << 16  # pieces this large go out at once, after what is gathered
@@ -218,6 +220,7 @@ class _ReadAhead(asyncio.BufferedProtocol):
 
 
 def _count(nbytes: int) -> None:
+    counts["socket_writes"] += 1
     _STATS.frames += 1
     _STATS.bytes += nbytes
 
