@@ -86,9 +86,10 @@ class Mailbox(Generic[M]):
                 future = self._not_empty = loop.create_future()
                 await future
             else:
-                if self._not_empty is None:
-                    self._not_empty = anyio.Event()
-                await self._not_empty.wait()
+                event = self._not_empty
+                if not isinstance(event, anyio.Event):
+                    event = self._not_empty = anyio.Event()
+                await event.wait()
         message = self._queue.popleft()
         self._wake_one_sender()
         return message

@@ -36,6 +36,7 @@ __all__ = [
     "message_handler",
     "pipeline_answer",
     "resolve_arguments",
+    "running_asyncio_loop",
     "set_canceller",
     "set_message_handler",
     "share_arguments_with",

@@ -11,7 +11,10 @@ ownership does. Two rules make that safe and cheap:
   devices read it, or enqueued the computation that reads it: the run's
   ``done`` promise), so ``x = cluster.run(f, d, [x])`` can drop each link
   as soon as the next call is made;
-* the frees of one loop turn leave together, one ``free_many`` per host.
+* the frees of one loop turn leave together, one ``free_many`` per host;
+  to a host in another process at most one every ``FREE_EVERY_S`` while
+  frees keep coming (each is a message that wakes that host, and this
+  client for its answer), unless ``FREE_AT_ONCE`` are waiting.
 
 Explicit ``cluster.free`` and ``cluster.close`` keep working: a buffer freed
 by hand is not freed again when its references go.
@@ -27,6 +30,7 @@ and on any thread; that only notes the buffer and asks the event loop
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import weakref
@@ -36,9 +40,13 @@ from typing import Any
 
 from ..devices import BufferHandle
 from ..kernel import ActorRef, ActorStopped, HostLost, Promise, all_settled, log_failure
-from ..kernel.lowlevel import threadsafe_caller
+from ..kernel.lowlevel import running_asyncio_loop, threadsafe_caller
+from ..transports.capnp import peer_of
 
-__all__ = ["Ownership"]
+__all__ = ["FREE_AT_ONCE", "FREE_EVERY_S", "Ownership"]
+
+FREE_EVERY_S = 0.01  # the least time between two frees sent to one remote host
+FREE_AT_ONCE = 256  # ... unless this many buffers wait to be freed there
 
 _log = logging.getLogger(__name__)
 _log_unfreed = log_failure(_log, "a free", logging.DEBUG)
@@ -83,6 +91,8 @@ class Ownership:
         self._dying: set[str] = set()  # released, their free not sent yet
         self._gone: deque[str] = deque()  # collected references' buffers, for the loop
         self._doomed: dict[ActorRef[Any], list[str]] = {}  # to free at the end of the turn
+        self._sent_at: dict[ActorRef[Any], float] = {}  # remote host -> its last free's time
+        self._timer: asyncio.TimerHandle | None = None  # the frees put off (FREE_EVERY_S)
         self._scheduled = False
         self._closed = False
 
@@ -115,6 +125,9 @@ class Ownership:
         self._readers.clear()
         self._doomed.clear()
         self._dying.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     # -- on the loop ---------------------------------------------------------
     def _settled(self, reference: _Reference, promise: Promise[BufferHandle]) -> None:
@@ -191,13 +204,40 @@ class Ownership:
         """One ``free_many`` per host for every buffer doomed this turn (and
         still released: a reference that came back since keeps it)."""
         doomed, self._doomed = self._doomed, {}
+        loop = running_asyncio_loop()
         for host, buffer_ids in doomed.items():
             dying = [b for b in dict.fromkeys(buffer_ids) if b in self._dying]
+            if not dying:
+                continue
+            if loop is not None and self._put_off(loop, host, dying):
+                continue
             self._dying.difference_update(dying)
-            if dying:
-                self.freed += len(dying)
-                sent = host.free_many(dying, self.owner)
-                sent.add_done_callback(functools.partial(self._unfreed, dying))
+            self.freed += len(dying)
+            sent = host.free_many(dying, self.owner)
+            sent.add_done_callback(functools.partial(self._unfreed, dying))
+
+    def _put_off(
+        self, loop: asyncio.AbstractEventLoop, host: ActorRef[Any], dying: list[str]
+    ) -> bool:
+        """Whether the frees ``dying`` at remote ``host`` wait (its last free
+        left less than ``FREE_EVERY_S`` ago, and fewer than ``FREE_AT_ONCE``
+        wait): they are kept, and a timer sends them."""
+        if peer_of(host) is None:  # a local actor: a free is a mailbox entry, no wake-up
+            return False
+        now = loop.time()
+        wait = self._sent_at.get(host, -FREE_EVERY_S) + FREE_EVERY_S - now
+        if wait <= 0 or len(dying) >= FREE_AT_ONCE:
+            self._sent_at[host] = now
+            return False
+        self._doomed.setdefault(host, []).extend(dying)
+        if self._timer is None:
+            self._timer = loop.call_later(wait, self._put_off_over)
+        return True
+
+    def _put_off_over(self) -> None:
+        self._timer = None
+        if not self._closed:
+            self._flush()
 
     def _unfreed(self, buffer_ids: Sequence[str], sent: Promise[Any]) -> None:
         """A ``free_many`` failed: if its host is gone, the buffers that moved

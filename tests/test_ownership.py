@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll.devices import Computation
-from atoll.kernel import Promise, as_promise
+import atoll.runtime.ownership as ownership_module
+from atoll.devices import BufferHandle, Computation
+from atoll.kernel import Actor, ActorRef, ActorSystem, Promise, as_promise, endpoint
+from atoll.runtime.ownership import Ownership
+from atoll.transports.testing import eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -95,3 +98,89 @@ async def test_runs_reading_a_buffer_no_reference_here_holds_track_nothing() -> 
     for _ in range(100):
         ownership.reading([handle, as_promise(handle)], Promise("a run"))
     assert not ownership._readers
+
+
+class _Freer(Actor):
+    """A host as the frees see it: it records each ``free_many``."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[str]] = []
+
+    @endpoint
+    def free_many(self, buffer_ids: list[str], owner: str = "") -> int:
+        self.sent.append(list(buffer_ids))
+        return len(buffer_ids)
+
+    @endpoint
+    def calls(self) -> list[list[str]]:
+        return self.sent
+
+
+class _Dropper:
+    """References to buffers on ``host``, made and dropped a batch at a time."""
+
+    def __init__(self, ownership: Ownership, host: ActorRef[_Freer]) -> None:
+        self.ownership, self.host, self.made = ownership, host, 0
+
+    async def drop(self, count: int) -> None:
+        """``count`` references, dropped in one turn; then a few turns go by."""
+        promises = [Promise[BufferHandle]("a run") for _ in range(count)]
+        for promise in promises:
+            self.ownership.track(promise)
+            handle = BufferHandle(f"h0:{self.made}", self.host, 0, 0, (4,), "float64", 32)  # type: ignore[arg-type]
+            promise.set_result(handle)
+            self.made += 1
+        del promises, promise, handle
+        gc.collect()
+        for _ in range(5):
+            await anyio.sleep(0)
+
+
+@pytest.fixture
+def remote_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every host counts as one in another process, whose frees are put off."""
+    monkeypatch.setattr(ownership_module, "peer_of", lambda ref: object())
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio: every turn's frees go
+async def test_frees_at_a_remote_host_wait_for_the_interval_or_a_full_batch(
+    remote_hosts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
+    monkeypatch.setattr(ownership_module, "FREE_AT_ONCE", 3)
+    async with ActorSystem() as system:
+        host = system.spawn(_Freer)
+        ownership = Ownership("session", host_of=lambda handle: host)
+        dropper = _Dropper(ownership, host)
+        await dropper.drop(1)
+        assert await host.calls() == [["h0:0"]]  # the first goes at once
+        await dropper.drop(1)
+        assert await host.calls() == [["h0:0"]]  # the next waits for the interval
+        await dropper.drop(1)
+        assert await host.calls() == [["h0:0"]]
+        await dropper.drop(1)  # three wait: they go together
+        assert await host.calls() == [["h0:0"], ["h0:1", "h0:2", "h0:3"]]
+        await dropper.drop(1)
+        ownership.close()  # the session's end frees the rest, not the timer
+        assert ownership._timer is None and await host.calls() == [
+            ["h0:0"],
+            ["h0:1", "h0:2", "h0:3"],
+        ]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_free_put_off_goes_when_the_interval_is_over(
+    remote_hosts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 0.02)
+    async with ActorSystem() as system:
+        host = system.spawn(_Freer)
+        dropper = _Dropper(Ownership("session", host_of=lambda handle: host), host)
+        await dropper.drop(2)
+        await dropper.drop(1)
+        assert await host.calls() == [["h0:0", "h0:1"]]
+
+        async def sent() -> bool:
+            return await host.calls() == [["h0:0", "h0:1"], ["h0:2"]]
+
+        await eventually(sent, "the put-off free was sent by its timer", timeout=5.0)
