@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
     up.add_argument("--scheduler", default="share")  # schedulers.DEFAULT_POLICY
     up.add_argument(
+        "--http",
+        metavar="[HOST:]PORT",
+        help="serve the dashboard and /metrics (Prometheus) here from the start "
+        "(the dashboard extra; default: only on `atoll dashboard`)",
+    )
+    up.add_argument(
         "--store-bytes",
         type=_positive,
         help="each host's object store holds at most this many bytes (default: no limit)",
@@ -105,6 +111,10 @@ def _parser() -> argparse.ArgumentParser:
     dashboard.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
     dashboard.add_argument("--port", type=int, default=0, help="0: any free one")
     dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    top = sub.add_parser("top", help="a running cluster, live: devices, sessions, rates")
+    top.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
+    top.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes")
+    top.add_argument("--once", action="store_true", help="draw one frame and exit")
     drain = sub.add_parser(
         "drain", help="move every slice and buffer off a host; the host then leaves"
     )
@@ -199,8 +209,17 @@ def _up(args: argparse.Namespace) -> int:
         cluster_file = args.cluster_file or str(default_cluster_file())
     except AtollError as exc:
         raise SystemExit(f"atoll up: {exc}") from None
-    asyncio.run(run_up(spec, f"capnp://{args.host}:{args.port}", cluster_file))
+    http = _http_address(args.http, args.host) if args.http else None
+    asyncio.run(run_up(spec, f"capnp://{args.host}:{args.port}", cluster_file, http=http))
     return 0
+
+
+def _http_address(given: str, default_host: str) -> tuple[str, int]:
+    """``--http [HOST:]PORT`` as (host, port); a clear exit if it is not one."""
+    host, _, port = given.rpartition(":")
+    if not port.isdigit() or int(port) > 65535:
+        raise SystemExit(f"atoll up: --http wants [HOST:]PORT, not {given!r}")
+    return host or default_host, int(port)
 
 
 def _share_jax_runtime(args: argparse.Namespace) -> None:
@@ -275,6 +294,22 @@ def _dashboard(args: argparse.Namespace) -> int:
     except AtollError as exc:
         raise SystemExit(f"atoll dashboard: {exc}") from None
     print(f"atoll dashboard at {url}  (served by the controller until it stops)", flush=True)
+    return 0
+
+
+def _top(args: argparse.Namespace) -> int:
+    """``atoll top``: a live view until Ctrl-C (``--once``: one frame)."""
+    import asyncio
+    import contextlib
+
+    from .kernel import AtollError
+    from .runtime.top import top
+
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(top(args.cluster_file, args.interval, args.once))
+    except AtollError as exc:
+        raise SystemExit(f"atoll top: {exc}") from None
     return 0
 
 
@@ -466,6 +501,8 @@ def _command(args: argparse.Namespace) -> int:
         return _drain(args)
     if args.command == "timeline":
         return _timeline(args)
+    if args.command == "top":
+        return _top(args)
     if args.command == "dashboard":
         return _dashboard(args)
     from . import __version__

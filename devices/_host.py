@@ -36,10 +36,11 @@ from ..transports.dataplane import bulk, lane, shm
 from ..transports.dataplane.lane import LaneMessage
 from . import _checkpoint as checkpoint
 from . import timeline
+from ._device import live_stats
 from ._plan import portable
 from ._plane import DataPlane, process_plane
 from ._store import BufferMissing, ObjectStore, StoredBuffer
-from ._values import Arrival, BufferHandle, CostModel
+from ._values import Arrival, BufferHandle, CostModel, DeviceStats
 
 if TYPE_CHECKING:
     from ._device import Device
@@ -407,6 +408,12 @@ class Host(Actor):
         self.store.ledger.set_quota(owner, max_bytes)
 
     @endpoint
+    def device_stats(self) -> list[DeviceStats]:
+        """This host's devices' stats, read at once (``Device.stats`` waits
+        behind the runs in a device's mailbox; a monitor must not)."""
+        return live_stats(self.store, self.device_ids)
+
+    @endpoint
     def owner_usage(self) -> dict[str, dict[str, float]]:
         """Per owner: bytes and buffers held here, device seconds used here."""
         return self.store.ledger.usage()
@@ -423,7 +430,9 @@ class Host(Actor):
         ``shm_in``, ``stream_in``, ``chunks_in``: large arrays this process
         received by mapping, by bulk stream, by capnp chunks; ``lane_in``,
         ``lane_out``: small pushes it took and sent by lane; ``stream_out``:
-        arrays it sent by bulk stream; ``tickets_refused``; ``maps_reused``,
+        arrays it sent by bulk stream; ``tickets_refused``; the same with
+        ``_bytes`` (and ``inline_in_bytes``, ``inline_out_bytes``: arrays
+        carried inside Cap'n Proto messages) count bytes; ``maps_reused``,
         ``recycled``: shared-memory reuse (``transports.dataplane.shm``);
         ``taken_over``: segments of buffers that moved here, taken over
         from the host they left (no copy); ``pid``. Those
@@ -433,6 +442,12 @@ class Host(Actor):
         moved = {key: bulk.counts[key] for key in _DATA_PLANE}
         moved.update({key: shm.counts[key] for key in _SHM_REUSE})
         moved.update({"lane_in": lane.stats["delivered"], "lane_out": lane.stats["sent"]})
+        moved.update(
+            {
+                "lane_in_bytes": lane.stats["delivered_bytes"],
+                "lane_out_bytes": lane.stats["sent_bytes"],
+            }
+        )
         return {
             "buffers": len(self.store),
             "bytes": self.store.used_bytes,
@@ -470,5 +485,9 @@ _LEAVING: list[Callable[[], None]] = []
 _LEAVE_AFTER_S = 0.2  # time for the answer to leave before the process does
 MOVED_KEPT = 1 << 20  # buffers that moved away whose readers are sent on
 _log_unfreed = log_failure(_log, "a free sent on to where a buffer moved", logging.DEBUG)
-_DATA_PLANE = ("shm_in", "stream_in", "chunks_in", "stream_out", "tickets_refused")
+_DATA_PLANE = (
+    *("shm_in", "stream_in", "chunks_in", "stream_out", "tickets_refused"),
+    *("shm_in_bytes", "stream_in_bytes", "chunks_in_bytes", "stream_out_bytes"),
+    *("inline_in_bytes", "inline_out_bytes"),
+)
 _SHM_REUSE = ("maps_reused", "recycled", "taken_over")  # see atoll.transports.dataplane.shm

@@ -55,6 +55,7 @@ from .elastic import Elastic
 from .graph import Graph, Node, ValueRef
 from .island import IslandScheduler
 from .latency import Wire, over
+from .metrics import RunCounters, controller_metrics
 from .planner import (
     CompiledPlan,
     Plan,
@@ -113,6 +114,7 @@ class Controller(Actor):
         self.elastic = Elastic(self)  # moves, suspends, drains (runtime/elastic.py)
         self.plans = PlanCache(on_drop=self._plan_dropped)
         self.tenants = Tenants()  # sessions' weights and quotas (runtime/tenancy.py)
+        self.runs = RunCounters()  # for /metrics (runtime/metrics.py)
         self.compile: bool | None = None  # None: when hosts are processes (see set_compile)
         self._compiled: dict[int, CompiledPlan | None] = {}  # by id(plan); None: not compilable
         self._plan_ids = itertools.count(1)
@@ -382,6 +384,7 @@ class Controller(Actor):
             outs, done = self._dispatch(plan_, graph, inputs, owner)
         answer = _together(outs, done)
         self.elastic.track(plan_.slices, answer)
+        self.runs.observe(answer)
         return answer
 
     @endpoint(resolve_args=False)
@@ -675,6 +678,12 @@ class Controller(Actor):
                 for done in [host.set_quota(owner, max_bytes) for host in self.host_refs]:
                     await _unless_lost(done)
         return self.tenants.rows()[owner]
+
+    @endpoint
+    def metrics(self) -> dict[str, Any]:
+        """Runs submitted and taken, their dispatch times and failures, and
+        this process's message counters (``runtime/metrics.py``)."""
+        return controller_metrics(self.runs)
 
     @endpoint
     async def tenant_usage(self) -> dict[str, dict[str, Any]]:

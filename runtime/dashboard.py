@@ -1,7 +1,8 @@
-"""``atoll dashboard``: a small web page served from the controller process.
+"""``atoll dashboard`` and ``/metrics``: the controller process's web server.
 
 :class:`Dashboard` runs inside the process of ``atoll up`` (the
-``ClusterBuilder`` starts it on request). It serves, on 127.0.0.1 by default:
+``ClusterBuilder`` starts it with ``atoll up --http`` or on request, with
+``atoll dashboard``). It serves, on 127.0.0.1 by default:
 
 * ``/``: one page (HTML and a little JavaScript, no external assets) that
   polls the API every two seconds and draws hosts and their health, device
@@ -10,14 +11,18 @@
 * ``/api/status``: ``{"rows": [...], "utilization": {device: fraction},
   "window_s": ...}``; the rows are ``atoll status``'s;
 * ``/api/timeline``: the last timeline ``atoll timeline`` recorded (Chrome
-  trace JSON).
+  trace JSON);
+* ``/metrics``: the cluster's metrics in Prometheus' text format
+  (``runtime/metrics.py``), gathered from every part at each scrape.
 
-Every request must show the cluster token: header ``X-Atoll-Token: HEX`` or
-cookie ``atoll_token=HEX``. Opening ``/?token=HEX`` once sets the cookie.
+Every request must show the cluster token: header ``Authorization: Bearer
+HEX`` (what Prometheus sends), header ``X-Atoll-Token: HEX`` or cookie
+``atoll_token=HEX``. Opening ``/?token=HEX`` once sets the cookie.
 Utilization comes from sampling every device's busy time once a second.
 
-The HTTP is asyncio's streams and a few lines of parsing: GET only, one
-request per connection. It needs no package beyond atoll's own.
+The HTTP is starlette's, served by hypercorn on the controller's asyncio
+loop (keep-alive, ``HEAD``, limits and errors as they do them): the
+``dashboard`` extra, ``pip install 'atoll[dashboard]'``.
 """
 
 from __future__ import annotations
@@ -25,57 +30,78 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
+import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
-from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from typing import TYPE_CHECKING, Any
 
-from ..devices import Device
+from ..devices import Host
 from ..kernel import ActorRef, AtollError
+from .metrics import LoopLag, collect, render
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 __all__ = ["Dashboard", "timeline_page"]
 
 WINDOW_S = 60.0  # utilization is over this much of the past
-_MAX_REQUEST = 16 << 10
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_log = logging.getLogger("atoll.web")
 
 
 class Dashboard:
-    """The web page of one cluster, served from the controller's loop."""
+    """The web page and the metrics of one cluster, served from the
+    controller's loop. ``controller`` gives the controller once the cluster
+    is built (None until then)."""
 
     def __init__(
         self,
         token: bytes,
         status: Callable[[], Awaitable[list[dict[str, Any]]]],
-        devices: Sequence[ActorRef[Device]],
+        hosts: Sequence[ActorRef[Host]],
+        controller: Callable[[], Any | None] = lambda: None,
     ) -> None:
         self.token = token
         self.status = status
-        self.devices = list(devices)
+        self.hosts = hosts  # the builder's own list: a host that rejoined shows
+        self.controller = controller
         self.samples: dict[int, deque[tuple[float, float]]] = {}  # device -> (t, busy_s)
         self.timeline: dict[str, Any] = {"traceEvents": []}
-        self.server: asyncio.Server | None = None
-        self._sampler: asyncio.Task[None] | None = None
+        self.lag = LoopLag()
         self.address = ""
+        self._stop: asyncio.Event | None = None
+        self._server: asyncio.Task[None] | None = None
+        self._sampler: asyncio.Task[None] | None = None
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Listen (once); the page's URL."""
-        if self.server is None:
-            self.server = await asyncio.start_server(self._serve, host, port)
-            bound = self.server.sockets[0].getsockname()
-            self.address = f"http://{host}:{bound[1]}/"
+        if self._server is None:
+            config, bound = _config(host, port)
+            from hypercorn.asyncio import serve
+
+            self._stop = asyncio.Event()
+            self._server = asyncio.ensure_future(
+                serve(self.app(), config, shutdown_trigger=self._stop.wait)
+            )
+            self.address = f"http://{host}:{bound}/"
             self._sampler = asyncio.ensure_future(self._sample_forever())
+            self.lag.start()
         return self.address
 
     async def aclose(self) -> None:
+        await self.lag.stop()
         if self._sampler is not None:
             self._sampler.cancel()
             with suppress(asyncio.CancelledError):
                 await self._sampler
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
+        if self._server is not None and self._stop is not None:
+            self._stop.set()
+            with suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(self._server, 5.0)
 
     # -- utilization -------------------------------------------------------------
     async def _sample_forever(self) -> None:
@@ -84,15 +110,16 @@ class Dashboard:
             await asyncio.sleep(1.0)
 
     async def sample(self) -> None:
-        """Record every device's busy time now (a device that fails is skipped)."""
+        """Record every device's busy time now, as its host reads it (a host
+        that fails is skipped)."""
         now = time.monotonic()
-        for promise in [device.stats() for device in self.devices]:
+        for promise in [host.device_stats() for host in self.hosts]:
             with suppress(AtollError):
-                stats = await promise
-                window = self.samples.setdefault(stats.device_id, deque())
-                window.append((now, stats.busy_s))
-                while window and window[0][0] < now - WINDOW_S:
-                    window.popleft()
+                for stats in await promise:
+                    window = self.samples.setdefault(stats.device_id, deque())
+                    window.append((now, stats.busy_s))
+                    while window and window[0][0] < now - WINDOW_S:
+                        window.popleft()
 
     def utilization(self) -> dict[int, float]:
         """Per device: busy time over wall time, over the samples in the window."""
@@ -106,47 +133,74 @@ class Dashboard:
         return out
 
     # -- HTTP --------------------------------------------------------------------
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
-            if len(head) > _MAX_REQUEST:
-                raise ValueError("request too large")
-            status, headers, body = await self._answer(head.decode("latin-1"))
-        except (ValueError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-            status, headers, body = "400 Bad Request", {}, b"bad request"
-        headers.setdefault("Content-Type", "text/plain; charset=utf-8")
-        lines = [f"HTTP/1.1 {status}", f"Content-Length: {len(body)}", "Connection: close"]
-        lines += [f"{k}: {v}" for k, v in headers.items()]
-        with suppress(ConnectionError):
-            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-            await writer.drain()
-        writer.close()
+    def app(self) -> Any:
+        """The ASGI application (starlette): routes behind the token."""
+        from starlette.applications import Starlette
+        from starlette.routing import Route
 
-    async def _answer(self, head: str) -> tuple[str, dict[str, str], bytes]:
-        method, target, _ = head.split("\r\n", 1)[0].split(" ", 2)
-        headers = _headers(head)
-        url = urlsplit(target)
-        given = parse_qs(url.query).get("token", [""])[0]
-        if method != "GET":
-            return "405 Method Not Allowed", {}, b"GET only"
+        routes = [
+            Route("/", self._page),
+            Route("/api/status", self._api_status),
+            Route("/api/timeline", self._api_timeline),
+            Route("/metrics", self._metrics),
+        ]
+        return Starlette(routes=routes)
+
+    def _refused(self, request: Request) -> Response | None:
+        """None if ``request`` shows the token; else the answer that says so."""
+        from starlette.responses import PlainTextResponse
+
+        bearer = request.headers.get("authorization", "")
+        given = (
+            bearer[7:].strip()
+            if bearer[:7].lower() == "bearer "
+            else request.headers.get("x-atoll-token") or request.cookies.get("atoll_token", "")
+        )
+        if self._allowed(given):
+            return None
+        return PlainTextResponse(
+            "the cluster token is needed (Authorization: Bearer, X-Atoll-Token or ?token=)",
+            401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
+    async def _page(self, request: Request) -> Response:
+        from starlette.responses import HTMLResponse, RedirectResponse
+
+        given = request.query_params.get("token", "")
         if given and self._allowed(given):  # log in once: the cookie carries it
-            cookie = f"atoll_token={given}; HttpOnly; SameSite=Strict; Path=/"
-            return "303 See Other", {"Location": "/", "Set-Cookie": cookie}, b""
-        if not self._allowed(headers.get("x-atoll-token") or _cookie(headers)):
-            return "401 Unauthorized", {}, b"the cluster token is needed (X-Atoll-Token or ?token=)"
-        if url.path == "/":
-            return "200 OK", {"Content-Type": "text/html; charset=utf-8"}, PAGE.encode()
-        if url.path == "/api/status":
-            data = {
-                "rows": await self.status(),
-                "utilization": self.utilization(),
-                "window_s": WINDOW_S,
-            }
-            return "200 OK", {"Content-Type": "application/json"}, json.dumps(data).encode()
-        if url.path == "/api/timeline":
-            body = json.dumps(self.timeline).encode()
-            return "200 OK", {"Content-Type": "application/json"}, body
-        return "404 Not Found", {}, b"not found"
+            answer = RedirectResponse("/", 303)
+            answer.set_cookie("atoll_token", given, httponly=True, samesite="strict")
+            return answer
+        return self._refused(request) or HTMLResponse(PAGE)
+
+    async def _api_status(self, request: Request) -> Response:
+        from starlette.responses import JSONResponse
+
+        if (refused := self._refused(request)) is not None:
+            return refused
+        data = {
+            "rows": await self.status(),
+            "utilization": self.utilization(),
+            "window_s": WINDOW_S,
+        }
+        return JSONResponse(data)
+
+    async def _api_timeline(self, request: Request) -> Response:
+        from starlette.responses import Response
+
+        if (refused := self._refused(request)) is not None:
+            return refused
+        return Response(json.dumps(self.timeline), media_type="application/json")
+
+    async def _metrics(self, request: Request) -> Response:
+        from starlette.responses import Response
+
+        if (refused := self._refused(request)) is not None:
+            return refused
+        controller = self.controller()
+        snapshot = await collect(self.status, self.hosts, controller, self.lag)
+        return Response(render(snapshot), media_type=METRICS_TYPE)
 
     def _allowed(self, given: str) -> bool:
         try:
@@ -155,21 +209,27 @@ class Dashboard:
             return False
 
 
-def _headers(head: str) -> dict[str, str]:
-    out = {}
-    for line in head.split("\r\n")[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            out[name.strip().lower()] = value.strip()
-    return out
-
-
-def _cookie(headers: dict[str, str]) -> str:
-    for part in headers.get("cookie", "").split(";"):
-        name, _, value = part.strip().partition("=")
-        if name == "atoll_token":
-            return value
-    return ""
+def _config(host: str, port: int) -> tuple[Any, int]:
+    """Hypercorn's configuration, with a socket bound here (so that port 0
+    gives a port we know), and that port."""
+    try:
+        from hypercorn.config import Config
+    except ImportError:  # the extra is not installed
+        raise AtollError(
+            "the dashboard and /metrics need the dashboard extra: pip install 'atoll[dashboard]'"
+        ) from None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    bound = sock.getsockname()[1]
+    config = Config()
+    config.bind = [f"fd://{sock.detach()}"]  # hypercorn owns it from here
+    config.accesslog = None
+    config.errorlog = _log
+    config.graceful_timeout = 1.0
+    return config, bound
 
 
 def timeline_page(document: dict[str, Any], title: str = "atoll timeline") -> str:

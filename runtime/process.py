@@ -60,6 +60,7 @@ from ..transports.processes import reap
 from .controller import Controller, spawn_control
 from .dashboard import Dashboard
 from .island import IslandScheduler
+from .metrics import Snapshot, collect
 from .sessions import SessionWatcher
 from .spec import ClusterSpec
 from .status import cluster_status
@@ -262,9 +263,22 @@ class ClusterBuilder(Actor):
         if not self.token:
             raise AtollError("this cluster has no token to protect a dashboard with")
         if self.web is None:
-            self.web = Dashboard(self.token, self._status_now, self.devices)
-            self.web.timeline = self.last_timeline
+            web = Dashboard(self.token, self._status_now, self.hosts, self._controller)
+            web.timeline = self.last_timeline
+            self.web = web
         return await self.web.start(host, port)
+
+    @endpoint
+    async def metrics(self) -> Snapshot:
+        """What ``/metrics`` shows, as values (``runtime/metrics.py``): for
+        ``atoll top``, which needs no web server."""
+        lag = self.web.lag if self.web is not None else None
+        return await collect(self._status_now, self.hosts, self._controller(), lag)
+
+    def _controller(self) -> ActorRef[Controller] | None:
+        """The controller, once the cluster is built."""
+        ready = self.ready
+        return ready.result().controller if ready.done() and not ready.exception() else None
 
     async def _status_now(self) -> list[dict[str, Any]]:
         return await self._status(2.0)
@@ -518,9 +532,16 @@ async def process_cluster(
         yield info.client(system, owner)
 
 
-async def run_up(spec: ClusterSpec, address: str, cluster_file: str, timeout: float = 600) -> None:
+async def run_up(
+    spec: ClusterSpec,
+    address: str,
+    cluster_file: str,
+    timeout: float = 600,
+    http: tuple[str, int] | None = None,
+) -> None:
     """``atoll up``: serve the controller, start the hosts, wait for a signal
-    (SIGTERM, SIGINT) or for ``atoll down``.
+    (SIGTERM, SIGINT) or for ``atoll down``. ``http``: (address, port) to
+    serve the dashboard and ``/metrics`` on from the start.
 
     The cluster file is written as soon as the controller listens, so hosts on
     other machines can take the token from it and join; it names this
@@ -555,6 +576,9 @@ async def run_up(spec: ClusterSpec, address: str, cluster_file: str, timeout: fl
                 f"{len(info.topology.devices)} devices",
                 flush=True,
             )
+            if http is not None:
+                url = await listener.node.lookup("cluster").dashboard(*http)
+                print(f"atoll web at {url} (/, /metrics; the cluster token)", flush=True)
             # this process is ours: its long-lived objects (actors, proxies,
             # topology) leave the collector's scans, whose pauses otherwise
             # grow with the cluster (docs/dispatch.md, "Scale")

@@ -36,11 +36,15 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 def _get(url: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
     opener = urllib.request.build_opener(_NoRedirect)
     request = urllib.request.Request(url, headers=headers)
-    try:
+    try:  # header names as HTTP has them: in any case (lowered here)
         with opener.open(request, timeout=30) as answer:
-            return answer.status, dict(answer.headers), answer.read()
+            return answer.status, _lowered(answer.headers), answer.read()
     except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), error.read()
+        return error.code, _lowered(error.headers), error.read()
+
+
+def _lowered(headers: Any) -> dict[str, str]:
+    return {name.lower(): value for name, value in headers.items()}
 
 
 def _atoll(*args: str, env: dict[str, str]) -> str:
@@ -104,7 +108,7 @@ def test_the_dashboard_needs_the_token_and_shows_hosts_die(
     assert _get(base)[0] == 401
     assert _get(base + "api/status", **{"X-Atoll-Token": "00" * 32})[0] == 401
     code, headers, _ = _get(f"{base}?token={token}")
-    assert code == 303 and f"atoll_token={token}" in headers["Set-Cookie"]
+    assert code == 303 and f"atoll_token={token}" in headers["set-cookie"]
     code, _, page = _get(base, Cookie=f"atoll_token={token}")
     assert code == 200 and b"<h2>hosts</h2>" in page
 

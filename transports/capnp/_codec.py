@@ -39,7 +39,7 @@ from ...kernel import (
     TransportError,
     failed,
 )
-from ..dataplane import shm
+from ..dataplane import bulk, shm
 from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
 from ._imports import find_class
 
@@ -101,6 +101,7 @@ def _encode_array(peer: Peer, builder: Any, array: np.ndarray) -> None:
         out.dtype = wire_dtype(array.dtype)
         out.shape = list(array.shape)
         out.data = array.tobytes()
+        bulk.counts["inline_out_bytes"] += array.nbytes
         return
     out = builder.init("buffer")
     out.dtype = wire_dtype(array.dtype)
@@ -227,6 +228,7 @@ def _decode_array(reader: Any) -> np.ndarray:
     data = bytes(reader.data)  # copy: the message may not outlive the loop
     array = np.frombuffer(data, dtype=dtype_from_wire(str(reader.dtype))).reshape(shape)
     array.flags.writeable = False
+    bulk.counts["inline_in_bytes"] += len(data)
     return array
 
 

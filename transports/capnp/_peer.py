@@ -478,6 +478,7 @@ def _mapped(reader: Any, shape: tuple[int, ...], nbytes: int) -> np.ndarray | No
     except (OSError, ValueError):
         return None  # freed meanwhile: the holder can still stream the bytes
     bulk.counts["shm_in"] += 1
+    bulk.counts["shm_in_bytes"] += nbytes
     return array
 
 
@@ -536,6 +537,7 @@ async def _pull(source: Any, nbytes: int) -> np.ndarray:
 
     await asyncio.gather(*(windowed(o) for o in offsets))
     bulk.counts["chunks_in"] += 1
+    bulk.counts["chunks_in_bytes"] += nbytes
     return out
 
 

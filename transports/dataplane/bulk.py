@@ -145,6 +145,7 @@ class BulkServer:
             await self._loop.sock_sendall(connection, _HEADER.pack(data.nbytes))
             await self._loop.sock_sendall(connection, data)
         counts["stream_out"] += 1
+        counts["stream_out_bytes"] += data.nbytes
 
     async def aclose(self) -> None:
         """Stop listening, drop every ticket, end the transfers under way."""
@@ -213,6 +214,7 @@ async def receive(address: str, ticket: bytes, nbytes: int) -> np.ndarray:
                 raise TransportError(f"bulk stream at {address}: not {nbytes} bytes")
             await _recv_into(loop, sock, out.data, deadline)
     counts["stream_in"] += 1
+    counts["stream_in_bytes"] += nbytes
     return out
 
 

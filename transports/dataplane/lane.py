@@ -91,7 +91,15 @@ _sinks: dict[int, Sink] = {}
 _servers: dict[asyncio.AbstractEventLoop, asyncio.Server] = {}
 _addresses: dict[asyncio.AbstractEventLoop, str] = {}
 _links: dict[str, _Link] = {}
-stats = {"sent": 0, "delivered": 0, "refused": 0, "fell_back": 0, "accepted": 0}
+stats = {
+    "sent": 0,
+    "delivered": 0,
+    "refused": 0,
+    "fell_back": 0,
+    "accepted": 0,
+    "sent_bytes": 0,
+    "delivered_bytes": 0,
+}
 
 
 def register(host: int, sink: Sink | None) -> None:
@@ -196,6 +204,7 @@ class _Link(asyncio.Protocol):
         self.sent += 1
         self.unacked.append((self.sent, message, fallback))
         stats["sent"] += 1
+        stats["sent_bytes"] += len(body)
 
     def data_received(self, data: bytes) -> None:
         self._acks += data
@@ -307,6 +316,7 @@ class _Receiver(asyncio.Protocol):
             _log.exception("a lane frame for host %s could not be delivered", host)
         self.delivered += 1
         stats["delivered"] += 1
+        stats["delivered_bytes"] += array.nbytes
         if self.delivered - self.acked >= ACK_EVERY:
             self._ack()
         elif self._ack_timer is None:
