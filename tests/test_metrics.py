@@ -226,3 +226,26 @@ async def test_atoll_top_draws_one_frame_of_devices_and_sessions(up: Up) -> None
     assert len(devices) == 2
     assert any(float(row[4].rstrip("%")) > 10 for row in devices), drawn  # it was busy
     assert "top-test" in drawn
+
+
+GRAFANA = Path(__file__).parent.parent / "docs" / "grafana" / "atoll.json"
+
+
+def grafana_queries() -> list[str]:
+    """Every PromQL expression of the Grafana dashboard in ``docs/grafana``."""
+    import json
+
+    dashboard = json.loads(GRAFANA.read_text())
+    return [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+
+
+def test_every_grafana_query_names_metrics_atoll_exports() -> None:
+    import re
+
+    queries = grafana_queries()
+    assert len(queries) >= 10
+    exported = metric_names()
+    for query in queries:
+        named = set(re.findall(r"\batoll_[a-z_]+", query))
+        assert named, f"{query!r} names no atoll metric"
+        assert named <= exported, f"{query!r} names {sorted(named - exported)}, not exported"
