@@ -199,9 +199,10 @@ def p99(samples: Sequence[float]) -> float:
 
 
 # -- processes ---------------------------------------------------------------------
-def wait_for_line(process: subprocess.Popen[str], prefix: str) -> None:
+def wait_for_line(process: subprocess.Popen[str], prefix: str) -> str:
     """Read ``process``'s output until a line starts with ``prefix`` (a
-    cluster that is up, a client that is ready); raise if it ends first."""
+    cluster that is up, a client that is ready); that line. Raise if it
+    ends first."""
     from atoll.kernel import AtollError
 
     assert process.stdout is not None
@@ -210,4 +211,4 @@ def wait_for_line(process: subprocess.Popen[str], prefix: str) -> None:
         if not line:
             raise AtollError(f"process {process.pid} ended before printing {prefix!r}")
         if line.startswith(prefix):
-            return
+            return line

@@ -42,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Sequence
 from contextlib import suppress
@@ -54,6 +55,7 @@ from atoll.devices import BufferHandle, Computation, CostModel
 from atoll.kernel import AtollError, Promise, process_counters
 from atoll.runtime import Cluster, local_cluster
 from atoll.runtime.connect import connect
+from atoll.transports.capnp import ClusterFile
 from atoll.transports.processes import stop_processes
 
 __all__ = ["CASES", "Case", "main", "run"]
@@ -220,13 +222,21 @@ def _rows(
 
 
 async def over_processes(
-    case: Case, hosts: int, per_host: int, seconds: float, program_s: float
+    case: Case,
+    hosts: int,
+    per_host: int,
+    seconds: float,
+    program_s: float,
+    scrape_s: float | None = None,
 ) -> list[Row]:
-    """``case`` on ``atoll up`` with client processes; rows per role."""
+    """``case`` on ``atoll up`` with client processes; rows per role. With
+    ``scrape_s``, ``/metrics`` is scraped that often meanwhile (its cost
+    shows in the controller's CPU)."""
     devices = hosts * per_host
     with tempfile.TemporaryDirectory() as directory:
         cluster_file = os.path.join(directory, "cluster.json")
-        up = _start_up(cluster_file, hosts, per_host)
+        up = _start_up(cluster_file, hosts, per_host, scrape_s is not None)
+        scraper: asyncio.Task[int] | None = None
         clients: list[subprocess.Popen[str]] = []
         try:
             for _ in range(case.clients):
@@ -235,6 +245,8 @@ async def over_processes(
                 wait_for_line(client, "ready")
             for client in clients:
                 _say(client, "go")
+            if scrape_s is not None:
+                scraper = asyncio.ensure_future(_scrape(up, cluster_file, scrape_s))
             async with connect(cluster_file) as admin:
                 cluster = await admin.cluster("admin")
                 await asyncio.sleep(_warmup(seconds))
@@ -242,13 +254,38 @@ async def over_processes(
                 await asyncio.sleep(seconds)
                 after, wall = await _snapshot(cluster, clients), time.monotonic() - start
         finally:
+            if scraper is not None:
+                scraper.cancel()
+                with suppress(asyncio.CancelledError):
+                    await scraper
             for client in clients:
                 with suppress(OSError):
                     assert client.stdin is not None
                     client.stdin.close()
             stop_processes([*clients], 30)
             stop_processes([up], 30)
-    return _rows(case, "processes", before, after, wall, ROLES)
+    where = "processes" if scrape_s is None else f"scraped {scrape_s:g}s"
+    return _rows(case, where, before, after, wall, ROLES)
+
+
+async def _scrape(up: subprocess.Popen[str], cluster_file: str, every: float) -> int:
+    """Scrape ``atoll up``'s ``/metrics`` every ``every`` seconds, as
+    Prometheus would; how many scrapes were made (until cancelled)."""
+    address = (await asyncio.to_thread(wait_for_line, up, "atoll web at")).split()[3]
+    token = ClusterFile.read(cluster_file).token.hex()
+    request = urllib.request.Request(
+        address + "metrics", headers={"Authorization": f"Bearer {token}"}
+    )
+
+    def get() -> None:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            answer.read()
+
+    done = 0
+    while True:
+        await asyncio.to_thread(get)
+        done += 1
+        await asyncio.sleep(every)
 
 
 async def in_process(
@@ -288,10 +325,13 @@ def _warmup(seconds: float) -> float:
     return min(1.5, max(0.3, seconds / 3))
 
 
-def _start_up(cluster_file: str, hosts: int, per_host: int) -> subprocess.Popen[str]:
+def _start_up(
+    cluster_file: str, hosts: int, per_host: int, http: bool = False
+) -> subprocess.Popen[str]:
     command = [
         *(sys.executable, "-m", "atoll.cli", "up", "--hosts", str(hosts)),
         *("--devices-per-host", str(per_host), "--cluster-file", cluster_file),
+        *(("--http", "127.0.0.1:0") if http else ()),
     ]
     up = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, close_fds=False)
     wait_for_line(up, "atoll cluster up")
@@ -325,12 +365,16 @@ async def run(
     per_host: int = 2,
     seconds: float = 4.0,
     program_s: float = 0.5e-3,
+    scrape_s: float | None = None,
 ) -> list[Row]:
-    """Every case, over processes and in one process as asked."""
+    """Every case, over processes and in one process as asked (with
+    ``scrape_s``, over processes twice: unscraped, then scraped)."""
     rows: list[Row] = []
     for case in cases:
         if "processes" in where:
             rows += await over_processes(case, hosts, per_host, seconds, program_s)
+            if scrape_s is not None:
+                rows += await over_processes(case, hosts, per_host, seconds, program_s, scrape_s)
         if "in-process" in where:
             rows += await in_process(case, hosts, per_host, seconds, program_s)
     return rows
@@ -386,6 +430,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--per-host", type=int, default=2, help="devices per host")
     parser.add_argument("--seconds", type=float, default=None, help="measured window")
     parser.add_argument("--program-ms", type=float, default=0.5, help="device time per step")
+    parser.add_argument(
+        "--scrape",
+        type=float,
+        metavar="SECONDS",
+        help="also run each case over processes with /metrics scraped this often",
+    )
     parser.add_argument("--client", metavar="CLUSTER_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="single", help=argparse.SUPPRESS)
     parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
@@ -401,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         cases, hosts, per_host = _cases(args.only, args.quick), args.hosts, args.per_host
         seconds = args.seconds or (2.0 if args.quick else 5.0)
-    rows = asyncio.run(run(cases, where, hosts, per_host, seconds, program_s))
+    rows = asyncio.run(run(cases, where, hosts, per_host, seconds, program_s, args.scrape))
     emit(rows, args.json, _render)
     return 0
 
