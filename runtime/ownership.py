@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import sys
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -41,7 +42,6 @@ from typing import Any
 from ..devices import BufferHandle
 from ..kernel import ActorRef, ActorStopped, HostLost, Promise, all_settled, log_failure
 from ..kernel.lowlevel import running_asyncio_loop, threadsafe_caller
-from ..transports.capnp import peer_of
 
 __all__ = ["FREE_AT_ONCE", "FREE_EVERY_S", "Ownership"]
 
@@ -222,7 +222,7 @@ class Ownership:
         """Whether the frees ``dying`` at remote ``host`` wait (its last free
         left less than ``FREE_EVERY_S`` ago, and fewer than ``FREE_AT_ONCE``
         wait): they are kept, and a timer sends them."""
-        if peer_of(host) is None:  # a local actor: a free is a mailbox entry, no wake-up
+        if not _remote(host):  # a local actor: a free is a mailbox entry, no wake-up
             return False
         now = loop.time()
         wait = self._sent_at.get(host, -FREE_EVERY_S) + FREE_EVERY_S - now
@@ -276,6 +276,13 @@ class Ownership:
         self._handles.discard(handle_id)
         self._gone.append(buffer_id)
         self._schedule()
+
+
+def _remote(ref: ActorRef[Any]) -> bool:
+    """Whether ``ref`` is an actor in another process. Without Cap'n Proto
+    loaded there is none (and ``import atoll`` does not load it)."""
+    peers = sys.modules.get("atoll.transports.capnp._peer")
+    return peers is not None and peers.peer_of(ref) is not None
 
 
 def _own_host(handle: BufferHandle) -> ActorRef[Any]:

@@ -236,7 +236,10 @@ CONTROL_PLANE = {
 }  # fmt: skip
 # the runtime's other modules: deployment (spec, local, process, connect) and
 # tools (status, timelines, admin, dashboard); see docs/architecture.md
-CONTROL_PLANE_MAY = {("client", "timelines")}  # Cluster.recording starts the recorder
+CONTROL_PLANE_MAY = {
+    ("client", "timelines"),  # Cluster.recording starts the recorder
+    ("controller", "metrics"),  # its run counters, which /metrics reads
+}
 
 
 def test_the_runtime_control_plane_imports_no_deployment_or_tool() -> None:

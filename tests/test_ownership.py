@@ -139,7 +139,7 @@ class _Dropper:
 @pytest.fixture
 def remote_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every host counts as one in another process, whose frees are put off."""
-    monkeypatch.setattr(ownership_module, "peer_of", lambda ref: object())
+    monkeypatch.setattr(ownership_module, "_remote", lambda ref: True)
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio: every turn's frees go
