@@ -87,6 +87,7 @@ class Dashboard:
             self._server = asyncio.ensure_future(
                 serve(self.app(), config, shutdown_trigger=self._stop.wait)
             )
+            self._server.add_done_callback(_log_if_failed)
             self.address = f"http://{host}:{bound}/"
             self._sampler = asyncio.ensure_future(self._sample_forever())
             self.lag.start()
@@ -207,6 +208,12 @@ class Dashboard:
             return hmac.compare_digest(bytes.fromhex(given), self.token)
         except ValueError:
             return False
+
+
+def _log_if_failed(server: asyncio.Task[None]) -> None:
+    """The server stopped by itself: say why (it is not asked again)."""
+    if not server.cancelled() and server.exception() is not None:
+        _log.error("the web server stopped: %s", server.exception())
 
 
 def _config(host: str, port: int) -> tuple[Any, int]:

@@ -172,13 +172,15 @@ async def test_frees_at_a_remote_host_wait_for_the_interval_or_a_full_batch(
 async def test_a_free_put_off_goes_when_the_interval_is_over(
     remote_hosts: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 0.02)
+    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 1.0)  # a busy machine's turns fit
     async with ActorSystem() as system:
         host = system.spawn(_Freer)
-        dropper = _Dropper(Ownership("session", host_of=lambda handle: host), host)
+        ownership = Ownership("session", host_of=lambda handle: host)
+        dropper = _Dropper(ownership, host)
         await dropper.drop(2)
         await dropper.drop(1)
-        assert await host.calls() == [["h0:0", "h0:1"]]
+        assert ownership._timer is not None  # put off, the timer armed
+        assert await host.calls() in ([["h0:0", "h0:1"]], [["h0:0", "h0:1"], ["h0:2"]])
 
         async def sent() -> bool:
             return await host.calls() == [["h0:0", "h0:1"], ["h0:2"]]
