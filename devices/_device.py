@@ -79,9 +79,16 @@ class Device(Actor):
     host_cls: ClassVar[type[Host] | None] = None
 
     @classmethod
-    def available(cls) -> int | None:
-        """How many devices of this kind exist (None: as many as asked for)."""
+    def available(cls, wanted: int | None = None) -> int | None:
+        """How many devices of this kind exist (None: as many as asked for).
+        ``wanted``: how many a cluster in this process asks for, which a
+        kind that can make devices on request makes if it still may."""
         return None
+
+    @classmethod
+    def more_devices_hint(cls, wanted: int) -> str:
+        """What a user can do when fewer than ``wanted`` exist ("" if nothing)."""
+        return ""
 
     def __init__(
         self,

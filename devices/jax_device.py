@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -107,8 +108,25 @@ class JaxDevice(Device):
     _single: jax.sharding.Sharding  # the sharding of an array on it alone
 
     @classmethod
-    def available(cls) -> int | None:
+    def available(cls, wanted: int | None = None) -> int | None:
+        """JAX's devices in this process. Before JAX has started its backends,
+        a cluster that wants several gets them on a machine without
+        accelerators: XLA makes ``wanted`` CPU devices when asked with
+        ``--xla_force_host_platform_device_count`` (set here in ``XLA_FLAGS``,
+        unless the user set a count; the flag counts only for the CPU)."""
+        if wanted is not None and wanted > 1:
+            _ask_cpu_devices(wanted)
         return len(jax.devices())
+
+    @classmethod
+    def more_devices_hint(cls, wanted: int) -> str:
+        flag = f"--xla_force_host_platform_device_count={wanted}"
+        return (
+            f". On a machine without accelerators, JAX makes that many CPU devices when "
+            f"XLA_FLAGS={flag} is set before JAX starts (in the environment, or in "
+            f"os.environ before the first jax.devices() or computation); atoll sets it "
+            f"itself when JAX has not started yet and XLA_FLAGS names no count"
+        )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -705,3 +723,14 @@ def _ready(compiled: Any, arrays: Sequence[Any]) -> Any:
     out = compiled(*arrays)
     jax.block_until_ready(out)  # type: ignore[no-untyped-call]
     return out
+
+
+def _ask_cpu_devices(wanted: int) -> None:
+    """Ask XLA for ``wanted`` CPU devices, if JAX's backends have not started
+    and the user's ``XLA_FLAGS`` name no count of their own."""
+    from jax._src import xla_bridge
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if xla_bridge.backends_are_initialized() or "xla_force_host_platform_device_count" in flags:
+        return
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={wanted}".strip()

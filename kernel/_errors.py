@@ -5,11 +5,14 @@ application can catch "anything atoll said" in one ``except`` clause. Errors
 that cross an actor boundary are *boxed*: the caller never sees the remote
 exception object itself (it may not even be importable on the caller's side),
 but a :class:`RemoteActorError` naming the actor, the endpoint, the remote
-exception type and its traceback as text.
+exception type and its traceback as text. Where the caller has that type
+(its module is imported here), the box is an instance of it as well, so
+``except ValueError`` catches a ``ValueError`` raised on a host.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 __all__ = [
@@ -146,6 +149,19 @@ class RemoteActorError(AtollError):
         remote_traceback: the formatted traceback, taken where it was raised.
     """
 
+    def __new__(
+        cls,
+        actor: str = "",
+        endpoint: str = "",
+        exc_type: str = "",
+        message: str = "",
+        remote_traceback: str = "",
+    ) -> RemoteActorError:
+        """A box of the remote type's own kind too, where this process has
+        that type (``RemoteActorError[ValueError]`` is both)."""
+        typed = _typed_box(exc_type) if cls is RemoteActorError else None
+        return super().__new__(typed or cls)
+
     def __init__(
         self,
         actor: str,
@@ -154,7 +170,8 @@ class RemoteActorError(AtollError):
         message: str,
         remote_traceback: str,
     ) -> None:
-        super().__init__(f"{actor}.{endpoint} raised {exc_type}: {message}")
+        # the remote type's own __init__ is not run: its arguments are not known
+        Exception.__init__(self, f"{actor}.{endpoint} raised {exc_type}: {message}")
         self.actor = actor
         self.endpoint = endpoint
         self.exc_type = exc_type
@@ -162,7 +179,7 @@ class RemoteActorError(AtollError):
         self.remote_traceback = remote_traceback
 
     def __str__(self) -> str:
-        head = super().__str__()
+        head = Exception.__str__(self)
         return f"{head}\n--- remote traceback ---\n{self.remote_traceback.rstrip()}"
 
     def __reduce__(self) -> tuple[type[RemoteActorError], tuple[str, str, str, str, str]]:
@@ -170,6 +187,45 @@ class RemoteActorError(AtollError):
             RemoteActorError,
             (self.actor, self.endpoint, self.exc_type, self.message, self.remote_traceback),
         )
+
+
+_BOXES: dict[type[Exception], type[RemoteActorError] | None] = {}
+
+
+def _typed_box(exc_type: str) -> type[RemoteActorError] | None:
+    """The box class for remote type ``exc_type`` ("module.QualName"), made
+    once per type: a subclass of both :class:`RemoteActorError` and that type;
+    None where this process does not have the type (its module is not
+    imported here: nothing is imported for it), or it cannot be mixed in."""
+    original = _known_exception(exc_type)
+    if original is None:
+        return None
+    if original not in _BOXES:
+        try:
+            box = type(f"RemoteActorError[{original.__name__}]", (RemoteActorError, original), {})
+        except TypeError:  # a layout that cannot be combined (a C type's own fields)
+            box = None
+        _BOXES[original] = box
+    return _BOXES[original]
+
+
+def _known_exception(exc_type: str) -> type[Exception] | None:
+    """The exception class ``exc_type`` names, from a module already imported
+    here; only plain exceptions (not atoll's, which travel as themselves; not
+    ``OSError``'s, whose constructor reads its arguments as errno and path)."""
+    parts = exc_type.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        module = sys.modules.get(".".join(parts[:cut]))
+        if module is None:
+            continue
+        found: Any = module
+        for name in parts[cut:]:
+            found = getattr(found, name, None)
+        if isinstance(found, type) and issubclass(found, Exception):
+            if not issubclass(found, (AtollError, OSError)):
+                return found
+        return None
+    return None
 
 
 class ActorFailed(AtollError):

@@ -134,9 +134,10 @@ class ClusterSpec:
             )
 
     def _check_devices(self) -> None:
-        limit = self.device_cls.available()
         total = self.hosts * self.devices_per_host
+        limit = self.device_cls.available(total)
         if limit is not None and total > limit:
             raise BadClusterSpec(
                 f"{self.device_cls.__name__}: {total} devices asked for, {limit} exist"
+                + self.device_cls.more_devices_hint(total)
             )

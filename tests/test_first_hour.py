@@ -1,0 +1,102 @@
+"""A new user's first hour (issue 36): what went wrong says what to do.
+
+Each test here is one of the issue's findings, tried as a new user tried it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def _python(code: str, **env: str | None) -> subprocess.CompletedProcess[str]:
+    """``code`` in a fresh interpreter, with ``env`` changed (None: unset)."""
+    environment = dict(os.environ)
+    for name, value in env.items():
+        if value is None:
+            environment.pop(name, None)
+        else:
+            environment[name] = value
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment,
+        close_fds=False,
+    )
+
+
+def _first_block(page: Path) -> str:
+    """The first Python code block of a docs page."""
+    found = re.search(r"```python\n(.*?)```", page.read_text(), re.S)
+    assert found is not None, f"{page} has no python block"
+    return found.group(1)
+
+
+@pytest.mark.timeout(180)
+def test_the_programs_page_example_runs_on_a_cpu_only_machine_as_it_is() -> None:
+    """``docs/programs.md`` asks for 8 JAX devices in one process: with no
+    XLA flag set, atoll asks JAX for that many CPU devices before it starts."""
+    done = _python(_first_block(DOCS / "programs.md"), XLA_FLAGS=None, JAX_PLATFORMS="cpu")
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.timeout(120)
+def test_too_few_jax_devices_says_which_flag_gives_more() -> None:
+    code = (
+        "import anyio, atoll\n"
+        "from atoll.devices.jax_device import JaxDevice\n"
+        "async def main():\n"
+        "    async with atoll.local_cluster(1, 2, 4, device_cls=JaxDevice):\n"
+        "        pass\n"
+        "anyio.run(main)\n"
+    )
+    flags = "--xla_force_host_platform_device_count=2"  # the user's own count: kept
+    done = _python(code, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "BadClusterSpec: JaxDevice: 8 devices asked for, 2 exist" in last
+    assert "XLA_FLAGS=--xla_force_host_platform_device_count=8" in last
+
+
+def _raises_value_error(x: object) -> object:
+    raise ValueError("a bad batch: 7 rows")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("transport", ["inproc", "capnp"])
+@pytest.mark.timeout(120)
+async def test_an_error_raised_on_a_host_keeps_its_type(transport: str) -> None:
+    """A user function that raises ``ValueError`` in a computation, in this
+    process or in a host process: ``except ValueError`` catches it, and it is
+    a ``RemoteActorError`` too, with the traceback from where it was raised."""
+    import numpy as np
+
+    import atoll
+    from atoll.devices import Computation
+    from atoll.kernel import RemoteActorError
+
+    bad = Computation("bad", _raises_value_error)
+    async with atoll.local_cluster(1, 1, 1, transport=transport) as cluster:
+        with pytest.raises(ValueError, match="a bad batch") as caught:
+            await cluster.fetch(cluster.run(bad, 0, [np.ones(3)]))
+    assert isinstance(caught.value, RemoteActorError)
+    assert "_raises_value_error" in caught.value.remote_traceback
+
+
+def test_a_type_this_process_does_not_have_stays_a_plain_box() -> None:
+    from atoll.kernel import RemoteActorError
+
+    error = RemoteActorError("host0", "run", "not_imported_here.BadThing", "no", "tb")
+    assert type(error) is RemoteActorError
+    typed = RemoteActorError("host0", "run", "builtins.KeyError", "k", "tb")
+    assert isinstance(typed, KeyError) and str(typed).startswith("host0.run raised")
