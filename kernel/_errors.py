@@ -211,8 +211,10 @@ def _typed_box(exc_type: str) -> type[RemoteActorError] | None:
 
 def _known_exception(exc_type: str) -> type[Exception] | None:
     """The exception class ``exc_type`` names, from a module already imported
-    here; only plain exceptions (not atoll's, which travel as themselves; not
-    ``OSError``'s, whose constructor reads its arguments as errno and path)."""
+    here. Not ``OSError``'s (their constructor reads the arguments as errno
+    and path), nor the errors of an actor's or a link's life (``HostLost``,
+    ``ActorStopped``...), which say what happened to the callee itself and
+    which callers test for: one raised further away stays a plain box."""
     parts = exc_type.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         module = sys.modules.get(".".join(parts[:cut]))
@@ -222,7 +224,7 @@ def _known_exception(exc_type: str) -> type[Exception] | None:
         for name in parts[cut:]:
             found = getattr(found, name, None)
         if isinstance(found, type) and issubclass(found, Exception):
-            if not issubclass(found, (AtollError, OSError)):
+            if not issubclass(found, (OSError, *_LIFE)):
                 return found
         return None
     return None
@@ -249,3 +251,17 @@ class TransportError(AtollError):
 class HostLost(TransportError):
     """The connection to a peer broke (or its process died) while calls were
     pending on it. Any network transport raises it; it is not Cap'n Proto's own."""
+
+
+# errors about the callee's own life or its link: never mixed into a box
+_LIFE: tuple[type[AtollError], ...] = (
+    RemoteActorError,
+    ActorFailed,
+    ActorStopped,
+    ActorCancelled,
+    CallCancelled,
+    HostLost,
+    MailboxFull,
+    NotRunning,
+    TransportError,
+)

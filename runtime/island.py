@@ -4,6 +4,16 @@ The policy (:mod:`atoll.schedulers`) is a pure state machine that decides the
 order; this actor owns the I/O. It forwards each gang's shards to their
 devices with the inputs still as promises, so it never waits for data, and it
 feeds shard completions back to the policy in batches.
+
+It checks every answer of the policy before it carries any of it out
+(``docs/schedulers.md`` has the rules): instructions are ``Dispatch``es
+caused by the event being handled, of gangs the island holds, to their own
+devices, every device of a gang in the same answer, with one ``seq`` per
+gang that grows from gang to gang. An answer that breaks a rule, or a policy
+that raises, breaks the island: every gang and run it holds fails with a
+:class:`~atoll.schedulers.PolicyError` that names the policy and the rule,
+and so does every later one, rather than wait for a dispatch that will not
+come.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from ..kernel import (
     forward,
     log_failure,
 )
-from ..schedulers import Completed, Dispatch, Submit, get_scheduler
+from ..schedulers import Completed, Dispatch, Event, PolicyError, Submit, get_scheduler
 from .latency import Wire, over
 from .planner import CompiledPlan
 
@@ -78,6 +88,8 @@ class IslandScheduler(Actor):
         self._positions = 0  # gangs dispatched: each gang's place in the island's order
         self._running: dict[str, int] = {}  # gang -> its shards sent and not done (status)
         self._installed: dict[int, tuple[ActorRef[Device], set[int]]] = {}  # device -> plans
+        self._last_seq: int | None = None  # the last gang's place, as the policy numbered it
+        self.broken: PolicyError | None = None  # the policy broke its contract: all runs fail
 
     async def on_start(self) -> None:
         self.rendezvous = self.ctx.spawn(Rendezvous, name="rendezvous")
@@ -92,14 +104,104 @@ class IslandScheduler(Actor):
         (for policies that keep shares, see ``schedulers/_share.py``)."""
         if task.collective:  # only barriers need it: a capability costs on the wire
             task = replace(task, rendezvous=self.rendezvous)
+        self._refuse_if_broken()
         result: Promise[list[BufferHandle]] = Promise(task.gang_id)
         self._pending[task.gang_id] = (task, inputs, owner, result, 0)
-        self._carry_out(
-            self.policy.handle(
-                Submit(next(self._events), task.gang_id, task.devices, owner, weight)
-            )
-        )
+        submit = Submit(next(self._events), task.gang_id, task.devices, owner, weight)
+        self._carry_out(self._handled(submit))
         return result
+
+    def _handled(self, event: Event) -> list[Dispatch]:
+        """The policy's answer to ``event``, checked (see the module
+        docstring); a broken answer breaks the island, and raises why."""
+        try:
+            instructions = self.policy.handle(event)
+        except PolicyError as exc:  # an event it may refuse: that gang fails, not the island
+            if isinstance(event, Submit):
+                self._pending.pop(event.gang_id, None)
+                self._runs.pop(event.gang_id, None)
+                raise
+            self._break(f"it refused {event}: {exc}")
+        except Exception as exc:
+            self._break(f"it raised {type(exc).__name__}: {exc} on {event}")
+        problem = self._check(event, instructions)
+        if problem is not None:
+            self._break(problem)
+        return instructions
+
+    def _check(self, event: Event, instructions: Any) -> str | None:
+        """What is wrong with ``instructions`` as an answer to ``event``, or None."""
+        if not isinstance(instructions, list):
+            return f"handle() returned {type(instructions).__name__}, not a list of Dispatch"
+        gangs: dict[str, tuple[set[int], set[int]]] = {}  # gang -> (its devices, sent)
+        for ins in instructions:
+            if not isinstance(ins, Dispatch):
+                return f"it returned {ins!r}, which is not a Dispatch"
+            if ins.cause != event.event_id:
+                return f"{ins} names cause {ins.cause}, not the event handled ({event.event_id})"
+            devices = self._devices_of(ins.gang_id)
+            if devices is None:
+                return f"{ins} dispatches a gang the island does not hold (unknown, or sent)"
+            wanted, sent = gangs.setdefault(ins.gang_id, (devices, set()))
+            if ins.device not in wanted or ins.device in sent:
+                return f"{ins} sends gang {ins.gang_id!r} to device {ins.device}, " + (
+                    "twice" if ins.device in sent else f"not one of its devices {sorted(wanted)}"
+                )
+            sent.add(ins.device)
+        for gang_id, (wanted, sent) in gangs.items():
+            if sent != wanted:
+                return (
+                    f"it dispatched gang {gang_id!r} to devices {sorted(sent)} of "
+                    f"{sorted(wanted)}: a gang's devices are all dispatched in one answer"
+                )
+        return self._check_seqs(instructions)
+
+    def _check_seqs(self, instructions: list[Dispatch]) -> str | None:
+        """One ``seq`` per gang, growing from gang to gang; None if so."""
+        by_gang: dict[str, int] = {}
+        for ins in instructions:
+            if by_gang.setdefault(ins.gang_id, ins.seq) != ins.seq:
+                return f"gang {ins.gang_id!r} has two seqs ({by_gang[ins.gang_id]}, {ins.seq})"
+        last = self._last_seq
+        for gang_id, seq in by_gang.items():
+            if last is not None and seq <= last:
+                return f"gang {gang_id!r} has seq {seq}, not above the last gang's ({last})"
+            last = seq
+        self._last_seq = last
+        return None
+
+    def _devices_of(self, gang_id: str) -> set[int] | None:
+        """The devices of a gang or run the island holds, none of them sent yet."""
+        held = self._runs.get(gang_id)
+        if held is not None:
+            return set(held.reports) if held.left == len(held.reports) else None
+        pending = self._pending.get(gang_id)
+        return set(pending[0].devices) if pending is not None and pending[4] == 0 else None
+
+    def _break(self, rule: str) -> None:
+        """The policy broke its contract: fail everything held, and refuse
+        what comes (see the module docstring); raises the error."""
+        error = PolicyError(
+            f"island {self.island}: scheduler {self.policy_name!r} broke its contract: {rule} "
+            "(docs/schedulers.md); the island runs nothing more"
+        )
+        if self.broken is None:
+            _log.error("%s", error)
+            self.broken = error
+        for _, _, _, result, _ in self._pending.values():
+            if not result.done():
+                result.set_exception(error)
+        for held in self._runs.values():
+            for report in held.reports.values():
+                if not report.done():
+                    report.set_exception(error)
+        self._pending.clear()
+        self._runs.clear()
+        raise error
+
+    def _refuse_if_broken(self) -> None:
+        if self.broken is not None:
+            raise self.broken
 
     def _carry_out(self, instructions: Sequence[Dispatch]) -> None:
         for instruction in instructions:
@@ -152,17 +254,14 @@ class IslandScheduler(Actor):
         Returns each device's promise of its
         :class:`~atoll.devices.RunReport` at once. Inputs stay promises.
         """
+        self._refuse_if_broken()
         run = run_key(epoch)
         reports: dict[int, Promise[RunReport]] = {d: Promise(run) for d in compiled.programs}
         self._runs[run] = _HeldRun(compiled, epoch, inputs, owner, reports)
         shards = sum(len(gang_devices) for _, gang_devices in compiled.gangs)
         devices = tuple(compiled.programs)
         submit = Submit(next(self._events), run, devices, owner, weight, shards / len(devices))
-        try:
-            instructions = self.policy.handle(submit)
-        except Exception:
-            del self._runs[run]
-            raise
+        instructions = self._handled(submit)
         if sum(i.gang_id == run for i in instructions) < len(devices):
             self.held_back += 1  # (for status and tests: the policy queued it)
         self._carry_out(instructions)
@@ -299,7 +398,8 @@ class IslandScheduler(Actor):
             left = self._running.pop(gang_id, 1) - 1
             if left > 0:
                 self._running[gang_id] = left
-            self._carry_out(self.policy.handle(Completed(next(self._events), gang_id, device)))
+            if self.broken is None:
+                self._carry_out(self._handled(Completed(next(self._events), gang_id, device)))
         return len(done)
 
 

@@ -100,3 +100,54 @@ def test_a_type_this_process_does_not_have_stays_a_plain_box() -> None:
     assert type(error) is RemoteActorError
     typed = RemoteActorError("host0", "run", "builtins.KeyError", "k", "tb")
     assert isinstance(typed, KeyError) and str(typed).startswith("host0.run raised")
+
+
+class _Half:
+    """A policy that breaks the contract: it dispatches a gang to its first
+    device only (or, with ``cause_off``, names the wrong event as cause)."""
+
+    def __init__(self, cause_off: int = 0) -> None:
+        self.seq, self.cause_off = 0, cause_off
+
+    def handle(self, event: object) -> list[object]:
+        from atoll.schedulers import Dispatch, Submit
+
+        if not isinstance(event, Submit):
+            return []
+        self.seq += 1
+        cause = event.event_id + self.cause_off
+        devices = event.devices if self.cause_off else event.devices[:1]
+        return [Dispatch(cause, event.gang_id, device, self.seq) for device in devices]
+
+    def validate(self) -> None:
+        pass
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(
+    ("name", "rule"),
+    [("test-half", "a gang's devices are all dispatched in one answer"), ("test-cause", "cause")],
+)
+@pytest.mark.timeout(60)
+async def test_a_policy_that_breaks_the_contract_fails_the_run_and_names_the_rule(
+    name: str, rule: str
+) -> None:
+    import numpy as np
+
+    import atoll
+    from atoll.devices import Computation
+    from atoll.schedulers import PolicyError, register_scheduler
+
+    register_scheduler("test-half", _Half)
+    register_scheduler("test-cause", lambda: _Half(cause_off=1))
+    step = Computation("step", np.negative, 1e6)
+    async with atoll.local_cluster(1, 2, 1, push=True, scheduler=name) as cluster:
+        assert await cluster.controller.set_compile(True)
+        first = cluster.run(step, 0, [np.ones(2)])
+        second = cluster.run(step, 1, [first])  # one run over devices 0 and 1
+        with pytest.raises(PolicyError, match=rf"scheduler '{name}' broke its contract") as caught:
+            await cluster.fetch(second)
+        assert rule in str(caught.value)
+        with pytest.raises(PolicyError, match="runs nothing more"):  # and later ones at once
+            await cluster.fetch(cluster.run(step, 0, [np.ones(2)]))
