@@ -223,10 +223,8 @@ def _known_exception(exc_type: str) -> type[Exception] | None:
         found: Any = module
         for name in parts[cut:]:
             found = getattr(found, name, None)
-        if isinstance(found, type) and issubclass(found, Exception):
-            if not issubclass(found, (OSError, *_LIFE)):
-                return found
-        return None
+        plain = isinstance(found, type) and issubclass(found, Exception)
+        return found if plain and not issubclass(found, (OSError, *_LIFE)) else None
     return None
 
 

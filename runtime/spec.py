@@ -16,7 +16,7 @@ from typing import Any
 
 from ..devices import CostModel, Device, SimDevice
 from ..kernel import AtollError, Clock
-from ..schedulers import DEFAULT_POLICY, get_scheduler
+from ..schedulers import DEFAULT_POLICY, check_scheduler
 from .topology import Topology
 
 __all__ = ["BadClusterSpec", "ClusterSpec"]
@@ -76,7 +76,7 @@ class ClusterSpec:
         if not (isinstance(self.device_cls, type) and issubclass(self.device_cls, Device)):
             raise BadClusterSpec(f"device_cls must be a Device class, got {self.device_cls!r}")
         for name in set(self.policies.values()):
-            get_scheduler(name)  # fails early, naming the known policies
+            check_scheduler(name)  # fails early, naming the known ones; builds none
 
     @classmethod
     def of_hosts(cls, hosts: int, islands: int = 1, **options: Any) -> ClusterSpec:

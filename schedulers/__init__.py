@@ -18,6 +18,7 @@ from ._protocol import IslandPolicy as IslandPolicy
 from ._protocol import PolicyError as PolicyError
 from ._protocol import Submit as Submit
 from ._protocol import UnknownScheduler as UnknownScheduler
+from ._protocol import check_scheduler as check_scheduler
 from ._protocol import get_scheduler as get_scheduler
 from ._protocol import register_scheduler as register_scheduler
 from ._protocol import scheduler_names as scheduler_names
@@ -39,6 +40,7 @@ __all__ = [
     "SharePolicy",
     "Submit",
     "UnknownScheduler",
+    "check_scheduler",
     "get_scheduler",
     "register_scheduler",
     "scheduler_names",

@@ -29,6 +29,7 @@ __all__ = [
     "PolicyError",
     "Submit",
     "UnknownScheduler",
+    "check_scheduler",
     "get_scheduler",
     "register_scheduler",
     "scheduler_names",
@@ -118,15 +119,20 @@ def scheduler_names() -> list[str]:
 
 
 def get_scheduler(name: str) -> IslandPolicy:
-    """A fresh policy instance by name."""
+    """A fresh policy instance by name (each island builds its own, once)."""
+    return check_scheduler(name)()
+
+
+def check_scheduler(name: str) -> Callable[[], IslandPolicy]:
+    """The factory registered as ``name``, without building a policy;
+    ``UnknownScheduler`` (naming the known ones) if there is none."""
     if name not in _REGISTRY:
         _load_entry_points()
     try:
-        factory = _REGISTRY[name]
+        return _REGISTRY[name]
     except KeyError:
         known = ", ".join(scheduler_names())
         raise UnknownScheduler(f"no scheduler named {name!r}; known: {known}") from None
-    return factory()
 
 
 def _load_entry_points() -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from atoll.schedulers import Dispatch, Event, Submit
+
 DOCS = Path(__file__).parent.parent / "docs"
 
 
@@ -109,9 +111,7 @@ class _Half:
     def __init__(self, cause_off: int = 0) -> None:
         self.seq, self.cause_off = 0, cause_off
 
-    def handle(self, event: object) -> list[object]:
-        from atoll.schedulers import Dispatch, Submit
-
+    def handle(self, event: Event) -> list[Dispatch]:
         if not isinstance(event, Submit):
             return []
         self.seq += 1
