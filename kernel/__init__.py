@@ -47,6 +47,7 @@ from ._errors import NotAnActor as NotAnActor
 from ._errors import NotRunning as NotRunning
 from ._errors import RemoteActorError as RemoteActorError
 from ._errors import TransportError as TransportError
+from ._errors import UsageError as UsageError
 from ._mailbox import Mailbox as Mailbox
 from ._node import NodeActor as NodeActor
 from ._node import resolve_actor_class as resolve_actor_class
@@ -85,6 +86,7 @@ __all__ = [
     "RemoteActorError",
     "Timer",
     "TransportError",
+    "UsageError",
     "VirtualClock",
     "WaitCounter",
     "WallClock",

@@ -30,6 +30,7 @@ __all__ = [
     "NotRunning",
     "RemoteActorError",
     "TransportError",
+    "UsageError",
 ]
 
 
@@ -50,6 +51,13 @@ def _rebuild(cls: type[AtollError], args: tuple[Any, ...], state: dict[str, Any]
     error.args = args
     error.__dict__.update(state)
     return error
+
+
+class UsageError(AtollError, ValueError):
+    """The caller's mistake (asking for more devices than exist, a slice it
+    does not hold, a broken scheduler): raised in an actor, it reaches the
+    caller as itself, not boxed in a :class:`RemoteActorError` with atoll's
+    own traceback; its message says what to do instead."""
 
 
 class BadCall(AtollError, TypeError):
@@ -223,8 +231,13 @@ def _known_exception(exc_type: str) -> type[Exception] | None:
         found: Any = module
         for name in parts[cut:]:
             found = getattr(found, name, None)
-        plain = isinstance(found, type) and issubclass(found, Exception)
-        return found if plain and not issubclass(found, (OSError, *_LIFE)) else None
+        if not isinstance(found, type) or not issubclass(found, Exception):
+            return None
+        life = _LIFE[1:]  # the errors of a life or a link, and theirs
+        if found is AtollError or issubclass(found, (OSError, *life)):
+            return None
+        plain: type[Exception] = found
+        return plain
     return None
 
 
@@ -253,6 +266,7 @@ class HostLost(TransportError):
 
 # errors about the callee's own life or its link: never mixed into a box
 _LIFE: tuple[type[AtollError], ...] = (
+    AtollError,  # the base itself: a box is one already (its subclasses mix in)
     RemoteActorError,
     ActorFailed,
     ActorStopped,

@@ -39,6 +39,7 @@ from ._errors import (
     NotAnActor,
     NotRunning,
     RemoteActorError,
+    UsageError,
 )
 from ._mailbox import Mailbox
 from ._promise import Promise
@@ -391,7 +392,11 @@ class _Cell:
             call.promise._resolve(result)
         return None
 
-    def _box(self, endpoint: str, exc: Exception) -> RemoteActorError:
+    def _box(self, endpoint: str, exc: Exception) -> AtollError:
+        """What the caller gets: the caller's own mistake as itself, anything
+        else boxed with the actor, the endpoint and the traceback."""
+        if isinstance(exc, UsageError):
+            return exc
         kind = type(exc)
         return RemoteActorError(
             self.actor_name,

@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from ..kernel import AtollError
+from ..kernel import AtollError, UsageError
 
 __all__ = ["Allocation", "ResourceManager"]
 
@@ -83,10 +83,12 @@ class ResourceManager:
     def allocate(self, n: int, island: int | None = None, owner: str = "") -> Allocation:
         """Reserve ``n`` devices; raises AtollError when they are not free."""
         if n < 1:
-            raise AtollError(f"a slice needs at least one device, got {n}")
+            raise UsageError(f"a slice needs at least one device, got {n}")
         islands = sorted(set(self._island.values())) if island is None else [island]
         if island is not None and island not in self._island.values():
-            raise AtollError(f"no island {island}")
+            raise UsageError(
+                f"no island {island}: this cluster has islands {sorted(set(self._island.values()))}"
+            )
         for candidate in sorted(islands, key=lambda i: -self.free_count(i)):
             if self.free_count(candidate) >= n:
                 chosen = self._pick(n, candidate)
@@ -95,7 +97,11 @@ class ResourceManager:
                 self._slices[alloc.slice_id] = alloc
                 return alloc
         where = "any island" if island is None else f"island {island}"
-        raise AtollError(f"{n} devices are not free on {where} ({self.free_count(island)} free)")
+        free = self.free_count(island)
+        raise UsageError(
+            f"{n} devices are not free on {where} ({free} free, {len(self._island)} in the "
+            f"cluster): ask for at most {free}, or release a slice (cluster.release) first"
+        )
 
     def _pick(self, n: int, island: int, pool: Collection[int] | None = None) -> list[int]:
         by_host: dict[int, list[int]] = {}
@@ -117,7 +123,7 @@ class ResourceManager:
         try:
             return self._slices[slice_id]
         except KeyError:
-            raise AtollError(f"no slice {slice_id} (never allocated, or released)") from None
+            raise UsageError(f"no slice {slice_id} (never allocated, or released)") from None
 
     def release(self, slice_id: int) -> None:
         """Give a slice's devices back."""

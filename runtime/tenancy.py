@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..devices import QuotaExceeded
-from ..kernel import AtollError, Promise
+from ..kernel import AtollError, Promise, UsageError
 from .resources import Allocation
 
 __all__ = [
@@ -52,7 +52,7 @@ DEFAULT_MAX_GANGS = 4096  # gangs a session may have submitted and not finished
 STALL_FACTOR = 16  # stalled gangs a session may pile up, in units of its gang quota
 
 
-class NotYourSlice(AtollError, KeyError):
+class NotYourSlice(UsageError, KeyError):
     """The slice is not one the asking session allocated (or it does not exist)."""
 
     def __str__(self) -> str:  # KeyError's own would quote the message

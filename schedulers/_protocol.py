@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol
 
-from ..kernel import AtollError
+from ..kernel import AtollError, UsageError
 
 __all__ = [
     "Completed",
@@ -92,7 +92,7 @@ class IslandPolicy(Protocol):
         ...
 
 
-class PolicyError(AtollError, ValueError):
+class PolicyError(UsageError):
     """An event the policy cannot take: a gang with no devices, submitted twice,
     or a completion from a device the gang was not running on."""
 

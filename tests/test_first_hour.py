@@ -151,3 +151,21 @@ async def test_a_policy_that_breaks_the_contract_fails_the_run_and_names_the_rul
         assert rule in str(caught.value)
         with pytest.raises(PolicyError, match="runs nothing more"):  # and later ones at once
             await cluster.fetch(cluster.run(step, 0, [np.ones(2)]))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.parametrize("transport", ["inproc", "capnp"])
+@pytest.mark.timeout(60)
+async def test_asking_for_more_devices_than_exist_reads_as_the_callers_mistake(
+    transport: str,
+) -> None:
+    import atoll
+    from atoll.kernel import RemoteActorError, UsageError
+
+    async with atoll.local_cluster(1, 1, 4, transport=transport) as cluster:
+        with pytest.raises(UsageError, match=r"99 devices are not free") as caught:
+            await cluster.devices(99)
+    assert not isinstance(caught.value, RemoteActorError)
+    assert "traceback" not in str(caught.value)
+    assert "ask for at most 4" in str(caught.value)

@@ -82,6 +82,7 @@ def test_kernel_api() -> None:
             "RemoteActorError",
             "Timer",
             "TransportError",
+            "UsageError",
             "VirtualClock",
             "WaitCounter",
             "WallClock",
