@@ -86,7 +86,7 @@ async def test_outputs_are_freed_by_reference_and_by_owner() -> None:
         assert await other.close() == 1  # only the other client's buffer goes
         assert (await cluster.store_usage())[0]["buffers"] == 1
         assert await cluster.close() == 1
-        with pytest.raises(atoll.RemoteActorError, match="no slice"):
+        with pytest.raises(atoll.kernel.UsageError, match="no slice"):  # the caller's mistake
             await cluster.run(f, np.ones(3, np.float32))  # its slice went with close()
 
 
