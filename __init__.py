@@ -43,6 +43,11 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The public names only (not this module's own imports)."""
+    return sorted([*__all__, "partition"])
+
+
 def connect(target: str | os.PathLike[str] | None = None, *, token: bytes | None = None) -> Any:
     """Connect to a node or cluster: ``async with atoll.connect(...) as client``.
 

@@ -21,6 +21,18 @@ from .examples import EXAMPLES
 __all__ = ["main"]
 
 
+
+class _WithDefaults(argparse.HelpFormatter):
+    """Help that shows each option's default, unless its text says it already
+    (or there is none to show)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = action.default is not None and action.default is not False
+        if not shown or action.default == argparse.SUPPRESS or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -51,7 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     node.add_argument("--listen", default="capnp://127.0.0.1:0")
     node.add_argument("--login-timeout", type=float, default=10.0)
     node.add_argument("--cluster-file", help="write address and token here, for atoll.connect")
-    up = sub.add_parser("up", help="start a controller and host processes on this machine")
+    up = sub.add_parser(
+        "up",
+        help="start a controller and host processes on this machine",
+        formatter_class=_WithDefaults,
+    )
     up.add_argument(
         "--hosts",
         type=int,
@@ -64,18 +80,32 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         help="more hosts expected to join from elsewhere (atoll host --join)",
     )
-    up.add_argument("--islands", type=_positive, default=1)
+    up.add_argument(
+        "--islands",
+        type=_positive,
+        default=1,
+        help="islands the hosts split into evenly; each has its own scheduler and gang order",
+    )
     up.add_argument(
         "--spares",
         type=int,
         default=0,
         help="hosts per island kept out of allocation, for slices that must leave a host",
     )
-    up.add_argument("--devices-per-host", type=_positive, default=4)
-    up.add_argument("--device", choices=["sim", "jax"], default="sim")
+    up.add_argument("--devices-per-host", type=_positive, default=4, help="devices on each host")
+    up.add_argument(
+        "--device",
+        choices=["sim", "jax"],
+        default="sim",
+        help="sim: simulated devices (a cost model's device time); jax: JAX's devices",
+    )
     up.add_argument("--port", type=int, default=0, help="controller port (0: any free one)")
     up.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    up.add_argument("--scheduler", default="share")  # schedulers.DEFAULT_POLICY
+    up.add_argument(
+        "--scheduler",
+        default="share",  # schedulers.DEFAULT_POLICY
+        help="every island's policy, by name: share, fifo, or a plugin's (docs/schedulers.md)",
+    )
     up.add_argument(
         "--http",
         metavar="[HOST:]PORT",

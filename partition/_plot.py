@@ -29,6 +29,7 @@ def plot_partition(graph: OpGraph, part: Partition, path: str | Path) -> None:
         left.scatter(idx, [part.assignment[i] for i in idx], s=12, label=kind)
     left.set_xlabel("node (topological order)")
     left.set_ylabel("chiplet")
+    left.set_yticks(range(len(part.stages)))  # whole chiplets, not 0.5 steps
     left.set_title(f"{graph.name}: {part.method}, {part.throughput:,.0f} steps/s")
     left.legend(fontsize=7, loc="upper left")
     chips = [s.chip for s in part.stages]

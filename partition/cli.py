@@ -91,26 +91,58 @@ def add_commands(subparsers: Any) -> None:
     t.add_argument("--curve", type=Path, help="write a PNG of the training curve")
 
 
+_RETURNS = (
+    "it must return an atoll.partition.OpGraph, e.g. from_jax(fn, *example_args) "
+    "(docs/partition.md, 'Your own model')"
+)
+
+
 def load_graph_arg(text: str) -> OpGraph:
     """A graph from a JSON path, a built-in name or ``path/to/module.py:function``."""
     if ":" in text and text.split(":", 1)[0].endswith(".py"):
         path, func = text.rsplit(":", 1)
-        spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-        if spec is None or spec.loader is None:
-            raise SystemExit(f"atoll partition: cannot import {path}")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        graph = getattr(module, func)()
-        if not isinstance(graph, OpGraph):
-            raise SystemExit(
-                f"atoll partition: {text} returned {type(graph).__name__}, not OpGraph"
-            )
-        return graph
+        return _from_module(path, func)
+    if text.endswith(".py"):
+        raise SystemExit(
+            f"atoll partition: {text} is a Python file: name the function that builds the "
+            f"graph, as {text}:function; {_RETURNS}"
+        )
     if Path(text).is_file():
-        return load_graph(text)
+        try:
+            return load_graph(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise SystemExit(
+                f"atoll partition: {text} is not a graph file (JSON as --save-graph writes "
+                f"it): {type(exc).__name__}: {exc}"
+            ) from None
     if text in builtin_names():
         return builtin_graph(text)
-    raise SystemExit(f"atoll partition: {text!r} is no file, module.py:function or built-in")
+    raise SystemExit(
+        f"atoll partition: {text!r} is no file, module.py:function or built-in "
+        f"({', '.join(builtin_names())})"
+    )
+
+
+def _from_module(path: str, func: str) -> OpGraph:
+    """``func()`` of the Python file ``path``, checked to be a graph."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    if spec is None or spec.loader is None or not Path(path).is_file():
+        raise SystemExit(f"atoll partition: cannot import {path}: no such Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    build = getattr(module, func, None)
+    if not callable(build):
+        names = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise SystemExit(
+            f"atoll partition: {path} has no function {func!r} (it has: {', '.join(names)}); "
+            + _RETURNS
+        )
+    graph = build()
+    if not isinstance(graph, OpGraph):
+        raise SystemExit(
+            f"atoll partition: {path}:{func} returned {type(graph).__name__}; {_RETURNS}"
+        )
+    return graph
 
 
 def format_partition(graph: OpGraph, part: Partition) -> str:
@@ -202,10 +234,12 @@ def _partition(args: argparse.Namespace) -> int:
         from ._plot import plot_partition
 
         plot_partition(graph, part, args.picture)
+        print(f"picture: {args.picture}", file=sys.stderr)
     if args.curve:
         from ._plot import plot_curves
 
         plot_curves({part.method: part.history}, args.curve)
+        print(f"search curve: {args.curve}", file=sys.stderr)
     return 0
 
 

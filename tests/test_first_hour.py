@@ -169,3 +169,71 @@ async def test_asking_for_more_devices_than_exist_reads_as_the_callers_mistake(
     assert not isinstance(caught.value, RemoteActorError)
     assert "traceback" not in str(caught.value)
     assert "ask for at most 4" in str(caught.value)
+
+
+def test_a_cluster_file_whose_token_is_not_hex_says_so(tmp_path: Path) -> None:
+    from atoll.kernel import AtollError
+    from atoll.transports.capnp import ClusterFile
+
+    bad = tmp_path / "cluster.json"
+    bad.write_text('{"address": "capnp://127.0.0.1:1", "token": "not-hex"}')
+    with pytest.raises(AtollError, match="its token is not hexadecimal"):
+        ClusterFile.read(bad)
+
+
+def test_atoll_up_help_explains_every_option_with_its_default() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "atoll.cli", "up", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        close_fds=False,
+    )
+    text = " ".join(done.stdout.split())
+    for option, default in [
+        ("--scheduler", "share"),
+        ("--device", "sim"),
+        ("--islands", "1"),
+        ("--devices-per-host", "4"),
+    ]:
+        after = text.split(f"{option} ", 2)[-1]  # past the usage line
+        assert f"(default: {default})" in after.split(" --")[0], (option, after[:200])
+
+
+def test_dir_atoll_shows_the_public_names_only() -> None:
+    import atoll
+
+    shown = set(dir(atoll))
+    assert not shown & {"Any", "importlib", "os"}
+    assert {"local_cluster", "connect", "program", "partition"} <= shown
+
+
+MODEL = """
+import jax.numpy as jnp
+from atoll.partition import from_jax
+
+
+def mlp(x, w):
+    return jnp.tanh(x @ w)
+
+
+def build_graph():
+    return from_jax(mlp, jnp.ones((8, 16)), jnp.ones((16, 4)))
+"""
+
+
+def test_atoll_partition_says_what_a_model_file_must_give(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from atoll.cli import main
+
+    model = tmp_path / "my_model.py"
+    model.write_text(MODEL)
+    with pytest.raises(SystemExit, match=r"name the function that builds the graph.*OpGraph"):
+        main(["partition", str(model)])
+    with pytest.raises(SystemExit, match=r"has no function 'nope' \(it has: build_graph,"):
+        main(["partition", f"{model}:nope"])
+    picture = tmp_path / "p.png"
+    args = ["partition", f"{model}:build_graph", "--chiplets", "2", "--method", "dp"]
+    assert main([*args, "--picture", str(picture)]) == 0
+    assert picture.is_file() and f"picture: {picture}" in capsys.readouterr().err

@@ -44,12 +44,20 @@ class ClusterFile:
 
     @classmethod
     def read(cls, path: str | os.PathLike[str]) -> ClusterFile:
+        where = os.fspath(path)
         try:
             data = json.loads(Path(path).read_text())
             pid = None if data.get("pid") is None else int(data["pid"])
-            return cls(str(data["address"]), bytes.fromhex(data["token"]), pid)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise AtollError(f"cannot read cluster file {os.fspath(path)!r}: {exc}") from None
+            address, token = str(data["address"]), str(data["token"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise AtollError(f"cannot read cluster file {where!r}: {exc}") from None
+        try:
+            return cls(address, bytes.fromhex(token), pid)
+        except ValueError:
+            raise AtollError(
+                f"cluster file {where!r}: its token is not hexadecimal (atoll up writes "
+                "64 hex digits there): start the cluster again, or copy the file it wrote"
+            ) from None
 
 
 def default_cluster_file() -> Path:
