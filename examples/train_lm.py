@@ -213,8 +213,13 @@ def _arrived(
     now = time.perf_counter()
     times = result.finished_at
     times.append(now)
-    window = times[-WINDOW - 1 :]
-    steps, since = (len(window) - 1, window[0]) if len(window) > 1 else (1, began)
+    # the last WINDOW steps; until there are that many, all since training
+    # began (losses of the first steps arrive together, as the dispatch ran
+    # ahead: timed from one another they would time dispatch, not work)
+    if len(times) > WINDOW:
+        steps, since = WINDOW, times[-WINDOW - 1]
+    else:
+        steps, since = len(times), began
     rate = result.tokens_per_step * steps / max(now - since, 1e-9)
     result.losses.append(loss)
     result.tokens_per_s.append(rate)
@@ -308,7 +313,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         "--hosts", type=_at_least_0, default=0, help="host processes (0: in-process)"
     )
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
-    parser.add_argument("--plot", default="train_lm.png", help="the loss curve ('' : none)")
+    parser.add_argument("--plot", metavar="PNG", help="write the loss curve there (default: none)")
     parser.add_argument("--no-reference", action="store_true", help="skip plain JAX")
     parser.add_argument(
         "--save", metavar="DIR", help="checkpoint the last step there (a new directory)"
@@ -418,7 +423,8 @@ async def main(argv: list[str] | None = None) -> None:
     else:
         _print_summary(summary)
     if args.plot:
-        _plot(args.plot, start, result.losses, summary.get("reference_loss"))
+        title = f"train_lm {args.config}, {devices} device{'s' if devices > 1 else ''}"
+        _plot(args.plot, start, result.losses, summary, title)
 
 
 def _printer(as_json: bool, start: int, steps: int) -> Callable[[StepReport], None]:
@@ -517,7 +523,9 @@ def _print_summary(summary: dict[str, Any]) -> None:
         )
 
 
-def _plot(path: str, start: int, losses: list[float], reference_losses: list[float] | None) -> None:
+def _plot(path: str, start: int, losses: list[float], summary: dict[str, Any], title: str) -> None:
+    """The loss curve beside plain JAX's: on one device, and on the same
+    devices with the same shardings (the bit-exact reference, when there is one)."""
     try:
         import matplotlib
 
@@ -529,10 +537,13 @@ def _plot(path: str, start: int, losses: list[float], reference_losses: list[flo
     figure, axes = plt.subplots(figsize=(7, 4))
     steps = range(start, start + len(losses))
     axes.plot(steps, losses, label="atoll")
-    if reference_losses is not None:
-        axes.plot(steps, reference_losses, "--", label="plain JAX, one device")
-    axes.axhline(math.log(256), color="grey", lw=0.5)
-    axes.set(xlabel="step", ylabel="loss (nats per byte)", title="train_lm")
+    same = summary.get("same_devices_reference_loss")
+    if same is not None:
+        axes.plot(steps, same, ":", lw=2, label="plain JAX, same devices and shardings")
+    if summary.get("reference_loss") is not None:
+        axes.plot(steps, summary["reference_loss"], "--", label="plain JAX, one device")
+    axes.axhline(math.log(256), color="grey", lw=0.5, label="ln 256: a uniform guess")
+    axes.set(xlabel="step", ylabel="loss (nats per byte)", title=title)
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -253,6 +253,7 @@ def test_the_command_prints_json_steps_and_a_final_line_with_the_reference(
     steps, final = lines[:-1], lines[-1]
     assert [s["step"] for s in steps] == list(range(6))
     assert all(s["tokens_per_s"] > 0 and s["loss"] > 0 for s in steps)
+    assert max(s["tokens_per_s"] for s in steps) < 3 * final["tokens_per_s"]  # the work's rate
     assert len(final["reference_loss"]) == 6 and final["max_relative_gap"] < RTOL
     assert final["max_relative_gap_same_devices"] == 0.0  # the same program, bit for bit
     assert plot.stat().st_size > 1000
@@ -269,15 +270,17 @@ def _assert_trees_close(got: Any, want: Any) -> None:
 
 
 def test_the_command_saves_resumes_and_numbers_the_steps_on(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytest.importorskip("orbax.checkpoint", reason="the [train] extra (orbax) is missing")
     from atoll.cli import main
 
+    monkeypatch.chdir(tmp_path)
     ck = str(tmp_path / "ck")
     base = ["run", "train_lm", "--config", "tiny", "--data-parallel", "2", "--json"]
-    quick = [*base, "--plot", "", "--no-reference"]
+    quick = [*base, "--no-reference"]
     assert main([*quick, "--steps", "4", "--save", ck]) == 0
+    assert not list(tmp_path.glob("*.png"))  # no picture unless asked (--plot)
     capsys.readouterr()
     assert main([*quick, "--steps", "3", "--resume", ck, "--backend", "trio"]) == 0
     steps = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
