@@ -21,7 +21,6 @@ from .examples import EXAMPLES
 __all__ = ["main"]
 
 
-
 class _WithDefaults(argparse.HelpFormatter):
     """Help that shows each option's default, unless its text says it already
     (or there is none to show)."""
@@ -32,6 +31,7 @@ class _WithDefaults(argparse.HelpFormatter):
         if not shown or action.default == argparse.SUPPRESS or "default" in text:
             return text
         return f"{text} (default: %(default)s)"
+
 
 def _positive(text: str) -> int:
     value = int(text)
