@@ -175,6 +175,23 @@ REDIAL_S = 1.0  # a host whose link failed or fell is dialled again after this l
 DIAL_TIMEOUT_S = 5.0
 
 
+def _stopped(path: str, spec: ClusterFile, reason: str) -> str:
+    """Why the connection to the cluster of cluster file ``path`` ended: its
+    ``atoll up`` removes that file as it stops (first, before it closes any
+    connection), so a file gone, or written by another ``atoll up``, means
+    the cluster was stopped."""
+    try:
+        now = ClusterFile.read(path)
+    except AtollError:
+        now = None
+    if now is not None and now.pid == spec.pid and now.address == spec.address:
+        return reason
+    return (
+        f"the cluster at {spec.address} was stopped (atoll down, or its atoll up ended: "
+        f"{path} is gone); start it again with atoll up ({reason})"
+    )
+
+
 @asynccontextmanager
 async def connect(
     target: str | os.PathLike[str] | None = None,
@@ -203,6 +220,7 @@ async def connect(
             yield cast(Client, bridged)  # a proxy with the same methods
         return
     text = os.fspath(find_cluster_file() if target is None else target)
+    spec: ClusterFile | None = None
     if text.startswith("capnp://"):
         address, found = text, token
     else:
@@ -211,6 +229,8 @@ async def connect(
     transport = CapnpTransport(found)
     async with capnp_runtime(), ActorSystem("client") as system:
         connection = await transport.connect(address, system)
+        if spec is not None:
+            connection.peer.explain = functools.partial(_stopped, text, spec)
         client = Client(connection.node, system, address, weight, _transport=transport)
         try:
             yield client

@@ -584,6 +584,9 @@ async def run_up(
             # grow with the cluster (docs/dispatch.md, "Scale")
             gc.freeze()
             await stop.wait()
+            # the file goes first: a client that sees its link end then finds
+            # it gone, and says the cluster was stopped (connect._stopped)
+            _remove_if_ours(cluster_file, written)
             print("atoll: stopping hosts", flush=True)
     finally:
         _remove_if_ours(cluster_file, written)

@@ -237,3 +237,42 @@ def test_atoll_partition_says_what_a_model_file_must_give(
     args = ["partition", f"{model}:build_graph", "--chiplets", "2", "--method", "dp"]
     assert main([*args, "--picture", str(picture)]) == 0
     assert picture.is_file() and f"picture: {picture}" in capsys.readouterr().err
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(90)
+async def test_a_call_after_atoll_down_says_the_cluster_was_stopped(tmp_path: Path) -> None:
+    import anyio
+
+    from atoll.kernel import HostLost
+    from atoll.runtime.connect import connect
+
+    cluster_file = tmp_path / "cluster.json"
+    args = ["up", "--hosts", "1", "--devices-per-host", "1", "--cluster-file", str(cluster_file)]
+    up = subprocess.Popen(
+        [sys.executable, "-m", "atoll.cli", *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        close_fds=False,
+    )
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            if "cluster up" in line:
+                break
+        async with connect(cluster_file) as client:
+            cluster = await client.cluster("user")
+            down = [sys.executable, "-m", "atoll.cli", "down", "--cluster-file", str(cluster_file)]
+            await anyio.to_thread.run_sync(
+                lambda: subprocess.run(down, check=True, timeout=60, capture_output=True)
+            )
+            with pytest.raises(HostLost, match=r"was stopped \(atoll down.*start it again"):
+                with anyio.fail_after(30):
+                    while True:  # until the link's end has been seen
+                        await cluster.devices(1)
+                        await anyio.sleep(0.05)
+    finally:
+        up.wait(60)
+        assert up.stdout is not None
+        up.stdout.close()

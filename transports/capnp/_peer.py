@@ -129,6 +129,9 @@ class Peer:
         self._resume_at = self.max_calls - max(1, self.max_calls // 4)
         # set by whoever owns the socket: stop (True) or resume (False) reading it
         self.hold_reading: Callable[[bool], None] | None = None
+        # what the connection's end means, as its owner can tell (a cluster
+        # that was stopped): reason -> the reason the errors carry
+        self.explain: Callable[[str], str] | None = None
         self._tasks: set[asyncio.Future[Any]] = set()
         self._pending: weakref.WeakSet[Promise[Any]] = weakref.WeakSet()
         self._holders: weakref.WeakSet[RemoteChannel] = weakref.WeakSet()
@@ -352,6 +355,9 @@ class Peer:
         """Fail what is pending and drop every capnp object (loop thread only)."""
         if self.closed is not None:
             return
+        if self.explain is not None:
+            with suppress(Exception):  # an explanation that fails leaves the reason as it was
+                reason = self.explain(reason)
         self.closed = reason
         if self._hold_timer is not None:
             self._hold_timer.cancel()
@@ -642,7 +648,7 @@ class RemoteChannel:
 
     def _live(self) -> Any:
         if self.cap is None:
-            raise HostLost(f"connection to {self.peer.label} is closed")
+            raise HostLost(f"connection to {self.peer.label} is closed: {self.peer.closed}")
         return self.cap
 
     async def _control(self, answer: Any) -> None:
