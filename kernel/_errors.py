@@ -60,9 +60,10 @@ class UsageError(AtollError, ValueError):
     own traceback; its message says what to do instead."""
 
 
-class BadCall(AtollError, TypeError):
+class BadCall(UsageError, TypeError):
     """A call did not match the endpoint's signature, or a value could not
     cross the wire (it could not be pickled, or not unpickled where it arrived).
+    A usage error: it reaches the caller as itself, from any actor.
 
     Attributes:
         message: what was wrong.

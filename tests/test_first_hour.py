@@ -276,3 +276,31 @@ async def test_a_call_after_atoll_down_says_the_cluster_was_stopped(tmp_path: Pa
         up.wait(60)
         assert up.stdout is not None
         up.stdout.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.timeout(90)
+async def test_a_closure_that_cannot_travel_names_the_function_what_it_captures_and_the_fix() -> (
+    None
+):
+    import threading
+
+    import numpy as np
+
+    import atoll
+    from atoll.devices import Computation
+    from atoll.kernel import BadCall
+
+    lock = threading.Lock()
+
+    def step(x: np.ndarray) -> np.ndarray:
+        with lock:
+            return x + 1
+
+    async with atoll.local_cluster(1, 1, 1, transport="capnp") as cluster:
+        with pytest.raises(BadCall) as caught:
+            await cluster.fetch(cluster.run(Computation("step", step), 0, [np.ones(2)]))
+    text = str(caught.value)
+    assert "step" in text and "test_first_hour.py" in text and "captures 'lock'" in text
+    assert "capture plain values" in text

@@ -19,6 +19,7 @@ import io
 import pickle
 import sys
 import traceback
+from collections.abc import Iterable, Iterator
 from types import FunctionType
 from typing import TYPE_CHECKING, Any
 
@@ -183,7 +184,8 @@ def _encode_pickled(peer: Peer, builder: Any, value: Any) -> None:
     try:
         pickler.dump(value)
     except Exception as exc:
-        raise BadCall(f"cannot send a {type(value).__name__} over the wire: {exc}") from exc
+        why = _unpicklable_function(value) or str(exc)
+        raise BadCall(f"cannot send a {type(value).__name__} over the wire: {why}") from exc
     builder.data = data.getvalue()
     caps = builder.init("caps", len(pickler._caps))
     for cap_builder, obj in zip(caps, pickler._caps, strict=True):
@@ -191,6 +193,55 @@ def _encode_pickled(peer: Peer, builder: Any, value: Any) -> None:
     raw = builder.init("buffers", len(buffers))
     for i, buffer in enumerate(buffers):
         raw[i] = buffer.raw().tobytes()
+
+
+def _unpicklable_function(value: Any) -> str | None:
+    """Which function in ``value`` (a graph's kernels, a computation's...)
+    cannot travel, what it captures that cannot, and what to do; None if no
+    function is the cause."""
+    for fn in _functions_in(value, depth=6, seen=set()):
+        try:
+            _Pickler(io.BytesIO(), []).dump(fn)
+        except Exception as exc:
+            code = fn.__code__
+            where = f"{fn.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
+            captured = dict(
+                zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ()), strict=False)
+            )
+            captured.update((n, fn.__globals__[n]) for n in code.co_names if n in fn.__globals__)
+            for name, held in captured.items():
+                try:
+                    _Pickler(io.BytesIO(), []).dump(held)
+                except Exception:
+                    return (
+                        f"function {where} captures {name!r}, a {type(held).__name__}, which "
+                        f"cannot be pickled ({exc}). A function that runs on a host travels "
+                        "by value with what it captures: capture plain values (arrays, "
+                        "numbers, strings), make the object inside the function, or define "
+                        "the function in a module the hosts can import"
+                    )
+            return f"function {where} cannot be pickled: {exc}"
+    return None
+
+
+def _functions_in(value: Any, depth: int, seen: set[int]) -> Iterator[FunctionType]:
+    """The plain functions reachable from ``value`` through containers,
+    attributes and ``functools.partial`` (a few levels deep)."""
+    if depth < 0 or id(value) in seen or isinstance(value, str | bytes | int | float | np.ndarray):
+        return
+    seen.add(id(value))
+    if type(value) is FunctionType:
+        yield value
+        return
+    if isinstance(value, dict):
+        children: Iterable[Any] = value.values()
+    elif isinstance(value, list | tuple | set | frozenset):
+        children = value
+    else:
+        children = [getattr(value, "func", None), *getattr(value, "__dict__", {}).values()]
+        children += [getattr(value, s, None) for s in getattr(type(value), "__slots__", ())]
+    for child in children:
+        yield from _functions_in(child, depth - 1, seen)
 
 
 def decode(peer: Peer, reader: Any) -> Any:
