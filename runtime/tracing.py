@@ -21,7 +21,7 @@ from typing import Any
 
 from ..devices import Aval, JaxKernel
 from ..devices._jax_kernel import fn_key
-from ..kernel import AtollError
+from ..kernel import AtollError, UsageError
 from .graph import Graph, GraphBuilder, SliceSpec, ValueRef
 
 __all__ = [
@@ -139,12 +139,10 @@ def _add_node(builder: GraphBuilder, placed: PlacedFunction, args: tuple[Any, ..
     flat = _FlatCall(placed.fn, in_tree)
     out_shape = jax.eval_shape(flat.nested, *structs)
     out_leaves, out_tree = jax.tree_util.tree_flatten(out_shape)
-    kernel = JaxKernel(
-        flat,
-        placed.name,
-        tuple(_in_specs(placed, args)),
-        tuple(_out_specs(placed, out_shape)),
-    )
+    in_specs, out_specs = _in_specs(placed, args), _out_specs(placed, out_shape)
+    _check_divisible(placed, "argument", [t.shape for t in leaves], in_specs)
+    _check_divisible(placed, "output", [tuple(s.shape) for s in out_leaves], out_specs)
+    kernel = JaxKernel(flat, placed.name, tuple(in_specs), tuple(out_specs))
     avals = [Aval(tuple(s.shape), str(s.dtype)) for s in out_leaves]
     refs = builder.add(kernel, placed.slice, [t.ref for t in leaves], avals, placed.name)
     return jax.tree_util.tree_unflatten(
@@ -184,6 +182,33 @@ class _FlatCall:
         import jax
 
         return list(jax.tree_util.tree_leaves(self.nested(*xs)))
+
+
+def _check_divisible(
+    placed: PlacedFunction, what: str, shapes: Sequence[tuple[int, ...]], specs: Sequence[Any]
+) -> None:
+    """Each sharded dimension must split evenly over its mesh axes: checked
+    here, where the shapes are known, not on a host at run time."""
+    mesh = dict(zip(placed.slice.axis_names, placed.slice.shape, strict=True))
+    for index, (shape, spec) in enumerate(zip(shapes, specs, strict=True)):
+        for dim, axes in enumerate(tuple(spec)):
+            names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+            unknown = [name for name in names if name not in mesh]
+            if unknown:
+                raise UsageError(
+                    f"{placed.name}: {what} {index}'s spec {spec} names mesh axes {unknown}; "
+                    f"the slice's mesh has {mesh}"
+                )
+            ways = 1
+            for name in names:
+                ways *= mesh[name]
+            if dim >= len(shape) or shape[dim] % ways:
+                size = shape[dim] if dim < len(shape) else "no such dimension"
+                raise UsageError(
+                    f"{placed.name}: {what} {index} has shape {shape}; its spec {spec} splits "
+                    f"dimension {dim} ({size}) {ways} ways over mesh axes {names} of {mesh}: "
+                    f"make that dimension a multiple of {ways} (pad it), or do not shard it"
+                )
 
 
 def _in_specs(placed: PlacedFunction, args: tuple[Any, ...]) -> list[Any]:

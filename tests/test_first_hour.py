@@ -304,3 +304,23 @@ async def test_a_closure_that_cannot_travel_names_the_function_what_it_captures_
     text = str(caught.value)
     assert "step" in text and "test_first_hour.py" in text and "captures 'lock'" in text
     assert "capture plain values" in text
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.timeout(60)
+async def test_a_shape_the_mesh_cannot_split_is_refused_when_traced() -> None:
+    import numpy as np
+    from jax.sharding import PartitionSpec as P
+
+    import atoll
+    from atoll.devices.jax_device import JaxDevice
+    from atoll.kernel import UsageError
+
+    async with atoll.local_cluster(1, 1, 4, device_cls=JaxDevice) as cluster:
+        four = await cluster.devices(4, mesh_shape=(4,), axis_names=("d",))
+        layer = four.jit(lambda x, w: x @ w, in_specs=(P("d"), None), out_specs=P("d"))
+        x, w = np.ones((7, 3), np.float32), np.ones((3, 5), np.float32)
+        with pytest.raises(UsageError, match=r"argument 0 has shape \(7, 3\).*multiple of 4"):
+            cluster.run(layer, x, w)  # at once: nothing was sent
+        assert (await cluster.run(layer, np.ones((8, 3), np.float32), w)).shape == (8, 5)
