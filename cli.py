@@ -385,6 +385,7 @@ def _host(args: argparse.Namespace) -> int:
     # also sends its log to the controller's
     forward = "ATOLL_PARENT_PID" not in os.environ
     logs.set_prefix(f"host (pid {os.getpid()}) | ")
+    logs.filter_native_stdout()  # Gloo's connection lines, unless ATOLL_LOG=debug
     try:
         asyncio.run(run_host(args.join, token, args.listen, forward_logs=forward))
     except AtollError as exc:  # e.g. "login ... refused: wrong cluster token"
@@ -494,6 +495,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .kernel import logs
 
     logs.configure()  # ATOLL_LOG=debug|info|warning; each line names its actor
+    logs.quiet_native_logs()  # XLA's C++ warnings only with ATOLL_LOG=info or debug
     try:
         return _command(args)
     except ModuleNotFoundError as exc:  # an optional extra is missing: say which

@@ -71,12 +71,14 @@ class TrainResult:
 
     def overall_tokens_per_s(self) -> float:
         """Tokens per second over the steps after the first fifth (compiling
-        and filling the pipeline of steps is not the rate)."""
+        and filling the pipeline of steps is not the rate); for a run of a
+        window or fewer, its last step's rate, since it began (the first
+        losses arrive together: their spacing is not the work's)."""
         if self.rate is not None:
             return self.rate
         times = self.finished_at
         first = max(1, len(times) // 5)
-        if len(times) - first < 1:
+        if len(times) <= WINDOW or len(times) - first < 1:
             return self.tokens_per_s[-1] if self.tokens_per_s else 0.0
         return self.tokens_per_step * (len(times) - first) / (times[-1] - times[first - 1])
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -115,3 +117,45 @@ def add_sink(send: Callable[[str, int, str], None]) -> Callable[[], None]:
     sink = _Sink(send)
     logger.addHandler(sink)
     return lambda: logger.removeHandler(sink)
+
+
+# XLA's (TSL's) C++ log threshold for each ATOLL_LOG level: 0 info, 1 warning, 2 error
+_NATIVE_LEVELS = {logging.DEBUG: "0", logging.INFO: "0", logging.WARNING: "2"}
+# lines native libraries print on stdout that say nothing to a user
+_NATIVE_NOISE = re.compile(r"^\[Gloo\] ")
+
+
+def quiet_native_logs() -> None:
+    """Make the native libraries under JAX as quiet as ``ATOLL_LOG`` asks:
+    their C++ log threshold (``TF_CPP_MIN_LOG_LEVEL``, read when they first
+    log, so call this before JAX starts) shows their warnings only with
+    ``ATOLL_LOG=info`` or ``debug``. A threshold the user set is kept; child
+    processes inherit it."""
+    if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
+        level = level_of(os.environ.get("ATOLL_LOG"))
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = _NATIVE_LEVELS.get(level, "2")
+
+
+def filter_native_stdout() -> None:
+    """Drop the lines native libraries print on this process's stdout that
+    say nothing to a user (Gloo's "Rank N is connected to M peer ranks"),
+    unless ``ATOLL_LOG=debug``; every other line goes through unchanged.
+
+    Gloo writes with C++ streams, past Python: file descriptor 1 becomes a
+    pipe, and a thread copies what comes down it, line by line, to the
+    stdout the process had. For processes atoll starts (host processes)."""
+    if level_of(os.environ.get("ATOLL_LOG")) <= logging.DEBUG:
+        return
+    sys.stdout.flush()
+    real = os.dup(1)
+    read, write = os.pipe()
+    os.dup2(write, 1)
+    os.close(write)
+    threading.Thread(target=_copy_lines, args=(read, real), daemon=True).start()
+
+
+def _copy_lines(read: int, write: int) -> None:
+    with os.fdopen(read, "rb") as lines, os.fdopen(write, "wb", buffering=0) as out:
+        for line in lines:
+            if not _NATIVE_NOISE.match(line.decode("utf-8", "replace")):
+                out.write(line)
