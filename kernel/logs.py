@@ -54,20 +54,31 @@ def level_of(text: str | None) -> int:
     return _LEVELS.get((text or "warning").strip().lower(), logging.WARNING)
 
 
+# the Python loggers of the libraries under atoll: their lines go out as atoll's
+THIRD_PARTY = ("jax", "jaxlib", "absl", "orbax", "etils")
+
+
 def configure(prefix: str = "", stream: Any = None) -> logging.Logger:
     """Log the ``atoll`` logger's records to stderr (or ``stream``), at
-    ``ATOLL_LOG``'s level, each line with its actor. Idempotent."""
+    ``ATOLL_LOG``'s level, each line with its actor; and the records of the
+    libraries under atoll (``THIRD_PARTY``) the same way, at that level
+    (warnings and above by default). Idempotent."""
     _state["prefix"] = prefix
     logger = logging.getLogger("atoll")
     wanted = os.environ.get("ATOLL_LOG")
     # unset: leave the level to the root logger (warning, unless the program says)
     logger.setLevel(level_of(wanted) if wanted else logging.NOTSET)
-    for old in [h for h in logger.handlers if isinstance(h, _Stderr)]:
-        logger.removeHandler(old)
     handler = _Stderr(stream)
     handler.setFormatter(logging.Formatter(FORMAT))
     handler.addFilter(ActorFilter())
-    logger.addHandler(handler)
+    for name in ("atoll", *THIRD_PARTY):
+        target = logging.getLogger(name)
+        for old in [h for h in target.handlers if isinstance(h, _Stderr)]:
+            target.removeHandler(old)
+        target.addHandler(handler)
+        if name != "atoll":
+            target.setLevel(level_of(wanted))
+            target.propagate = False  # once, as atoll's, not again by the root's handler
     return logger
 
 

@@ -120,3 +120,32 @@ async def test_host_logs_reach_the_controller_terminal_prefixed_by_host(tmp_path
             line.startswith(f"host {host} | WARNING [") and "atoll.user: device says hello" in line
             for line in text.splitlines()
         ), text
+
+
+def test_the_libraries_under_atoll_log_as_atoll_at_atoll_log_level(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import io
+    import logging
+
+    from atoll.kernel import logs
+
+    saved = {
+        n: (logging.getLogger(n).level, logging.getLogger(n).propagate) for n in logs.THIRD_PARTY
+    }
+    monkeypatch.delenv("ATOLL_LOG", raising=False)
+    out = io.StringIO()
+    try:
+        logs.configure(stream=out)
+        logging.getLogger("jax._src.xla_bridge").warning("a warning of jax's")
+        logging.getLogger("jax._src.xla_bridge").info("an info of jax's")
+        assert "a warning of jax's" in out.getvalue() and "jax._src.xla_bridge" in out.getvalue()
+        assert "an info of jax's" not in out.getvalue()  # ATOLL_LOG unset: warnings and above
+    finally:  # atoll's logger to stderr again; the libraries' as they were
+        logs.configure()
+        for name, (level, propagate) in saved.items():
+            logger = logging.getLogger(name)
+            logger.setLevel(level)
+            logger.propagate = propagate
+            for handler in list(logger.handlers):
+                logger.removeHandler(handler)
