@@ -77,7 +77,9 @@ def configure(prefix: str = "", stream: Any = None) -> logging.Logger:
             target.removeHandler(old)
         target.addHandler(handler)
         if name != "atoll":
-            target.setLevel(level_of(wanted))
+            # a level only when ATOLL_LOG names one: JAX reads its logger's level
+            # into XLA's C++ log threshold, which quiet_native_logs sets otherwise
+            target.setLevel(level_of(wanted) if wanted else logging.NOTSET)
             target.propagate = False  # once, as atoll's, not again by the root's handler
     return logger
 

@@ -349,3 +349,29 @@ def test_training_over_host_processes_prints_no_native_noise(tmp_path: Path) -> 
     assert "[Gloo]" not in both and "coordination_service" not in both, both
     assert "atoll host 1 joined" in done.stdout and "done: loss" in done.stdout
     assert not list(tmp_path.glob("*.png"))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_each_island_builds_its_policy_once_and_feeds_it_every_event() -> None:
+    """Starting a cluster checks the scheduler's name without building a
+    policy: the one instance per island is the one that sees the events."""
+    import numpy as np
+
+    import atoll
+    from atoll.devices import Computation
+    from atoll.schedulers import FifoPolicy, register_scheduler
+
+    built: list[FifoPolicy] = []
+
+    def factory() -> FifoPolicy:
+        built.append(FifoPolicy())
+        return built[-1]
+
+    register_scheduler("test-counted", factory)
+    async with atoll.local_cluster(2, 1, 1, scheduler="test-counted") as cluster:
+        step = Computation("step", np.negative, 1e6)
+        for device in (0, 1):
+            await cluster.fetch(cluster.run(step, device, [np.ones(2)]))
+    assert len(built) == 2  # one per island, none for the check
+    assert all(policy._next_seq == 1 for policy in built)  # each saw its island's gang
