@@ -12,6 +12,8 @@ promise.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import os
 import secrets
@@ -25,7 +27,10 @@ import numpy as np
 from ..kernel import (
     Actor,
     ActorRef,
+    AtollError,
+    Directive,
     Promise,
+    UsageError,
     endpoint,
     log_failure,
     process_counters,
@@ -85,6 +90,10 @@ class Host(Actor):
         self.pushes_declined = 0
         self.lane_address = ""  # where other host processes push small values
         self.moving: dict[str, int] = {}  # being copied away: frees that wait
+        # users' actors here (Cluster.spawn), by session: stopped when it ends
+        self.user_actors: dict[str, list[ActorRef[Any]]] = {}
+        self._on_failure: dict[ActorRef[Any], Directive] = {}  # a user actor's supervision
+        self._user_names = itertools.count()
 
     async def on_start(self) -> None:
         await self._serve_lane()
@@ -398,9 +407,49 @@ class Host(Actor):
 
     @endpoint
     def free_owner(self, owner: str) -> int:
-        """Free everything ``owner`` holds here, and forget its quota and usage."""
+        """Free everything ``owner`` holds here, forget its quota and usage,
+        and stop its actors (a session that ended)."""
         self.store.ledger.forget(owner)
+        for actor in self.user_actors.pop(owner, []):
+            self._on_failure.pop(actor, None)
+            self.ctx.start_soon(_stop_quietly, actor)
         return self.store.free_owner(owner)
+
+    @endpoint
+    def spawn_user(
+        self,
+        cls: type[Actor],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        owner: str,
+        on_failure: str = "restart",
+    ) -> ActorRef[Any]:
+        """Start an actor of the user's class ``cls`` in this host's process,
+        beside its devices, for session ``owner`` (``Cluster.spawn``); its
+        reference, which only the caller holds. When it fails (its
+        ``on_start`` raises, or an endpoint of a class with ``fail_on_error``),
+        it is restarted or stopped, as ``on_failure`` says; the host goes on."""
+        if not (isinstance(cls, type) and issubclass(cls, Actor)):
+            raise UsageError(f"spawn takes an Actor class, not {cls!r}")
+        directive = {"restart": Directive.RESTART, "stop": Directive.STOP}.get(on_failure)
+        if directive is None:
+            raise UsageError(
+                f"on_failure must be 'restart' or 'stop', not {on_failure!r}: an actor of a "
+                "session never fails its host"
+            )
+        name = f"user{next(self._user_names)}.{cls.__name__}"
+        actor: ActorRef[Any] = self.ctx.spawn(cls, *args, name=name, **kwargs)
+        self.user_actors.setdefault(owner, []).append(actor)
+        self._on_failure[actor] = directive
+        return actor
+
+    def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> Directive:
+        """A user's actor: as its session asked; a device: escalate."""
+        directive = self._on_failure.get(child)
+        if directive is None:
+            return super().on_child_failed(child, error)
+        _log.warning("%s failed (%s): %s", child.name, error, directive.value)
+        return directive
 
     @endpoint
     def set_quota(self, owner: str, max_bytes: int | None) -> None:
@@ -491,3 +540,9 @@ _DATA_PLANE = (
     *("inline_in_bytes", "inline_out_bytes"),
 )
 _SHM_REUSE = ("maps_reused", "recycled", "taken_over")  # see atoll.transports.dataplane.shm
+
+
+async def _stop_quietly(actor: ActorRef[Any]) -> None:
+    """Stop a session's actor; one that is gone already is left alone."""
+    with contextlib.suppress(AtollError):
+        await actor.stop()

@@ -17,7 +17,7 @@ import os
 import secrets
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, overload
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from ..devices import (
 )
 from ..devices import timeline as _timelines
 from ..kernel import (
+    Actor,
     ActorRef,
     ActorStopped,
     ActorSystem,
@@ -39,6 +40,7 @@ from ..kernel import (
     Clock,
     HostLost,
     Promise,
+    UsageError,
     all_settled,
     as_promise,
     flatten,
@@ -58,6 +60,9 @@ if TYPE_CHECKING:
     from .controller import Controller
 
 __all__ = ["ArrayRef", "Cluster", "Outputs"]
+
+
+A = TypeVar("A", bound=Actor)
 
 
 class HostLinks(Protocol):
@@ -477,6 +482,55 @@ class Cluster:
         """The actor of one device (for tools and tests; users go through run)."""
         self.topology.device(device)
         return self._devices[device]
+
+    async def spawn(
+        self,
+        cls: type[A],
+        *args: Any,
+        host: int | None = None,
+        device: int | None = None,
+        on_failure: str = "restart",
+        **kwargs: Any,
+    ) -> ActorRef[A]:
+        """Start an actor of ``cls`` (any :class:`~atoll.Actor` class) in a
+        host's process, beside its devices: host ``host``, or the host of
+        ``device``. Colocated Python (``docs/colocated.md``).
+
+        The class travels by reference, or by value when it is defined in a
+        script or a function. The actor belongs to this session: it stops
+        when the session ends, and only the reference returned reaches it
+        (nothing names it for others). Its calls are promises, as any
+        actor's; an endpoint that raises gives the caller the error with its
+        traceback, and the host goes on. ``on_failure``: what becomes of the
+        actor when it fails (its ``on_start`` raises, or an endpoint of a
+        class with ``fail_on_error``): ``"restart"`` (a fresh instance, the
+        same reference) or ``"stop"``. If its host is lost, calls fail with
+        ``HostLost``.
+        """
+        where = self._spawn_host(host, device)
+        target = await self._host_link(where)
+        ref: ActorRef[A] = await target.spawn_user(cls, args, kwargs, self.owner, on_failure)
+        return ref
+
+    def _spawn_host(self, host: int | None, device: int | None) -> int:
+        if (host is None) == (device is None):
+            raise UsageError("spawn needs one of host= or device=")
+        if device is not None:
+            return self.topology.device(device).host
+        assert host is not None
+        if not 0 <= host < len(self._hosts):
+            raise UsageError(f"no host {host}: this cluster has hosts 0 to {len(self._hosts) - 1}")
+        return host
+
+    async def _host_link(self, host_id: int) -> ActorRef[Host]:
+        """Host ``host_id``, over this client's own link to its process when
+        one is up (its actors' calls then go straight there), else through
+        the controller."""
+        proxied = self._hosts[host_id]
+        if self._direct is None:
+            return proxied
+        address: str = await proxied.address()
+        return self._direct.get(address, host_id) or proxied
 
     def put(self, array: Any, device: int, owner: str = "") -> Promise[BufferHandle]:
         """Copy a host array onto physical ``device``; returns its handle's
