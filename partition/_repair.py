@@ -114,32 +114,74 @@ def describe_infeasible(graph: OpGraph, chiplets: Chiplets) -> str:
     return "; ".join(why)
 
 
+def repair_time_limit(graph: OpGraph) -> float:
+    """The default time one repair may take: 5 s, more for large graphs
+    (15 ms a node: 15 s at 1,000 nodes), where CP-SAT needs it."""
+    return max(5.0, 0.015 * len(graph))
+
+
 class Repairer:
     """Repairs candidates for one (graph, chiplets) pair, reusing its CP-SAT model.
 
-    ``time_limit_s`` bounds each solve; when it runs out, the nearest valid
-    assignment found so far is returned. Raises :class:`InfeasibleError` when
-    the solver proves that no valid assignment exists, or finds none in time.
+    ``time_limit_s`` bounds each solve (None: :func:`repair_time_limit`);
+    when it runs out, the nearest valid assignment found so far is returned.
+    A solve that finds none in time falls back to a valid partition known
+    already (the last one this repairer returned, else the best contiguous
+    split), so a search never ends on a timeout where a valid partition
+    exists. Raises :class:`InfeasibleError` only when the solver proves that
+    none exists, and :class:`RepairTimeout` when time ran out with none
+    known (saying so, and how to give it more).
     """
 
-    def __init__(self, graph: OpGraph, chiplets: Chiplets, time_limit_s: float = 5.0) -> None:
-        self.graph, self.chiplets, self.time_limit_s = graph, chiplets, time_limit_s
+    def __init__(
+        self, graph: OpGraph, chiplets: Chiplets, time_limit_s: float | None = None
+    ) -> None:
+        self.graph, self.chiplets = graph, chiplets
+        self.time_limit_s = repair_time_limit(graph) if time_limit_s is None else time_limit_s
         self._sm: SolverModel | None = None
         self._cache: dict[bytes, IntArray] = {}
+        self._known: IntArray | None = None  # a valid assignment: the fallback
+        self._split_tried = False
+        self.fallbacks = 0  # solves that ran out of time and fell back
 
     def __call__(self, candidate: Any) -> IntArray:
         """The valid assignment with the least total displacement from ``candidate``."""
         cand = as_assignment(self.graph, self.chiplets, candidate)
         if is_valid_array(self.graph, self.chiplets, cand):
+            self._known = cand
             return cand
         key = cand.tobytes()
         if key not in self._cache:
             if len(self._cache) > 4096:
                 self._cache.clear()
-            self._cache[key] = self._solve(cand)
+            found = self._solve(cand)
+            if found is None:  # out of time: a valid one known, not cached (it is no repair)
+                return self._fallback(cand)
+            self._cache[key] = self._known = found
         return self._cache[key].copy()
 
-    def _solve(self, cand: IntArray) -> IntArray:
+    def _fallback(self, cand: IntArray) -> IntArray:
+        """A valid partition known already, for a solve that ran out of time."""
+        if self._known is None and not self._split_tried:
+            from ._dp import dp_split
+
+            self._split_tried = True
+            split = dp_split(self.graph, self.chiplets)
+            if split is not None and is_valid_array(self.graph, self.chiplets, split):
+                self._known = split
+        if self._known is None:
+            n, c = len(self.graph), self.chiplets.count
+            raise RepairTimeout(
+                f"graph {self.graph.name!r} ({n} nodes) on {c} chiplets: the repair found no "
+                f"valid partition within {self.time_limit_s:g} s, and none is known yet; "
+                "the solver did not rule one out: give it more time "
+                f"(repair_time_limit_s={2 * self.time_limit_s:g}, say)"
+            )
+        self.fallbacks += 1
+        return self._known.copy()
+
+    def _solve(self, cand: IntArray) -> IntArray | None:
+        """The nearest valid assignment; None when time ran out with none."""
         from ortools.sat.python import cp_model
 
         if self._sm is None:
@@ -160,18 +202,15 @@ class Repairer:
         solver.parameters.num_workers = 1
         solver.parameters.linearization_level = 2
         status = solver.solve(sm.model)
+        if status == cp_model.INFEASIBLE:  # proven: nothing is valid
+            raise InfeasibleError(describe_infeasible(self.graph, self.chiplets))
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            reason = describe_infeasible(self.graph, self.chiplets)
-            if status != cp_model.INFEASIBLE:
-                raise RepairTimeout(
-                    f"{reason} (no valid assignment found within {self.time_limit_s} s)"
-                )
-            raise InfeasibleError(reason)
+            return None
         return sm.chips(solver)
 
 
 def repair(
-    graph: OpGraph, chiplets: Chiplets, candidate: Any, time_limit_s: float = 5.0
+    graph: OpGraph, chiplets: Chiplets, candidate: Any, time_limit_s: float | None = None
 ) -> IntArray:
     """One-shot :class:`Repairer`: the valid assignment nearest to ``candidate``."""
     return Repairer(graph, chiplets, time_limit_s)(candidate)

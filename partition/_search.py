@@ -36,7 +36,7 @@ def search(
     *,
     progress: Progress | None = None,
     time_limit_s: float = 30.0,
-    repair_time_limit_s: float = 5.0,
+    repair_time_limit_s: float | None = None,
     rl_hint: bool = True,
     rl_imitate: bool = False,
     rl_local: int = 2,
