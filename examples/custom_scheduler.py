@@ -52,6 +52,7 @@ class BoundedFifo:
         self._seq = 0
         self._waiting: deque[Submit] = deque()
         self._left: dict[str, set[int]] = {}
+        self._clients: dict[str, str] = {}  # gang sent -> its session (for clients())
         self._queued: Counter[int] = Counter()
 
     def handle(self, event: Event) -> list[Instruction]:
@@ -67,6 +68,7 @@ class BoundedFifo:
             self._queued[event.device] -= 1
             if not left:
                 del self._left[event.gang_id]
+                self._clients.pop(event.gang_id, None)
         return self._release(event)
 
     def _release(self, cause: Event) -> list[Instruction]:
@@ -78,6 +80,7 @@ class BoundedFifo:
                 break
             self._waiting.popleft()
             self._left[head.gang_id] = set(devices)
+            self._clients[head.gang_id] = head.client
             for device in devices:
                 self._queued[device] += 1
                 self.peak = max(self.peak, self._queued[device])
@@ -89,6 +92,18 @@ class BoundedFifo:
         pending = Counter(d for left in self._left.values() for d in left)
         assert +pending == +self._queued, (pending, self._queued)
         assert all(n <= self.limit for n in self._queued.values())
+
+    def clients(self) -> dict[str, dict[str, float]]:
+        """Per session: its gangs waiting in this policy and sent."""
+        out: dict[str, dict[str, float]] = {}
+        for submit in self._waiting:
+            row = out.setdefault(submit.client, {"queued": 0.0, "running": 0.0})
+            row["queued"] += 1
+        for gang_id in self._left:
+            client = self._clients.get(gang_id, "")
+            row = out.setdefault(client, {"queued": 0.0, "running": 0.0})
+            row["running"] += 1
+        return out
 
 
 register_scheduler("bounded-fifo", BoundedFifo)

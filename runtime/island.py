@@ -387,7 +387,7 @@ class IslandScheduler(Actor):
     def tenants(self) -> dict[str, dict[str, float]]:
         """Per client, what the policy tracks (weight, queued and running
         gangs...); empty for a policy that keeps no clients (FIFO)."""
-        clients = getattr(self.policy, "clients", None)
+        clients = getattr(self.policy, "clients", None)  # a plugin may predate it
         return clients() if callable(clients) else {}
 
     @endpoint

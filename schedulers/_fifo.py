@@ -64,5 +64,9 @@ class FifoPolicy:
     def validate(self) -> None:
         assert all(self._left.values()), "a finished gang is still tracked"
 
+    def clients(self) -> dict[str, dict[str, float]]:
+        """None tracked: gang FIFO keeps no sessions."""
+        return {}
+
 
 register_scheduler("fifo", FifoPolicy)

@@ -81,7 +81,9 @@ Instruction = Dispatch
 
 
 class IslandPolicy(Protocol):
-    """What an island policy must do. Implementations keep their own state."""
+    """What an island policy must do, all that the island asks of it
+    (``docs/schedulers.md`` has the rules an answer must keep).
+    Implementations keep their own state."""
 
     def handle(self, event: Event) -> list[Instruction]:
         """Take one event; return what the actor must do now, in order."""
@@ -89,6 +91,12 @@ class IslandPolicy(Protocol):
 
     def validate(self) -> None:
         """Raise AssertionError if internal invariants are broken (for tests)."""
+        ...
+
+    def clients(self) -> dict[str, dict[str, float]]:
+        """Per client (session), what the policy tracks (weight, queued,
+        running...), for ``atoll status``; ``{}`` for a policy that keeps
+        none. A policy without this method shows none."""
         ...
 
 

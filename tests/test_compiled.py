@@ -65,6 +65,9 @@ class _OneDeep:
     def validate(self) -> None:
         assert all(self._left.values())
 
+    def clients(self) -> dict[str, dict[str, float]]:
+        return {}
+
 
 register_scheduler("test-one-deep", _OneDeep)
 

@@ -122,6 +122,9 @@ class _Half:
     def validate(self) -> None:
         pass
 
+    def clients(self) -> dict[str, dict[str, float]]:
+        return {}
+
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])

@@ -55,6 +55,9 @@ def test_custom_scheduler_plugs_in_by_name() -> None:
         def validate(self) -> None:
             pass
 
+        def clients(self) -> dict[str, dict[str, float]]:
+            return {}
+
     register_scheduler("test-reverse", Reverse)
     assert "test-reverse" in scheduler_names() and "fifo" in scheduler_names()
     assert isinstance(get_scheduler("test-reverse"), Reverse)

@@ -64,6 +64,14 @@ class PriorityPolicy:
                 self._seq += 1
         return out
 
+    def clients(self) -> dict[str, dict[str, float]]:
+        """Per session: its gangs waiting here; its weight as last submitted."""
+        out: dict[str, dict[str, float]] = {}
+        for neg_weight, _, submit in self._waiting.values():
+            row = out.setdefault(submit.client, {"weight": -neg_weight, "queued": 0.0})
+            row["queued"] += 1
+        return out
+
     def validate(self) -> None:
         """The bound holds, and every device's count matches the gangs sent."""
         counted: Counter[int] = Counter()
