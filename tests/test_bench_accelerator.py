@@ -12,6 +12,7 @@ from atoll.benchmarks import accelerator
 from atoll.benchmarks._common import Row
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_every_form_is_measured_beside_plain_jax(capsys: pytest.CaptureFixture[str]) -> None:
     assert accelerator.main(["--tiny", "--json", "--sizes", "16"]) == 0

@@ -15,6 +15,7 @@ import pytest
 from atoll.benchmarks.controlplane import main
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_tiny_benchmark_reports_every_role(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--tiny", "--json", "--seconds", "0.5"]) == 0

@@ -39,6 +39,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="pids from /proc, prctl")
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("keep_pdeathsig", [True, False], ids=["pdeathsig", "watcher"])

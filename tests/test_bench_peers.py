@@ -70,6 +70,7 @@ def check(rows: list[Row], cases: list[str]) -> None:
         ),
     ],
 )
+@pytest.mark.slow
 @pytest.mark.anyio
 async def test_each_workload_runs_on_host_processes(workload: Workload, cases: list[str]) -> None:
     """Each workload gives its rows, checks its results and leaves the stores empty."""
@@ -81,6 +82,7 @@ async def test_each_workload_runs_on_host_processes(workload: Workload, cases: l
     assert [u["buffers"] for u in usage] == [0] * TINY.w4_stages
 
 
+@pytest.mark.slow
 def test_startup_is_measured_in_a_fresh_process() -> None:
     check(peers.startup(TINY), [peers.START, peers.MEM_START])
 

@@ -102,6 +102,7 @@ class DelayProxy:
             self.server.close()
 
 
+@pytest.mark.slow
 async def test_pipelined_chain_costs_one_round_trip(node: NodeProcess) -> None:
     delay = 0.05  # one way: a round trip is 100 ms
     proxy = DelayProxy(parse_address(node.address), delay)
@@ -309,6 +310,7 @@ async def test_user_values_with_big_arrays_travel_intact(node: NodeProcess) -> N
     assert np.array_equal(back.small, batch.small)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_one_gib_array_does_not_crash_anything(node: NodeProcess) -> None:
     array = np.full(1 << 30, 7, dtype=np.uint8)

@@ -333,6 +333,7 @@ def _plus_one(v: np.ndarray) -> np.ndarray:
     return np.asarray(v + 1, np.float32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.timeout(120)
 async def test_an_input_still_on_its_way_reaches_every_reader_held_back() -> None:

@@ -98,6 +98,7 @@ def _hosts(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in data["rows"] if r["kind"] == "host"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_the_dashboard_needs_the_token_and_shows_hosts_die(
     cluster: tuple[Path, dict[str, str], str],
@@ -160,6 +161,7 @@ def _rendered(browser: str, url: str) -> str:
     reason="browser test skipped: no chromium on this machine "
     f"(looked for {', '.join(BROWSERS)}); install Debian's chromium to run it",
 )
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_page_in_a_headless_browser(cluster: tuple[Path, dict[str, str], str]) -> None:
     browser = _browser()

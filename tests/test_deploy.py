@@ -155,6 +155,7 @@ def _in(ns: str, args: list[str], env: dict[str, str], **popen: Any) -> subproce
     return process
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_controller_hosts_and_client_in_four_network_namespaces(tmp_path: Path) -> None:
     why = _netns_unavailable()
@@ -223,6 +224,7 @@ def spread_sum(x: Any) -> Any:
     return jnp.sum(x, axis=0)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.timeout(180)

@@ -34,6 +34,7 @@ def test_the_docs_have_examples_of_both_kinds() -> None:
 @pytest.mark.parametrize(
     ("page", "index", "code"), BLOCKS, ids=[f"{page}-{index}" for page, index, _ in BLOCKS]
 )
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_docs_example_runs_as_written(page: str, index: int, code: str, tmp_path: Path) -> None:
     name = f"docs/{page} block {index}"

@@ -100,6 +100,7 @@ async def _round_trips(cluster: Cluster, dtype: np.dtype, nbytes: int) -> None:
         await cluster.free(ref)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_every_dtype_over_host_processes() -> None:
     async with atoll.local_cluster(1, 2, 1, transport="capnp", cost=FREE) as cluster:
@@ -112,6 +113,7 @@ async def test_every_dtype_over_host_processes() -> None:
         assert sum(u["shm_in"] for u in usage) > 0  # large ones were mapped
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_ml_dtypes_over_the_byte_stream(other_machines: None) -> None:
     async with atoll.local_cluster(1, 2, 1, transport="capnp", cost=FREE) as cluster:
@@ -126,6 +128,7 @@ def ident(x: np.ndarray) -> np.ndarray:
     return x
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_jax_dtypes_computed_in_a_host_process_come_back_exact() -> None:
     """Arrays made by a JAX device in a host process (device arrays, not

@@ -59,6 +59,7 @@ async def uninterrupted() -> list[float]:
         return await train(cluster, await cluster.devices(2, axis_names=("data",)))
 
 
+@pytest.mark.slow
 async def test_a_slice_moved_twice_and_suspended_trains_as_if_it_never_moved() -> None:
     expected = await uninterrupted()
     async with cluster_of() as cluster:

@@ -81,6 +81,7 @@ async def _pids(cluster: Cluster) -> list[int]:
     return [usage["pid"] for usage in await cluster.store_usage()]
 
 
+@pytest.mark.slow
 async def test_training_over_host_processes_moves_and_suspends_and_loses_nothing() -> None:
     async with atoll.local_cluster(1, 3, 2, device_cls=JaxDevice, transport="capnp") as cluster:
         reference = cluster.client("reference")
@@ -116,6 +117,7 @@ async def test_training_over_host_processes_moves_and_suspends_and_loses_nothing
         assert all(r["bytes"] > 250_000 for r in reports[:2])  # the bytes crossed processes
 
 
+@pytest.mark.slow
 async def test_a_drained_host_process_leaves_with_no_buffer_lost(tmp_path: Path) -> None:
     async with atoll.local_cluster(1, 3, 1, transport="capnp") as cluster:
         slice_ = await cluster.devices(1)  # on host 0
@@ -146,6 +148,7 @@ async def test_a_drained_host_process_leaves_with_no_buffer_lost(tmp_path: Path)
         assert changes[-1]["op"] == "drain" and changes[-1]["host"] == 0
 
 
+@pytest.mark.slow
 async def test_moves_on_one_machine_take_the_segment_over_and_free_it() -> None:
     async with atoll.local_cluster(1, 2, 1, transport="capnp") as cluster:
         slice_ = await cluster.devices(1)  # on host 0
@@ -169,6 +172,7 @@ async def test_moves_on_one_machine_take_the_segment_over_and_free_it() -> None:
         await eventually(lambda: name not in os.listdir("/dev/shm"), "its segment removed")
 
 
+@pytest.mark.slow
 async def test_sigterm_drains_a_host_before_it_stops() -> None:
     async with atoll.local_cluster(1, 2, 1, transport="capnp") as cluster:
         slice_ = await cluster.devices(1)  # on host 0
@@ -184,6 +188,7 @@ async def test_sigterm_drains_a_host_before_it_stops() -> None:
         np.testing.assert_array_equal(await cluster.fetch(inc(cluster, x)), 2 * np.ones(N))
 
 
+@pytest.mark.slow
 async def test_a_killed_host_with_a_spare_has_its_slices_re_placed() -> None:
     async with atoll.local_cluster(1, 3, 1, transport="capnp", spares=1) as cluster:
         other = cluster.client("other")

@@ -19,6 +19,7 @@ async def test_spmd_training_matches_single_device_jax() -> None:
         np.testing.assert_allclose(got["w"], want["w"], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 async def test_gpipe_pipeline_matches_the_unpipelined_model() -> None:
     result = await pipeline.run(batch=8, micro_batches=4)
     np.testing.assert_allclose(result.outputs, pipeline.reference(batch=8), atol=1e-5)
@@ -43,6 +44,7 @@ async def test_the_partitioner_splits_a_pipeline_that_matches_the_model() -> Non
     assert split.throughput > split.even_throughput  # better than cutting evenly
 
 
+@pytest.mark.slow
 async def test_four_clients_get_device_time_by_their_weights() -> None:
     shares = await multi_tenant.run(seconds=0.5)
     for weight in multi_tenant.WEIGHTS:

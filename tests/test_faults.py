@@ -49,6 +49,7 @@ def anyio_backend() -> str:
     return "asyncio"  # Cap'n Proto paths
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 async def test_random_faults_lose_nothing_and_leave_nothing_behind() -> None:
     report = await run_faults(seconds=60, seed=3, hosts=4, clients=2, bound=30)
@@ -57,6 +58,7 @@ async def test_random_faults_lose_nothing_and_leave_nothing_behind() -> None:
     assert report.correct > 0 and report.survived > 0, report
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 async def test_a_frozen_host_is_given_up_within_the_heartbeat_bound(tmp_path: Path) -> None:
     bound = sum(HEARTBEAT)
@@ -124,6 +126,7 @@ async def test_a_bulk_transfer_cut_midway_still_gives_the_right_value(tmp_path: 
         await relay.aclose()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 async def test_a_full_store_fails_work_in_its_bound_and_empties_when_its_filler_leaves(
     tmp_path: Path,
@@ -150,6 +153,7 @@ async def test_a_full_store_fails_work_in_its_bound_and_empties_when_its_filler_
             np.testing.assert_array_equal(value, expected(1.0, 1, BIG))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 async def test_a_killed_host_is_replaced_by_one_that_joins(tmp_path: Path) -> None:
     async with (

@@ -43,6 +43,7 @@ def _first_block(page: Path) -> str:
     return found.group(1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_programs_page_example_runs_on_a_cpu_only_machine_as_it_is() -> None:
     """``docs/programs.md`` asks for 8 JAX devices in one process: with no
@@ -51,6 +52,7 @@ def test_the_programs_page_example_runs_on_a_cpu_only_machine_as_it_is() -> None
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_too_few_jax_devices_says_which_flag_gives_more() -> None:
     code = (
@@ -242,6 +244,7 @@ def test_atoll_partition_says_what_a_model_file_must_give(
     assert picture.is_file() and f"picture: {picture}" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.timeout(90)
@@ -332,6 +335,7 @@ async def test_a_shape_the_mesh_cannot_split_is_refused_when_traced() -> None:
         assert (await cluster.run(layer, np.ones((8, 3), np.float32), w)).shape == (8, 5)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_training_over_host_processes_prints_no_native_noise(tmp_path: Path) -> None:
     """JAX's coordination-service warnings and Gloo's connection lines stay

@@ -134,6 +134,7 @@ async def test_naive_per_device_fifo_deadlocks_collectives() -> None:
     assert any(finished)  # and it is the interleaving, not the programs, that decides
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["fifo", "bounded-fifo", "share", "share-depth1"])
 async def test_gang_scheduling_never_deadlocks(policy: str) -> None:
     import atoll.examples.custom_scheduler  # noqa: F401  (registers "bounded-fifo")

@@ -167,6 +167,7 @@ def double(a: np.ndarray) -> np.ndarray:
     return a * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # capnp runs on asyncio
 @pytest.mark.timeout(180)
 async def test_a_lost_jax_host_fails_its_gangs_and_spares_the_rest(

@@ -62,6 +62,7 @@ def _expected(x: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(total), np.asarray(normed)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 async def test_a_gang_over_two_host_processes_is_one_spmd_program(
     monkeypatch: pytest.MonkeyPatch,

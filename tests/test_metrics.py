@@ -201,6 +201,7 @@ def test_without_the_extra_the_error_says_what_to_install(monkeypatch: pytest.Mo
         dashboard._config("127.0.0.1", 0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_atoll_top_draws_one_frame_of_devices_and_sessions(up: Up) -> None:
     import io

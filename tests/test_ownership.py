@@ -33,6 +33,7 @@ async def held(cluster: atoll.Cluster) -> int:
     return sum(u["buffers"] for u in await cluster.store_usage())
 
 
+@pytest.mark.slow
 async def test_what_the_client_drops_is_freed_and_what_it_holds_stays() -> None:
     async with atoll.local_cluster(1, 1, 2) as cluster:
         kept = await cluster.put(np.ones(4), 0)  # a handle held
@@ -51,6 +52,7 @@ async def test_what_the_client_drops_is_freed_and_what_it_holds_stays() -> None:
         assert await held(cluster) == 0
 
 
+@pytest.mark.slow
 async def test_a_dropped_input_is_kept_until_its_run_has_read_it() -> None:
     async with atoll.local_cluster(1, 1, 2) as cluster:
         gate: Promise[atoll.devices.BufferHandle] = Promise("not yet")
@@ -66,6 +68,7 @@ async def test_a_dropped_input_is_kept_until_its_run_has_read_it() -> None:
         assert await held(cluster) == 1  # x went once read, the put with the gate
 
 
+@pytest.mark.slow
 async def test_an_input_passed_through_to_an_output_stays_with_the_output() -> None:
     """A program that returns its input: dropping the input keeps the buffer,
     which the output now names; dropping that frees it."""
@@ -168,6 +171,7 @@ async def test_frees_at_a_remote_host_wait_for_the_interval_or_a_full_batch(
         ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_free_put_off_goes_when_the_interval_is_over(
     remote_hosts: None, monkeypatch: pytest.MonkeyPatch

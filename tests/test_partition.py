@@ -122,6 +122,7 @@ def test_random_assignments_are_almost_never_valid() -> None:
         assert valid == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", P.METHODS)
 def test_every_method_is_valid_on_random_graphs(method: str) -> None:
     """Property: on random graphs and chiplet counts, every method returns a valid partition."""
@@ -153,6 +154,7 @@ def test_dp_is_optimal_among_contiguous_splits() -> None:
     assert P.throughput(g, chips, a) == pytest.approx(best)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("count", [4, 8])
 def test_bert_partitions(count: int) -> None:
     g = P.bert_graph()

@@ -54,6 +54,7 @@ def test_partition_json_graph_with_picture_and_curve(
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_pretrain_save_load_finetune_from_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -121,6 +122,7 @@ def test_unknown_graph_is_an_error() -> None:
         cli.load_graph_arg("no_such_graph")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_small_benchmark(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     curves = tmp_path / "transfer.png"
@@ -226,6 +228,7 @@ def test_benchmark_sections_can_be_chosen() -> None:
     assert bench._configure(bench.Config(), parser.parse_args(["--ablation"])).ablation
 
 
+@pytest.mark.slow
 def test_benchmark_heldout_rows_on_a_ring() -> None:
     parser = bench._parser()
     args = parser.parse_args(["--heldout-only", "--heldout", "unet", "--topology", "ring"])

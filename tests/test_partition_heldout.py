@@ -117,6 +117,7 @@ def test_training_is_reproducible_with_a_seed() -> None:
         np.testing.assert_array_equal(a.params[k], b.params[k])
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_pretrained_rl_beats_random_on_a_heldout_graph() -> None:
     """Fixed seed, equal budget, a graph the policy never saw: RL (the shipped policy,

@@ -27,6 +27,7 @@ def test_solver_labels_are_valid_and_reproducible(
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_imitation_moves_the_policy_towards_the_labels(
     cases: list[tuple[P.OpGraph, P.Chiplets]],
 ) -> None:
@@ -93,6 +94,7 @@ def test_a_solver_that_runs_out_of_time_is_a_timeout_not_infeasible() -> None:
     assert _solver.solver_step(g, chips, 1e-6) == (None, False)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_rl_seeded_by_the_solver_is_at_least_the_seed() -> None:
     g = _heldout.heldout_graph("mixer")

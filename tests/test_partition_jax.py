@@ -67,6 +67,7 @@ def test_bert_layer_structure() -> None:
     assert g.total_weight_bytes == pytest.approx(217.19e6, rel=0.01)
 
 
+@pytest.mark.slow
 def test_policy_handles_any_size_and_count(tmp_path: Path) -> None:
     policy = P.Policy(seed=3)
     for g, chips in P.synthetic_cases(3, seed=1):
@@ -76,6 +77,7 @@ def test_policy_handles_any_size_and_count(tmp_path: Path) -> None:
         assert lg.shape == (len(g), chips.count) and np.isfinite(lg).all()
 
 
+@pytest.mark.slow
 def test_checkpoint_save_load_and_finetune(tmp_path: Path) -> None:
     cases = P.synthetic_cases(2, seed=0)
     policy = P.Policy(seed=0)
@@ -140,6 +142,7 @@ def _collapsed() -> P.Policy:
 ALONE: dict[str, Any] = {"rl_hint": False, "rl_local": 0, "rl_solver_s": 0.0}
 
 
+@pytest.mark.slow
 def test_rl_escapes_a_collapsed_policy_on_a_heldout_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """When a policy is near-deterministic on a graph, the temperature lets
     fine-tuning leave the few partitions its samples repair to."""

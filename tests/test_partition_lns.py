@@ -173,6 +173,7 @@ def test_a_window_shortens_its_own_stages_when_another_ties_for_slowest() -> Non
     assert _lns._faster(after, before)
 
 
+@pytest.mark.slow
 def test_the_hinted_stage_times_are_the_cost_models() -> None:
     g = _heldout.heldout_graph("wavenet")
     for topology in ("chain", "ring"):
@@ -230,6 +231,7 @@ def test_rl_as_shipped_spends_a_share_on_windows() -> None:
         P.search(g, chips, "rl", budget=24, rl_lns=1.5)
 
 
+@pytest.mark.slow
 def test_polish_on_a_ring_stays_valid_and_reaches_the_optimum() -> None:
     g = _chain(30)
     chips = P.Chiplets(5, link_bytes_per_s=5e10, topology="ring")

@@ -74,6 +74,7 @@ def test_ring_repair_matches_brute_force(seed: int) -> None:
     assert P.is_valid(g, chips, got) and int(np.abs(got - cand).sum()) == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", P.METHODS)
 def test_every_method_is_valid_on_a_ring(method: str) -> None:
     from atoll.partition._heldout import heldout_graph

@@ -132,6 +132,7 @@ def _value(base: str, query: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_prometheus_scrapes_the_cluster_with_the_token_and_agrees_with_it(
     prometheus: str, up: tuple[Path, str]

@@ -179,6 +179,7 @@ async def _run_all(cluster: Any, programs: list[tuple[Any, int]], outcomes: Coun
     await cluster.free(x0)
 
 
+@pytest.mark.slow
 async def test_pushes_into_bounded_stores_never_deadlock(
     anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -194,6 +195,7 @@ async def test_pushes_into_bounded_stores_never_deadlock(
     assert 0 < total["full"] < total["right"], total  # some orders did reach the bound
 
 
+@pytest.mark.slow
 async def test_unbounded_waits_for_room_deadlock_in_some_orders(
     anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -56,6 +56,7 @@ async def buffers(cluster: atoll.Cluster) -> int:
     return last
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["inproc", "capnp"])
 @pytest.mark.timeout(180)
 async def test_a_long_chain_that_drops_its_references_keeps_a_handful(
@@ -78,6 +79,7 @@ async def test_a_long_chain_that_drops_its_references_keeps_a_handful(
         assert await buffers(cluster) <= 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["inproc", "capnp"])
 @pytest.mark.timeout(180)
 async def test_a_low_level_chain_frees_its_links_too(anyio_backend: str, transport: str) -> None:
@@ -96,6 +98,7 @@ async def test_a_low_level_chain_frees_its_links_too(anyio_backend: str, transpo
         assert await buffers(cluster) <= 3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["inproc", "capnp"])
 @pytest.mark.timeout(180)
 async def test_a_store_bounded_to_a_few_outputs_never_stalls(

@@ -48,6 +48,7 @@ anyio.run(main)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_the_plugin_package_installs_and_its_policies_run_by_name(tmp_path: Path) -> None:
     target, source = tmp_path / "site", tmp_path / "plugin"

@@ -65,6 +65,7 @@ async def _refused_then_admitted(address: str, token: bytes) -> None:
             await connection.aclose()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("port", ["controller", "host"])
 async def test_a_cluster_port_requires_the_token(tmp_path: Path, port: str) -> None:

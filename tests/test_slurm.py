@@ -209,6 +209,7 @@ def _free_port() -> int:
         return port
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_the_sbatch_recipe_starts_the_hosts_and_a_program_runs(
     slurm: dict[str, str], tmp_path: Path

@@ -40,6 +40,7 @@ async def _atoll(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
     return await anyio.to_thread.run_sync(run)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(150)
 async def test_status_connect_and_down_find_the_last_cluster_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -168,6 +169,7 @@ class _Silent:
         return self._answer("capnp://127.0.0.1:9")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_frozen_hosts_are_asked_at_once_and_share_one_deadline() -> None:
     asked: list[float] = []

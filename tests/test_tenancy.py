@@ -160,6 +160,7 @@ async def test_weights_are_set_at_connect_changed_by_an_admin_and_shown_in_statu
                 await bad.cluster("nobody")
 
 
+@pytest.mark.slow
 async def test_shares_follow_the_weights_over_connections() -> None:
     """Two sessions keep one device busy; its time splits about 1:3 (read
     from ``client.status()`` over a window of 120 computations, once both

@@ -85,6 +85,7 @@ async def test_a_chain_across_hosts_is_on_the_right_devices_in_order(tmp_path: P
     assert names(events, "thread_name")[3, 4] == "device 3"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.timeout(180)
 async def test_a_pipeline_program_recorded_with_run_record_true(tmp_path: Path) -> None:

@@ -50,6 +50,7 @@ def test_the_data_is_bytes_of_the_standard_library_split_by_file() -> None:
         lm.corpus("test")
 
 
+@pytest.mark.slow
 def test_the_model_is_causal_and_starts_near_uniform() -> None:
     params = lm.init(TINY)
     tokens = lm.batch_at(0, TINY)[:, :-1]
@@ -82,6 +83,7 @@ def test_the_partitioner_balances_uneven_blocks_where_equal_counts_do_not() -> N
     assert params["blocks"][5]["fc"]["w"].shape == (128, 128)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_uneven_blocks_train_pipelined_as_plain_jax(anyio_backend: str) -> None:
@@ -94,6 +96,7 @@ async def test_uneven_blocks_train_pipelined_as_plain_jax(anyio_backend: str) ->
     np.testing.assert_allclose(result.losses, expected.losses, rtol=RTOL)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_data_parallel_training_in_process_matches_plain_jax(
@@ -110,6 +113,7 @@ async def test_data_parallel_training_in_process_matches_plain_jax(
     _assert_trees_close(result.params, reference.params)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # host processes: capnp
 @pytest.mark.timeout(240)
@@ -121,6 +125,7 @@ async def test_data_parallel_training_over_a_host_process_matches_plain_jax(
     np.testing.assert_allclose(result.losses, reference.losses, rtol=RTOL)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_pipelined_training_in_process_matches_plain_jax(
@@ -135,6 +140,7 @@ async def test_pipelined_training_in_process_matches_plain_jax(
     _assert_trees_close(result.params, reference.params)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # host processes: capnp
 @pytest.mark.timeout(240)
@@ -148,6 +154,7 @@ async def test_pipelined_training_over_host_processes_matches_plain_jax(
     np.testing.assert_allclose(result.losses, reference.losses, rtol=RTOL)
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(
@@ -173,6 +180,7 @@ async def test_a_run_resumed_from_a_checkpoint_equals_an_uninterrupted_one(
     assert first.losses + rest.losses == whole.losses
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # host processes: capnp
 @pytest.mark.timeout(240)
@@ -196,6 +204,7 @@ async def test_a_checkpoint_is_written_by_the_host_processes_and_resumed(
     [("asyncio", 0), ("trio", 0), ("asyncio", 1)],
     ids=["asyncio", "trio", "host-process"],
 )
+@pytest.mark.slow
 async def test_an_evaluation_tenant_scores_a_checkpoint_while_the_trainer_goes_on(
     anyio_backend: str, hosts: int, tmp_path: Path, reference: train_lm.TrainResult
 ) -> None:
@@ -241,6 +250,7 @@ def test_stage_parameters_split_and_join_back() -> None:
         lm_pipeline.cut(TINY, 9, 4)
 
 
+@pytest.mark.slow
 def test_the_command_prints_json_steps_and_a_final_line_with_the_reference(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -269,6 +279,7 @@ def _assert_trees_close(got: Any, want: Any) -> None:
         np.testing.assert_allclose(np.asarray(a), b, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_the_command_saves_resumes_and_numbers_the_steps_on(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -304,6 +315,7 @@ def test_backend_after_the_examples_name_is_atolls() -> None:
         _backend_of("asyncio", ["--backend", "curio"])
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_bfloat16_training_equals_plain_jax_on_the_same_devices(anyio_backend: str) -> None:
@@ -319,6 +331,7 @@ async def test_bfloat16_training_equals_plain_jax_on_the_same_devices(anyio_back
     assert result.losses[-1] < result.losses[0] - 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_1f1b_pipeline_in_bfloat16_matches_plain_jax(anyio_backend: str) -> None:
@@ -347,6 +360,7 @@ def test_a_1f1b_schedule_keeps_few_micro_batches_in_flight_per_stage() -> None:
         lm_pipeline.schedule(2, 2, "zigzag")
 
 
+@pytest.mark.slow
 def test_the_rate_skips_the_first_fifth_of_the_steps() -> None:
     result = train_lm.TrainResult([], tokens_per_step=100)
     result.finished_at = [10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0, 14.5]

@@ -65,6 +65,7 @@ def _up(factory: pytest.TempPathFactory, device: str) -> Iterator[tuple[Path, di
         process.stdout.close()
 
 
+@pytest.mark.slow
 async def test_chain_fetch_status_and_errors(up: tuple[Path, dict[str, str]]) -> None:
     cluster_file, _ = up
     async with atoll.connect(cluster_file) as client:
@@ -117,6 +118,7 @@ def _readme_example() -> str:
     return block
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_the_readme_connect_example(up_sim: tuple[Path, dict[str, str]], backend: str) -> None:
     code = _readme_example()

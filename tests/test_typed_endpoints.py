@@ -108,12 +108,14 @@ def typecheck(tmp_path: Path, body: str) -> tuple[str, int]:
     return out + err, status
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_good_actor_calls_type_check(tmp_path: Path) -> None:
     report, status = typecheck(tmp_path, GOOD)
     assert status == 0, report
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_wrong_actor_calls_fail_to_type_check(tmp_path: Path) -> None:
     body = "\n".join(line for line, _ in BAD.values()) + "\n"

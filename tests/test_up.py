@@ -83,6 +83,7 @@ def _sent(pid: int) -> int:
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # trio: through the bridge
 @pytest.mark.timeout(120)
 async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_path: Path) -> None:
@@ -151,6 +152,7 @@ async def test_capnp_is_a_parameter_of_local_cluster() -> None:
         assert [s.computations for s in stats] == [1, 1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_jax_devices_in_host_processes() -> None:
     from atoll.devices.jax_device import JaxDevice
@@ -162,6 +164,7 @@ async def test_jax_devices_in_host_processes() -> None:
         np.testing.assert_allclose(await cluster.fetch(y), expected, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to count bytes")
 @pytest.mark.timeout(120)
 async def test_bulk_data_between_hosts_skips_the_controller(tmp_path: Path) -> None:

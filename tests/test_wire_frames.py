@@ -65,6 +65,7 @@ async def test_a_small_array_by_value_costs_three_frames_a_call() -> None:
         assert wire_stats().frames - before.frames <= 3 * calls + 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "per-gang"])
 async def test_a_128_node_program_over_four_hosts_stays_under_its_pin(compiled: bool) -> None:
     """Compiled (the default over host processes), a run costs the driver a
