@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import pytest
 
 import atoll
 from atoll.kernel import Actor, ActorStopped, HostLost, UsageError, endpoint
+from atoll.transports.testing import atoll_up
 
 pytestmark = pytest.mark.anyio
 
@@ -98,23 +97,8 @@ async def test_a_session_that_ends_stops_its_actors_and_only_its_own() -> None:
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Path]:
     cluster_file = tmp_path / "cluster.json"
-    args = ["up", "--hosts", "2", "--devices-per-host", "1", "--cluster-file", str(cluster_file)]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "atoll.cli", *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        close_fds=False,
-    )
-    assert process.stdout is not None
-    try:
-        for line in process.stdout:
-            if "cluster up" in line:
-                yield cluster_file
-                break
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(60)
-        process.stdout.close()
+    with atoll_up(cluster_file, "--hosts", "2", "--devices-per-host", "1"):
+        yield cluster_file
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # Cap'n Proto's own loop

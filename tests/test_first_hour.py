@@ -253,20 +253,10 @@ async def test_a_call_after_atoll_down_says_the_cluster_was_stopped(tmp_path: Pa
 
     from atoll.kernel import HostLost
     from atoll.runtime.connect import connect
+    from atoll.transports.testing import atoll_up
 
     cluster_file = tmp_path / "cluster.json"
-    args = ["up", "--hosts", "1", "--devices-per-host", "1", "--cluster-file", str(cluster_file)]
-    up = subprocess.Popen(
-        [sys.executable, "-m", "atoll.cli", *args],
-        stdout=subprocess.PIPE,
-        text=True,
-        close_fds=False,
-    )
-    try:
-        assert up.stdout is not None
-        for line in up.stdout:
-            if "cluster up" in line:
-                break
+    with atoll_up(cluster_file, "--hosts", "1", "--devices-per-host", "1"):
         async with connect(cluster_file) as client:
             cluster = await client.cluster("user")
             down = [sys.executable, "-m", "atoll.cli", "down", "--cluster-file", str(cluster_file)]
@@ -278,10 +268,6 @@ async def test_a_call_after_atoll_down_says_the_cluster_was_stopped(tmp_path: Pa
                     while True:  # until the link's end has been seen
                         await cluster.devices(1)
                         await anyio.sleep(0.05)
-    finally:
-        up.wait(60)
-        assert up.stdout is not None
-        up.stdout.close()
 
 
 @pytest.mark.anyio

@@ -11,9 +11,6 @@ labels stay bounded however many sessions came and went.
 from __future__ import annotations
 
 import http.client
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +31,7 @@ from atoll.runtime.metrics import (
     render,
 )
 from atoll.transports.capnp import ClusterFile
+from atoll.transports.testing import atoll_up
 
 PROGRAM_S = 0.01  # the device time of each run below
 
@@ -82,25 +80,9 @@ def _sum(samples: dict[tuple[str, Any], float], name: str) -> float:
 @pytest.fixture
 def up(tmp_path: Path) -> Iterator[Up]:
     cluster_file = tmp_path / "cluster.json"
-    args = ["up", "--hosts", "1", "--devices-per-host", "2", "--http", "127.0.0.1:0"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "atoll.cli", *args, "--cluster-file", str(cluster_file)],
-        stdout=subprocess.PIPE,
-        text=True,
-        close_fds=False,
-    )
-    assert process.stdout is not None
-    try:
-        for line in process.stdout:
-            if line.startswith("atoll web at "):
-                yield Up(cluster_file, line.split()[3])
-                break
-        else:
-            pytest.fail("atoll up --http printed no web address")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
-        process.stdout.close()
+    args = ("--hosts", "1", "--devices-per-host", "2", "--http", "127.0.0.1:0")
+    with atoll_up(cluster_file, *args, until="atoll web at ") as line:
+        yield Up(cluster_file, line.split()[3])
 
 
 @pytest.mark.timeout(120)

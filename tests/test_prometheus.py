@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import socket
 import subprocess
-import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
@@ -32,7 +30,7 @@ from atoll.benchmarks.controlplane import _computations
 from atoll.runtime.admin import status_rows
 from atoll.runtime.connect import connect
 from atoll.transports.capnp import ClusterFile
-from atoll.transports.testing import eventually
+from atoll.transports.testing import atoll_up, eventually
 
 PROGRAM_S = 0.01
 RUNS = 20
@@ -63,23 +61,9 @@ def _free_port() -> int:
 def up(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """``atoll up --http``: its cluster file and its web server's host:port."""
     cluster_file = tmp_path / "cluster.json"
-    args = ["up", "--hosts", "1", "--devices-per-host", "2", "--http", "127.0.0.1:0"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "atoll.cli", *args, "--cluster-file", str(cluster_file)],
-        stdout=subprocess.PIPE,
-        text=True,
-        close_fds=False,
-    )
-    assert process.stdout is not None
-    try:
-        for line in process.stdout:
-            if line.startswith("atoll web at "):
-                yield cluster_file, urllib.parse.urlsplit(line.split()[3]).netloc
-                break
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
-        process.stdout.close()
+    args = ("--hosts", "1", "--devices-per-host", "2", "--http", "127.0.0.1:0")
+    with atoll_up(cluster_file, *args, until="atoll web at ") as line:
+        yield cluster_file, urllib.parse.urlsplit(line.split()[3]).netloc
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ transport benchmark use it. :func:`eventually` waits for what another party
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import selectors
@@ -16,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,7 +27,7 @@ from ..kernel import TransportError
 from .capnp._process import READY_PREFIX
 from .processes import KILL_WAIT_S, stop_processes
 
-__all__ = ["READY_PREFIX", "NodeProcess", "line_with", "pid_alive"]
+__all__ = ["READY_PREFIX", "NodeProcess", "atoll_up", "line_with", "pid_alive"]
 
 
 class NodeProcess:
@@ -150,6 +151,35 @@ def line_with(process: subprocess.Popen[str], text: str) -> str:
         if text in line:
             return line
     raise RuntimeError(f"the process ended before printing {text!r}")
+
+
+@contextlib.contextmanager
+def atoll_up(
+    cluster_file: str | os.PathLike[str], *args: str, until: str = "atoll cluster up"
+) -> Iterator[str]:
+    """``atoll up ARGS --cluster-file F`` as a child process, until its
+    output has a line starting with ``until`` (which it gives); stopped with
+    SIGTERM (as Ctrl-C would) and reaped when the block ends."""
+    command = [sys.executable, "-m", "atoll.cli", "up", *args]
+    process = subprocess.Popen(
+        [*command, "--cluster-file", os.fspath(cluster_file)],
+        stdout=subprocess.PIPE,
+        text=True,
+        close_fds=False,
+    )
+    try:
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.startswith(until):
+                break
+        else:
+            raise RuntimeError(f"atoll up ended before printing {until!r}")
+        yield line
+    finally:
+        process.terminate()
+        process.wait(60)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 async def eventually(
