@@ -15,6 +15,8 @@ them to the controller, whose terminal then shows every host's log
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import re
@@ -164,7 +166,18 @@ def filter_native_stdout() -> None:
     read, write = os.pipe()
     os.dup2(write, 1)
     os.close(write)
-    threading.Thread(target=_copy_lines, args=(read, real), daemon=True).start()
+    copier = threading.Thread(target=_copy_lines, args=(read, os.dup(real)), daemon=True)
+    copier.start()
+    atexit.register(_last_lines, copier, real)
+
+
+def _last_lines(copier: threading.Thread, real: int) -> None:
+    """At exit: what is still in the pipe goes out before the process does,
+    and fd 1 is the real stdout again (for whatever exits after)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        os.dup2(real, 1)  # closes the pipe's last writer: the copier reads to its end
+    copier.join(timeout=2.0)
 
 
 def _copy_lines(read: int, write: int) -> None:
