@@ -107,7 +107,7 @@ class Promise(Generic[T]):
         # Set by network transports: a channel to the promised actor, usable
         # before resolution (native pipelining), and the transport's own handle
         # on the pending result (so it can be passed on without a round trip).
-        self._pipe: Callable[[], Channel] | None = None
+        self._pipe: Callable[[], Channel | None] | None = None
         self._answer: object | None = None
 
     # -- inspection -----------------------------------------------------
@@ -248,11 +248,12 @@ class PipelinedEndpoint:
     def __call__(self, *args: Any, **kwargs: Any) -> Promise[Any]:
         result: Promise[Any] = Promise(f"{self._target._label}.{self._name}")
         pipe = self._target._pipe
-        if pipe is not None and not self._target.done():
-            from ._actor import ActorRef  # the transport pipelines natively
+        channel = pipe() if pipe is not None and not self._target.done() else None
+        if channel is not None:  # the transport pipelines natively
+            from ._actor import ActorRef
 
             inner: Promise[Any] = Promise(result._label)
-            _forward_to(ActorRef(pipe()), self._name, args, kwargs, inner)
+            _forward_to(ActorRef(channel), self._name, args, kwargs, inner)
             result._canceller = inner.cancel
             result._pipe, result._answer = inner._pipe, inner._answer
             inner.add_done_callback(lambda done: _settle_pipelined(self._target, done, result))

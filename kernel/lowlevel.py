@@ -68,12 +68,13 @@ def channel_of(ref: ActorRef[Any]) -> Channel:
 
 
 def attach_pipeline(
-    promise: Promise[Any], pipe: Callable[[], Channel], answer: object | None
+    promise: Promise[Any], pipe: Callable[[], Channel | None], answer: object | None
 ) -> None:
     """Let ``promise`` pipeline before it settles.
 
     ``pipe()`` gives a channel to the actor the promise will resolve to, so
-    that ``promise.method(...)`` goes straight to the peer; ``answer`` is the
+    that ``promise.method(...)`` goes straight to the peer (or None when it
+    no longer can: the call then waits for the promise); ``answer`` is the
     transport's own handle on the pending result, which it can pass on to a
     third party without waiting (see :func:`pipeline_answer`). Both are
     dropped when the promise settles.

@@ -185,6 +185,7 @@ def test_without_the_extra_the_error_says_what_to_install(monkeypatch: pytest.Mo
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # trio: through the bridge
 async def test_atoll_top_draws_one_frame_of_devices_and_sessions(up: Up) -> None:
     import io
 

@@ -274,6 +274,18 @@ async def check_pipelined_calls_wait_for_their_target(h: Harness) -> None:
     assert waits.waits == 1
 
 
+async def check_a_call_made_later_on_a_pending_promise_reaches_it(h: Harness) -> None:
+    """A call made on a promise some turns after it was sent (the transport
+    is awaiting its answer by then) still goes to the actor it settles with."""
+    latch = await h.spawn("Latch")
+    root = await h.node.spawn(f"{HERE}:Chain")
+    child = root.next_after(latch)
+    await h.settle()
+    depth = child.get_depth()  # made now, while the answer is awaited
+    latch.release()
+    assert await depth == 1
+
+
 async def check_remote_error_is_boxed(h: Harness) -> None:
     failer = await h.spawn("Failer")
     error = await expect(RemoteActorError, failer.boom("bad input 17"))
@@ -443,6 +455,7 @@ CHECKS: list[Callable[[Harness], Awaitable[None]]] = [
     check_promise_argument,
     check_pipelined_chain_one_wait,
     check_pipelined_calls_wait_for_their_target,
+    check_a_call_made_later_on_a_pending_promise_reaches_it,
     check_remote_error_is_boxed,
     check_errors_flow_through_promises,
     check_backpressure_blocks_and_resumes,

@@ -566,9 +566,15 @@ class RemoteChannel:
         peer._holders.add(self)
 
     @classmethod
-    def promised(cls, peer: Peer, answer: Any) -> RemoteChannel:
-        """The actor a pending answer will hold, usable now (pipelining)."""
-        return cls(peer, answer.actor, f"promised@{id(answer):x}", "<promised actor>", None)
+    def promised(cls, peer: Peer, answer: Any) -> RemoteChannel | None:
+        """The actor a pending answer will hold, usable now (pipelining); None
+        once the answer is being awaited (pycapnp then refuses to pipeline
+        on it: the call waits for the value instead)."""
+        try:
+            actor = answer.actor
+        except capnp.KjException:
+            return None
+        return cls(peer, actor, f"promised@{id(answer):x}", "<promised actor>", None)
 
     @property
     def actor_id(self) -> str:
