@@ -169,7 +169,7 @@ class RemoteActorError(AtollError):
         """A box of the remote type's own kind too, where this process has
         that type (``RemoteActorError[ValueError]`` is both)."""
         typed = _typed_box(exc_type) if cls is RemoteActorError else None
-        return super().__new__(typed or cls)
+        return super().__new__(typed or cls)  # a typed box was tried once: it builds
 
     def __init__(
         self,
@@ -210,12 +210,31 @@ def _typed_box(exc_type: str) -> type[RemoteActorError] | None:
     if original is None:
         return None
     if original not in _BOXES:
-        try:
-            box = type(f"RemoteActorError[{original.__name__}]", (RemoteActorError, original), {})
-        except TypeError:  # a layout that cannot be combined (a C type's own fields)
-            box = None
-        _BOXES[original] = box
+        _BOXES[original] = _mixed(original)
     return _BOXES[original]
+
+
+_OWN = ("actor", "endpoint", "exc_type", "message", "remote_traceback")
+
+
+def _mixed(original: type[Exception]) -> type[RemoteActorError] | None:
+    """The box class for ``original``, tried once with a whole instance;
+    None for a type that cannot be mixed in: a layout that cannot be
+    combined, a ``__new__`` of its own (``ExceptionGroup``'s), an attribute
+    of the box's own that it makes read-only, or anything else that fails."""
+    if any(isinstance(getattr(original, name, None), property) for name in _OWN):
+        return None
+    try:
+        namespace = {"__hash__": BaseException.__hash__}  # a type with __eq__ has none
+        box = type(
+            f"RemoteActorError[{original.__name__}]", (RemoteActorError, original), namespace
+        )
+        trial: RemoteActorError = super(RemoteActorError, box).__new__(box)  # type: ignore[misc]
+        RemoteActorError.__init__(trial, "a", "b", "c", "d", "e")
+        str(trial)
+    except Exception:
+        return None
+    return box
 
 
 def _known_exception(exc_type: str) -> type[Exception] | None:

@@ -368,3 +368,27 @@ async def test_each_island_builds_its_policy_once_and_feeds_it_every_event() -> 
             await cluster.fetch(cluster.run(step, device, [np.ones(2)]))
     assert len(built) == 2  # one per island, none for the check
     assert all(policy._next_seq == 1 for policy in built)  # each saw its island's gang
+
+
+def test_a_remote_type_that_cannot_be_mixed_in_stays_a_plain_box() -> None:
+    """A box is built for any type: an ExceptionGroup (its own __new__), or a
+    type that makes one of the box's attributes read-only, stays plain."""
+    import sys
+
+    from atoll.kernel import RemoteActorError
+
+    class ReadOnlyMessage(Exception):
+        @property
+        def message(self) -> str:
+            return "fixed"
+
+    module = sys.modules[__name__]
+    monkey = getattr(module, "ReadOnlyMessage", None)
+    module.ReadOnlyMessage = ReadOnlyMessage  # type: ignore[attr-defined]
+    try:
+        for kind in ("builtins.ExceptionGroup", f"{__name__}.ReadOnlyMessage"):
+            error = RemoteActorError("host0", "run", kind, "boom", "tb")
+            assert type(error) is RemoteActorError and "boom" in str(error)
+    finally:
+        if monkey is None:
+            del module.ReadOnlyMessage
