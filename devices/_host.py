@@ -93,6 +93,7 @@ class Host(Actor):
         # users' actors here (Cluster.spawn), by session: stopped when it ends
         self.user_actors: dict[str, list[ActorRef[Any]]] = {}
         self._on_failure: dict[ActorRef[Any], Directive] = {}  # a user actor's supervision
+        self._restarts_left: dict[ActorRef[Any], int] = {}  # before a failure stops it
         self._user_names = itertools.count()
 
     async def on_start(self) -> None:
@@ -412,6 +413,7 @@ class Host(Actor):
         self.store.ledger.forget(owner)
         for actor in self.user_actors.pop(owner, []):
             self._on_failure.pop(actor, None)
+            self._restarts_left.pop(actor, None)
             self.ctx.start_soon(_stop_quietly, actor)
         return self.store.free_owner(owner)
 
@@ -441,15 +443,31 @@ class Host(Actor):
         actor: ActorRef[Any] = self.ctx.spawn(cls, *args, name=name, **kwargs)
         self.user_actors.setdefault(owner, []).append(actor)
         self._on_failure[actor] = directive
+        self._restarts_left[actor] = cls.max_restarts
         return actor
 
     def on_child_failed(self, child: ActorRef[Any], error: BaseException) -> Directive:
-        """A user's actor: as its session asked; a device: escalate."""
+        """A user's actor: as its session asked, and stopped once it used up
+        its class's ``max_restarts`` (the kernel would escalate then: a
+        session's actor never fails its host); a device: escalate."""
         directive = self._on_failure.get(child)
         if directive is None:
             return super().on_child_failed(child, error)
+        if directive is Directive.RESTART:
+            left = self._restarts_left[child] = self._restarts_left.get(child, 0) - 1
+            if left < 0:
+                directive = Directive.STOP
+        if directive is Directive.STOP:
+            self._forget_user(child)
         _log.warning("%s failed (%s): %s", child.name, error, directive.value)
         return directive
+
+    def _forget_user(self, actor: ActorRef[Any]) -> None:
+        self._on_failure.pop(actor, None)
+        self._restarts_left.pop(actor, None)
+        for actors in self.user_actors.values():
+            if actor in actors:
+                actors.remove(actor)
 
     @endpoint
     def set_quota(self, owner: str, max_bytes: int | None) -> None:

@@ -105,6 +105,8 @@ class IslandScheduler(Actor):
         if task.collective:  # only barriers need it: a capability costs on the wire
             task = replace(task, rendezvous=self.rendezvous)
         self._refuse_if_broken()
+        if task.gang_id in self._pending or task.gang_id in self._runs:
+            raise PolicyError(f"gang {task.gang_id!r} is held here already")
         result: Promise[list[BufferHandle]] = Promise(task.gang_id)
         self._pending[task.gang_id] = (task, inputs, owner, result, 0)
         submit = Submit(next(self._events), task.gang_id, task.devices, owner, weight)

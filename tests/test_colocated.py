@@ -133,3 +133,23 @@ async def test_over_host_processes_a_class_travels_by_value_and_a_lost_host_says
             for _ in range(100):
                 await second.see("c")
         assert await first.see("c") == ["a", "b", "c"]  # the other host went on
+
+
+async def test_an_actor_that_keeps_failing_is_stopped_and_its_host_goes_on() -> None:
+    import numpy as np
+
+    from atoll.devices import Computation
+
+    async with atoll.local_cluster(1, 1, 1) as cluster:
+        fragile = await cluster.spawn(Fragile, host=0, on_failure="restart")
+        for _ in range(Fragile.max_restarts):  # each failure restarts it
+            with pytest.raises(ValueError):
+                await fragile.add(-1)
+            assert await fragile.add(1) == 1  # a fresh instance
+        with pytest.raises(ValueError):
+            await fragile.add(-1)  # one failure past its restarts: stopped, not escalated
+        with pytest.raises(ActorStopped):
+            await fragile.add(1)
+        out = cluster.run(Computation("neg", np.negative, 1e6), 0, [np.ones(2)])
+        assert (await cluster.fetch(out) == -1).all()  # the host and its device went on
+        assert await (await cluster.spawn(Tally, host=0)).add(2) == 2
