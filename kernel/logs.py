@@ -181,7 +181,15 @@ def _last_lines(copier: threading.Thread, real: int) -> None:
 
 
 def _copy_lines(read: int, write: int) -> None:
+    """Copy the pipe to the real stdout, line by line, without the noise; if
+    the real stdout goes (its reader gone), go on draining the pipe, so that
+    nothing that writes to fd 1 ever blocks on a full pipe."""
     with os.fdopen(read, "rb") as lines, os.fdopen(write, "wb", buffering=0) as out:
+        broken = False
         for line in lines:
-            if not _NATIVE_NOISE.match(line.decode("utf-8", "replace")):
+            if broken or _NATIVE_NOISE.match(line.decode("utf-8", "replace")):
+                continue
+            try:
                 out.write(line)
+            except OSError:
+                broken = True

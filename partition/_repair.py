@@ -155,8 +155,10 @@ class Repairer:
             if len(self._cache) > 4096:
                 self._cache.clear()
             found = self._solve(cand)
-            if found is None:  # out of time: a valid one known, not cached (it is no repair)
-                return self._fallback(cand)
+            if found is None:  # out of time: a valid one known (cached: asked again, the
+                # same candidate would only spend the time again)
+                self._cache[key] = self._fallback(cand)
+                return self._cache[key].copy()
             self._cache[key] = self._known = found
         return self._cache[key].copy()
 
@@ -204,6 +206,8 @@ class Repairer:
         status = solver.solve(sm.model)
         if status == cp_model.INFEASIBLE:  # proven: nothing is valid
             raise InfeasibleError(describe_infeasible(self.graph, self.chiplets))
+        if status == cp_model.MODEL_INVALID:  # a bug of ours, not a slow solve
+            raise RuntimeError(f"the repair model of {self.graph.name!r} is invalid")
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         return sm.chips(solver)

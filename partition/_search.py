@@ -154,13 +154,16 @@ def _rl_search(
 
 def policy_hint(policy: Policy | None, repairer: Repairer) -> IntArray | None:
     """The policy's greedy (argmax) assignment, repaired: the solver's hint
-    (None when its repair times out: the solver then starts without one).
+    (None when its repair times out, and falls back to a known partition:
+    the solver then starts without one).
 
     ``policy`` None means the shipped pre-trained one.
     """
     pol = policy if policy is not None else Policy.pretrained()
     enc = encode(repairer.graph, repairer.chiplets)
+    fallbacks = repairer.fallbacks
     try:
-        return repairer(np.argmax(pol.logits(enc), axis=-1).astype(np.int64))
+        hint = repairer(np.argmax(pol.logits(enc), axis=-1).astype(np.int64))
     except RepairTimeout:
         return None
+    return None if repairer.fallbacks > fallbacks else hint  # a fallback is not the policy's

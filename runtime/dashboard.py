@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["Dashboard", "timeline_page"]
 
 WINDOW_S = 60.0  # utilization is over this much of the past
+SAMPLE_TIMEOUT_S = 2.0  # a host that does not answer a sample by then is skipped
 METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _log = logging.getLogger("atoll.web")
 
@@ -115,8 +116,8 @@ class Dashboard:
         that fails is skipped)."""
         now = time.monotonic()
         for promise in [host.device_stats() for host in self.hosts]:
-            with suppress(AtollError):
-                for stats in await promise:
+            with suppress(AtollError, TimeoutError):
+                for stats in await asyncio.wait_for(_awaited(promise), SAMPLE_TIMEOUT_S):
                     window = self.samples.setdefault(stats.device_id, deque())
                     window.append((now, stats.busy_s))
                     while window and window[0][0] < now - WINDOW_S:
@@ -208,6 +209,10 @@ class Dashboard:
             return hmac.compare_digest(bytes.fromhex(given), self.token)
         except ValueError:
             return False
+
+
+async def _awaited(promise: Any) -> Any:
+    return await promise
 
 
 def _log_if_failed(server: asyncio.Task[None]) -> None:

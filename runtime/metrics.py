@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -110,12 +110,13 @@ class RunCounters:
 class LoopLag:
     """How late this event loop runs a callback due now: sampled every
     ``every`` seconds by a task (started with :meth:`start`); the last
-    sample and the largest since the last scrape."""
+    sample and the largest of the last ``window`` seconds (the same for
+    every reader: a scrape does not reset it for ``atoll top``)."""
 
-    def __init__(self, every: float = 0.5) -> None:
+    def __init__(self, every: float = 0.5, window: float = 60.0) -> None:
         self.every = every
         self.last = 0.0
-        self.peak = 0.0
+        self._recent: deque[float] = deque(maxlen=max(1, int(window / every)))
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -135,12 +136,11 @@ class LoopLag:
             due = loop.time() + self.every
             await asyncio.sleep(self.every)
             self.last = max(0.0, loop.time() - due)
-            self.peak = max(self.peak, self.last)
+            self._recent.append(self.last)
 
     def read(self) -> tuple[float, float]:
-        """(the last lag, the largest since the last read)."""
-        peak, self.peak = self.peak, 0.0
-        return self.last, max(peak, self.last)
+        """(the last lag, the largest of the window)."""
+        return self.last, max(self._recent, default=self.last)
 
 
 @dataclass
@@ -165,32 +165,36 @@ async def collect(
     """Ask every part at once; what does not answer within ``timeout`` is
     left out. Devices' figures come from their hosts (``Host.device_stats``:
     a device's own mailbox may hold many runs ahead of the question)."""
+    deadline = asyncio.get_running_loop().time() + timeout  # one for all of them
     device_stats = [host.device_stats() for host in hosts]
     usage = [host.store_usage() for host in hosts]
     runs = controller.metrics() if controller is not None else None
     tenants = controller.tenant_usage() if controller is not None else None
-    snapshot = Snapshot(status=await status())
-    for stats in [await _within(answer, timeout) for answer in device_stats]:
+    snapshot = Snapshot(status=await _within(_value(status()), deadline) or [])
+    for stats in [await _within(answer, deadline) for answer in device_stats]:
         snapshot.devices += stats or []
     for host_id, answer in enumerate(usage):
-        found = await _within(answer, timeout)
+        found = await _within(answer, deadline)
         if found is not None:
             snapshot.hosts[host_id] = found
     if runs is not None and tenants is not None:
-        snapshot.controller = await _within(runs, timeout) or {}
-        snapshot.sessions = await _within(tenants, timeout) or {}
+        snapshot.controller = await _within(runs, deadline) or {}
+        snapshot.sessions = await _within(tenants, deadline) or {}
     snapshot.loop_lag = lag.read() if lag is not None else (0.0, 0.0)
     return snapshot
 
 
-async def _within(answer: Promise[Any], timeout: float) -> Any:
+async def _within(answer: Awaitable[Any], deadline: float) -> Any:
+    """``answer``'s value, or None if it fails or is not there by ``deadline``
+    (the loop's clock): the answers were all asked for at once, so they share it."""
+    left = max(0.0, deadline - asyncio.get_running_loop().time())
     try:
-        return await asyncio.wait_for(_value(answer), timeout)
+        return await asyncio.wait_for(_value(answer), left)
     except (AtollError, TimeoutError):
         return None
 
 
-async def _value(answer: Promise[Any]) -> Any:
+async def _value(answer: Awaitable[Any]) -> Any:
     return await answer
 
 
@@ -400,7 +404,7 @@ def _controller_families(runs: Mapping[str, Any], lag: tuple[float, float]) -> l
     last.add_metric([], lag[0])
     peak = GaugeMetricFamily(
         "atoll_controller_loop_lag_max",
-        "The largest loop lag since the last scrape",
+        "The largest loop lag of the last minute",
         unit="seconds",
     )
     peak.add_metric([], lag[1])

@@ -269,11 +269,20 @@ class ClusterBuilder(Actor):
         return await self.web.start(host, port)
 
     @endpoint
-    async def metrics(self) -> Snapshot:
+    def metrics(self) -> Promise[Snapshot]:
         """What ``/metrics`` shows, as values (``runtime/metrics.py``): for
-        ``atoll top``, which needs no web server."""
+        ``atoll top``, which needs no web server. Gathered beside the message
+        loop (a host's ``join`` does not wait behind a slow scrape)."""
+        answer: Promise[Snapshot] = Promise("metrics")
+        self.ctx.start_soon(self._collect, answer)
+        return answer
+
+    async def _collect(self, answer: Promise[Snapshot]) -> None:
         lag = self.web.lag if self.web is not None else None
-        return await collect(self._status_now, self.hosts, self._controller(), lag)
+        try:
+            answer.set_result(await collect(self._status_now, self.hosts, self._controller(), lag))
+        except Exception as exc:  # said to the asker, not lost in a task
+            answer.set_exception(exc)
 
     def _controller(self) -> ActorRef[Controller] | None:
         """The controller, once the cluster is built."""

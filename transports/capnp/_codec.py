@@ -205,9 +205,8 @@ def _unpicklable_function(value: Any) -> str | None:
         except Exception as exc:
             code = fn.__code__
             where = f"{fn.__qualname__} ({code.co_filename}:{code.co_firstlineno})"
-            captured = dict(
-                zip(code.co_freevars, (c.cell_contents for c in fn.__closure__ or ()), strict=False)
-            )
+            cells = map(_contents, fn.__closure__ or ())
+            captured = dict(zip(code.co_freevars, cells, strict=False))
             captured.update((n, fn.__globals__[n]) for n in code.co_names if n in fn.__globals__)
             for name, held in captured.items():
                 try:
@@ -224,6 +223,14 @@ def _unpicklable_function(value: Any) -> str | None:
     return None
 
 
+def _contents(cell: Any) -> Any:
+    """A closure cell's value (None for one not filled yet)."""
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None
+
+
 def _functions_in(value: Any, depth: int, seen: set[int]) -> Iterator[FunctionType]:
     """The plain functions reachable from ``value`` through containers,
     attributes and ``functools.partial`` (a few levels deep)."""
@@ -238,8 +245,11 @@ def _functions_in(value: Any, depth: int, seen: set[int]) -> Iterator[FunctionTy
     elif isinstance(value, list | tuple | set | frozenset):
         children = value
     else:
-        children = [getattr(value, "func", None), *getattr(value, "__dict__", {}).values()]
-        children += [getattr(value, s, None) for s in getattr(type(value), "__slots__", ())]
+        try:
+            children = [getattr(value, "func", None), *getattr(value, "__dict__", {}).values()]
+            children += [getattr(value, s, None) for s in getattr(type(value), "__slots__", ())]
+        except Exception:  # an object whose attributes misbehave: not looked into
+            return
     for child in children:
         yield from _functions_in(child, depth - 1, seen)
 
