@@ -43,7 +43,10 @@ async def test_a_settled_promise_is_awaited_without_waiting() -> None:
     assert await promise == "now"
 
 
-async def test_wall_clock_sleeps_end_in_order_and_never_early() -> None:
+async def test_wall_clock_sleeps_end_in_order_and_never_early(anyio_backend: str) -> None:
+    """Never early on both; in deadline order on asyncio, whose sleeps share
+    one timer heap (trio's spin their last part each, so a busy machine may
+    end overlapping ones in another order)."""
     clock = WallClock()
     ends: list[tuple[float, float]] = []  # (deadline, woke)
 
@@ -55,7 +58,8 @@ async def test_wall_clock_sleeps_end_in_order_and_never_early() -> None:
     async with anyio.create_task_group() as group:
         for seconds in (0.004, 0.0005, 0.002, 0.001):
             group.start_soon(sleep, seconds)
-    assert [deadline for deadline, _ in ends] == sorted(d for d, _ in ends)
+    if anyio_backend == "asyncio":
+        assert [deadline for deadline, _ in ends] == sorted(d for d, _ in ends)
     assert all(woke >= deadline for deadline, woke in ends)
 
 
