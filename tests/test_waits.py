@@ -45,8 +45,9 @@ async def test_a_settled_promise_is_awaited_without_waiting() -> None:
 
 async def test_wall_clock_sleeps_end_in_order_and_never_early(anyio_backend: str) -> None:
     """Never early on both; in deadline order on asyncio, whose sleeps share
-    one timer heap (trio's spin their last part each, so a busy machine may
-    end overlapping ones in another order)."""
+    one timer heap. On trio each sleep checks its own deadline in its last
+    part, and trio runs ready tasks in an order of its choosing, so a busy
+    machine may end overlapping sleeps in another order."""
     clock = WallClock()
     ends: list[tuple[float, float]] = []  # (deadline, woke)
 
