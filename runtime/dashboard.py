@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..devices import Host
 from ..kernel import ActorRef, AtollError
-from .metrics import LoopLag, collect, render
+from .metrics import LoopLag, collect, render, within
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -115,13 +115,13 @@ class Dashboard:
         """Record every device's busy time now, as its host reads it (a host
         that fails is skipped)."""
         now = time.monotonic()
+        deadline = asyncio.get_running_loop().time() + SAMPLE_TIMEOUT_S
         for promise in [host.device_stats() for host in self.hosts]:
-            with suppress(AtollError, TimeoutError):
-                for stats in await asyncio.wait_for(_awaited(promise), SAMPLE_TIMEOUT_S):
-                    window = self.samples.setdefault(stats.device_id, deque())
-                    window.append((now, stats.busy_s))
-                    while window and window[0][0] < now - WINDOW_S:
-                        window.popleft()
+            for stats in await within(promise, deadline) or []:  # a silent host: skipped
+                window = self.samples.setdefault(stats.device_id, deque())
+                window.append((now, stats.busy_s))
+                while window and window[0][0] < now - WINDOW_S:
+                    window.popleft()
 
     def utilization(self) -> dict[int, float]:
         """Per device: busy time over wall time, over the samples in the window."""
@@ -209,10 +209,6 @@ class Dashboard:
             return hmac.compare_digest(bytes.fromhex(given), self.token)
         except ValueError:
             return False
-
-
-async def _awaited(promise: Any) -> Any:
-    return await promise
 
 
 def _log_if_failed(server: asyncio.Task[None]) -> None:

@@ -47,6 +47,7 @@ __all__ = [
     "controller_metrics",
     "metric_names",
     "render",
+    "within",
 ]
 
 # the upper bounds (seconds) of the run latency histogram's buckets
@@ -170,21 +171,21 @@ async def collect(
     usage = [host.store_usage() for host in hosts]
     runs = controller.metrics() if controller is not None else None
     tenants = controller.tenant_usage() if controller is not None else None
-    snapshot = Snapshot(status=await _within(_value(status()), deadline) or [])
-    for stats in [await _within(answer, deadline) for answer in device_stats]:
+    snapshot = Snapshot(status=await within(status(), deadline) or [])
+    for stats in [await within(answer, deadline) for answer in device_stats]:
         snapshot.devices += stats or []
     for host_id, answer in enumerate(usage):
-        found = await _within(answer, deadline)
+        found = await within(answer, deadline)
         if found is not None:
             snapshot.hosts[host_id] = found
     if runs is not None and tenants is not None:
-        snapshot.controller = await _within(runs, deadline) or {}
-        snapshot.sessions = await _within(tenants, deadline) or {}
+        snapshot.controller = await within(runs, deadline) or {}
+        snapshot.sessions = await within(tenants, deadline) or {}
     snapshot.loop_lag = lag.read() if lag is not None else (0.0, 0.0)
     return snapshot
 
 
-async def _within(answer: Awaitable[Any], deadline: float) -> Any:
+async def within(answer: Awaitable[Any], deadline: float) -> Any:
     """``answer``'s value, or None if it fails or is not there by ``deadline``
     (the loop's clock): the answers were all asked for at once, so they share it."""
     left = max(0.0, deadline - asyncio.get_running_loop().time())
