@@ -64,6 +64,14 @@ BENCH = "controlplane"
 FLOPS_PER_S = 1e12  # the simulated devices' CostModel default
 IN_FLIGHT = 16  # runs (or chains) each client keeps in flight
 ROLES = ("controller", "hosts", "clients")
+MESSAGES = (
+    "actor_messages",
+    "capnp_calls_out",
+    "capnp_calls_in",
+    "lane_messages_out",
+    "lane_messages_in",
+    "socket_writes",
+)  # counted per computation, per role
 # the issue's targets, µs of CPU per computation over processes: (case, role)
 TARGETS = {
     ("single x1", "total"): 250.0,
@@ -205,7 +213,7 @@ def _rows(
     for role in roles:
         per = 1e6 * cpu[role] / computations
         rows.append(Row(BENCH, label, f"cpu_{role}", per, "µs"))
-        for key in ("actor_messages", "capnp_calls_out", "capnp_calls_in", "socket_writes"):
+        for key in MESSAGES:
             count = _delta(before, after, role, key) / computations
             rows.append(Row(BENCH, label, f"{key}_{role}", count, "/comp"))
     total = 1e6 * sum(cpu.values()) / computations
@@ -397,6 +405,8 @@ def _render(rows: Sequence[Row]) -> str:
         messages.append(system_column(f"actor_messages_{role}", 8, ".1f", title=f"msg {short}"))
         messages.append(system_column(f"capnp_calls_out_{role}", 8, ".1f", title=f"out {short}"))
         messages.append(system_column(f"capnp_calls_in_{role}", 8, ".1f", title=f"in {short}"))
+        messages.append(system_column(f"lane_messages_out_{role}", 8, ".1f", title=f"lo {short}"))
+        messages.append(system_column(f"lane_messages_in_{role}", 8, ".1f", title=f"li {short}"))
         messages.append(system_column(f"socket_writes_{role}", 8, ".1f", title=f"wr {short}"))
     return "\n".join(
         [
@@ -404,7 +414,7 @@ def _render(rows: Sequence[Row]) -> str:
             table(rows, cpu, case_width=24),
             "",
             "per computation: actor messages (msg), Cap'n Proto calls made (out) and served"
-            " (in), socket writes (wr)",
+            " (in), lane messages sent (lo) and received (li), socket writes (wr)",
             table(rows, messages, case_width=24),
         ]
     )

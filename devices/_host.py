@@ -40,6 +40,7 @@ from ..kernel import (
 from ..transports.dataplane import bulk, lane, shm
 from ..transports.dataplane.lane import LaneMessage
 from . import _checkpoint as checkpoint
+from . import _runlane as runlane
 from . import timeline
 from ._device import live_stats
 from ._plan import portable
@@ -89,6 +90,7 @@ class Host(Actor):
         self.pushes_in = 0  # pushes that landed here
         self.pushes_declined = 0
         self.lane_address = ""  # where other host processes push small values
+        self.run_lane_address = ""  # where islands send runs (devices/_runlane.py)
         self.moving: dict[str, int] = {}  # being copied away: frees that wait
         # users' actors here (Cluster.spawn), by session: stopped when it ends
         self.user_actors: dict[str, list[ActorRef[Any]]] = {}
@@ -112,10 +114,39 @@ class Host(Actor):
             )
             for device_id in self.device_ids
         ]
+        await self._serve_run_lane()
 
     async def on_stop(self) -> None:
         if self.lane_address:
             lane.register(self.host_id, None)
+        if self.run_lane_address:
+            runlane.unregister(self.host_id, self.device_ids)
+
+    async def _serve_run_lane(self) -> None:
+        """In a host process, take islands' runs by lane (``devices/_runlane.py``)."""
+        if not self.plane.address:
+            return
+        where = self.plane.address.split("://", 1)[-1].rpartition(":")[0]
+        try:
+            self.run_lane_address = await runlane.serve_runs(where, self.plane.token())
+        except OSError as exc:  # an optimization: runs come by call instead
+            _log.warning("host %s takes no runs by lane: %s", self.host_id, exc)
+            return
+        runlane.register(
+            self.host_id, self.ctx.ref, dict(zip(self.device_ids, self.device_refs, strict=True))
+        )
+
+    @endpoint
+    def run_lane(self) -> str:
+        """Where islands send this host's devices their runs ("" : by call only)."""
+        return self.run_lane_address
+
+    @endpoint(resolve_args=False)
+    def stash(self, ticket: str, args: tuple[Any, ...]) -> None:
+        """The arguments of a run lane's call that needed Cap'n Proto (a
+        reference, a promise...), sent with ``ticket``; the call waits for
+        them on its lane (``devices/_runlane.py``)."""
+        runlane.stash(ticket, tuple(args))
 
     async def _serve_lane(self) -> None:
         """In a host process, take small pushes by lane (``transports.dataplane.lane``)."""

@@ -17,7 +17,9 @@ COUNTS: dict[str, int] = {
     "actor_messages": 0,  # calls enqueued on a local actor's mailbox
     "capnp_calls_out": 0,  # Cap'n Proto calls this process made (Actor.call/send, Later.get)
     "capnp_calls_in": 0,  # Cap'n Proto calls this process served
-    "socket_writes": 0,  # writes Cap'n Proto's streams handed their sockets (a burst each)
+    "socket_writes": 0,  # writes of Cap'n Proto's streams and of lanes (a burst each)
+    "lane_messages_out": 0,  # one-way messages sent on lanes (transports/oneway.py)
+    "lane_messages_in": 0,  # ... and received
 }
 
 

@@ -31,6 +31,7 @@ from ..devices import (
     Host,
 )
 from ..devices import timeline as _timelines
+from ..devices._runlane import ENDPOINTS, RUN_CALL, RUN_GRAPH
 from ..kernel import (
     Actor,
     ActorRef,
@@ -53,6 +54,7 @@ from .batching import RunBatcher
 from .graph import Graph, ValueRef
 from .latency import Wire, over
 from .ownership import Ownership
+from .runlanes import Caller
 from .topology import DeviceInfo, Topology
 from .tracing import NotAProgram, PlacedFunction, Program, VirtualSlice, aval_of
 
@@ -149,8 +151,12 @@ class Cluster:
         owner: str = "client0",
         wire: Wire | None = None,
         direct: HostLinks | None = None,
+        lane: Caller | None = None,
     ) -> None:
         self.wire = wire
+        # runs to the controller one way, from a client in another process
+        # (runtime/runlanes.py); None: by call
+        self._lane = lane if wire is None else None
         self.system = system
         self.controller = controller
         self.topology = topology
@@ -204,6 +210,7 @@ class Cluster:
             owner,
             self.wire,
             self._direct,
+            self._lane,
         )
 
     def host_of(self, handle: BufferHandle) -> ActorRef[Host]:
@@ -363,8 +370,7 @@ class Cluster:
         gang took them. The run is tagged, and so are its outputs, so that a
         later run reading one where it was made need not wait for it to come
         back (``Controller.run_graph``)."""
-        to = over(self.wire, self.controller)
-        send = functools.partial(to.run_graph, graph, inputs, temporary, owner)
+        send = functools.partial(self._to_controller, RUN_GRAPH, graph, inputs, temporary, owner)
         self._sent(inputs, outputs, send)
 
     def _send_call(
@@ -377,9 +383,15 @@ class Cluster:
         output: Promise[Any],
     ) -> None:
         """One low-level call on its own (``Controller.run_call``)."""
-        to = over(self.wire, self.controller)
-        send = functools.partial(to.run_call, computation, device, inputs, temporary, owner)
+        call = (computation, device, inputs, temporary, owner)
+        send = functools.partial(self._to_controller, RUN_CALL, *call)
         self._sent(inputs, [output], send)
+
+    def _to_controller(self, kind: int, *args: Any) -> Promise[Any]:
+        """A run to the controller: by this client's call lane if it has one."""
+        to = over(self.wire, self.controller)
+        by_call: Callable[[], Promise[Any]] = functools.partial(getattr(to, ENDPOINTS[kind]), *args)
+        return by_call() if self._lane is None else self._lane.call(kind, 0, args, by_call)
 
     def _sent(
         self,

@@ -30,6 +30,7 @@ from ..kernel import ActorRef, ActorSystem, AtollError, NodeActor
 from ..transports.capnp import CapnpConnection, CapnpTransport, ClusterFile, capnp_runtime
 from ..transports.capnp.bridge import CapnpBridge
 from ..transports.capnp.clusterfile import find_cluster_file
+from .runlanes import Caller, call_lane, lanes_on
 from .sessions import SessionAnchor, SessionWatcher
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class Client:
     _anchor: ActorRef[SessionAnchor] | None = field(default=None, repr=False)
     _transport: CapnpTransport | None = field(default=None, repr=False)
     _direct: DirectHosts | None = field(default=None, repr=False)  # links to host processes
+    _lane: Caller | None = field(default=None, repr=False)  # runs to the controller, one way
 
     def spawn(self, target: str, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
         """Start an actor on the remote node (``"module:Class"``); a promise."""
@@ -72,7 +74,10 @@ class Client:
         label = await self._open_session(info.sessions, owner)
         if self._direct is None and self._transport is not None:
             self._direct = DirectHosts(self._transport, self.system)
-        return info.client(self.system, label, self._direct)
+        if self._lane is None and self._transport is not None and lanes_on():
+            token = self._transport.token
+            self._lane = call_lane(info.controller, info.hosts, token, self.address)
+        return info.client(self.system, label, self._direct, self._lane)
 
     async def _open_session(self, sessions: ActorRef[SessionWatcher], owner: str | None) -> str:
         """A session's owner label; the anchor that binds it is made once."""
@@ -232,9 +237,12 @@ async def connect(
         if spec is not None:
             connection.peer.explain = functools.partial(_stopped, text, spec)
         client = Client(connection.node, system, address, weight, _transport=transport)
+        connection.peer.on_close(lambda _: client._lane.close() if client._lane else None)
         try:
             yield client
         finally:
+            if client._lane is not None:
+                client._lane.close()
             if client._direct is not None:
                 await client._direct.aclose()
             await connection.aclose()

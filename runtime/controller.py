@@ -35,6 +35,7 @@ from ..devices import (
     run_key,
     timeline,
 )
+from ..devices import _runlane as runlane
 from ..kernel import (
     Actor,
     ActorRef,
@@ -66,6 +67,7 @@ from .planner import (
     plan,
 )
 from .resources import Allocation, ResourceManager
+from .runlanes import lanes_on
 from .tenancy import DEFAULT_MAX_GANGS, Tenants, check_slice, merge_usage
 from .topology import Topology
 from .tracing import VirtualSlice
@@ -100,9 +102,12 @@ class Controller(Actor):
         wire: Wire | None = None,
         push: bool | None = None,
         spare_hosts: Sequence[int] = (),
+        lane: tuple[bytes, str] | None = None,
     ) -> None:
         self.wire = wire
         self.push = push
+        self._lane = lane  # (the cluster token, the interface) to take clients' call lanes on
+        self.lane_address: tuple[str, int] = ("", 0)  # where, and this controller's id there
         self.host_addresses = [""] * len(hosts)
         self.topology_ = topology
         self.schedulers = schedulers
@@ -129,6 +134,34 @@ class Controller(Actor):
         self.host_addresses = [await answer for answer in answers]
         self.set_push(self.push)
         self.set_compile(self.compile)
+        if self._lane is not None:
+            await self._serve_call_lanes(*self._lane)
+
+    async def on_stop(self) -> None:
+        if self.lane_address[1]:
+            runlane.unregister_controller(self.lane_address[1])
+
+    async def _serve_call_lanes(self, token: bytes, interface: str) -> None:
+        """Take clients' runs by call lane (``runtime/runlanes.py``)."""
+        try:
+            address = await runlane.serve_calls(interface, token)
+        except OSError as exc:  # an optimization: runs come by call instead
+            _log.warning("the controller takes no runs by lane: %s", exc)
+            return
+        self.lane_address = (address, runlane.register_controller(self.ctx.ref, self.host_refs))
+
+    @endpoint
+    def call_lane(self) -> tuple[str, int]:
+        """Where clients send their runs one way ("" : by call only), and
+        this controller's id there."""
+        return self.lane_address
+
+    @endpoint(resolve_args=False)
+    def stash(self, ticket: str, args: tuple[Any, ...]) -> None:
+        """The arguments of a call lane's run that needed Cap'n Proto (a
+        promise, a reference...), sent with ``ticket``; the run waits for
+        them on its lane (``devices/_runlane.py``)."""
+        runlane.stash(ticket, tuple(args))
 
     @property
     def hosts_in_processes(self) -> bool:
@@ -285,6 +318,8 @@ class Controller(Actor):
     def host_lost(self, host_id: int) -> Promise[list[int]]:
         """Host ``host_id`` is gone: re-place its slices (on spares if need
         be). The slices re-placed; the buffers it held are lost."""
+        for island in self.schedulers.values():  # its run lanes go: calls fail, not wait
+            island.host_lost(host_id).add_done_callback(_log_failed_notice)
         return self._beside(self.elastic.host_lost, host_id)
 
     def _beside(self, op: Callable[..., Awaitable[T]], *args: Any) -> Promise[T]:
@@ -796,12 +831,24 @@ def spawn_control(
     wire: Callable[[str], Wire | None] = lambda sender: None,
     push: bool | None = None,
     spare_hosts: Sequence[int] = (),
+    token: bytes = b"",
+    interface: str = "",
 ) -> ActorRef[Controller]:
     """Spawn one island scheduler per island and the controller over them.
 
     ``spawn`` is ``system.spawn`` or an actor's ``ctx.spawn``; ``wire(sender)``
-    gives each sender's modelled link (None: direct calls).
+    gives each sender's modelled link (None: direct calls). With the
+    cluster's ``token``, islands send runs to host processes by run lane,
+    and clients in other processes send theirs by call lane, taken on
+    ``interface`` (``runtime/runlanes.py``; ``ATOLL_RUN_LANES=0``: all by
+    call, for A/B runs).
     """
+    by_lane = bool(token) and lanes_on()
+
+    def lanes(island: int) -> tuple[bytes, dict[int, int]] | None:
+        hosts = {d.id: d.host for d in topology.devices if d.island == island}
+        return (token, hosts) if by_lane else None
+
     schedulers = {
         island: spawn(
             IslandScheduler,
@@ -810,6 +857,7 @@ def spawn_control(
             {d.id: devices[d.id] for d in topology.devices if d.island == island},
             wire(f"island{island}"),
             dict(enumerate(hosts)),
+            lanes(island),
             name=f"island{island}",
         )
         for island in range(topology.islands)
@@ -823,6 +871,7 @@ def spawn_control(
         wire("controller"),
         push,
         spare_hosts,
+        (token, interface) if by_lane and interface else None,
         name="controller",
     )
     return controller

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +36,7 @@ from ..devices import (
     run_key,
     timeline,
 )
+from ..devices import _runlane as runlane
 from ..kernel import (
     Actor,
     ActorRef,
@@ -50,6 +51,7 @@ from ..kernel import (
 from ..schedulers import Completed, Dispatch, Event, PolicyError, Submit, get_scheduler
 from .latency import Wire, over
 from .planner import CompiledPlan
+from .runlanes import RunLanes
 
 __all__ = ["IslandScheduler"]
 
@@ -72,9 +74,13 @@ class IslandScheduler(Actor):
         devices: dict[int, ActorRef[Device]],
         wire: Wire | None = None,
         hosts: Mapping[int, ActorRef[Host]] | None = None,
+        lanes: tuple[bytes, Mapping[int, int]] | None = None,
     ) -> None:
         self.island = island
         self.hosts = dict(hosts or {})  # every host, by id: to fail readers' inboxes
+        # run lanes to host processes (``lanes``: the cluster token, each
+        # device's host), for runs, plans and drops; None: all by call
+        self.lanes = RunLanes(lanes[0], self.hosts, lanes[1]) if lanes else None
         self.held_back = 0  # compiled runs the policy did not dispatch at once on every device
         self._runs: dict[str, _HeldRun] = {}  # compiled runs not yet sent to every device
         self.wire = wire
@@ -93,6 +99,24 @@ class IslandScheduler(Actor):
 
     async def on_start(self) -> None:
         self.rendezvous = self.ctx.spawn(Rendezvous, name="rendezvous")
+        if self.lanes is not None:
+            self.lanes.start()
+
+    async def on_stop(self) -> None:
+        if self.lanes is not None:
+            await self.lanes.aclose()
+
+    def _call(self, device: int, kind: int, *args: Any) -> Promise[Any]:
+        """``device``'s endpoint ``kind`` (``_runlane.RUN``...) with ``args``:
+        by its host's run lane when there is one, else by call. The island
+        sends everything for a device the same way, so it comes in order."""
+        ref = over(self.wire, self.devices[device])
+        by_call: Callable[[], Promise[Any]] = functools.partial(
+            getattr(ref, runlane.ENDPOINTS[kind]), *args
+        )
+        if self.lanes is None:
+            return by_call()
+        return self.lanes.call(device, kind, args, by_call)
 
     @endpoint(resolve_args=False)
     def submit_gang(
@@ -283,7 +307,7 @@ class IslandScheduler(Actor):
         ref = self.devices[device]
         installed = self._install(device, ref, compiled.programs[device])
         given = held.inputs.get(device, ())
-        report = over(self.wire, ref).run_plan(compiled.plan_id, held.epoch, given, held.owner)
+        report = self._call(device, runlane.RUN, compiled.plan_id, held.epoch, given, held.owner)
         if installed is not None:  # a plan that could not be installed says why
             report = _unless_not_installed(report, installed)
         report.add_done_callback(functools.partial(self._report, run, device))
@@ -304,7 +328,7 @@ class IslandScheduler(Actor):
             return None
         plans.add(program.plan_id)
         timeline.control("install plan", self._lane, plan=program.plan_id, device=device)
-        sent: Promise[None] = over(self.wire, ref).install_plan(program)
+        sent: Promise[None] = self._call(device, runlane.INSTALL, program)
         sent.add_done_callback(functools.partial(_forget_failed, plans, program.plan_id))
         return sent
 
@@ -320,16 +344,25 @@ class IslandScheduler(Actor):
             if device_id in self.devices:
                 self.devices[device_id] = ref
                 self._installed.pop(device_id, None)
+        if self.lanes is not None:
+            self.lanes.replaced(host_id)
+
+    @endpoint
+    def host_lost(self, host_id: int) -> None:
+        """Host ``host_id``'s link is gone (it died, or stopped answering):
+        close its run lane, so that calls on it fail rather than wait."""
+        if self.lanes is not None:
+            self.lanes.lost(host_id)
 
     @endpoint
     def drop_plans(self, plan_ids: list[int]) -> None:
         """Forget compiled plans on every device that has them."""
         doomed = set(plan_ids)
-        for ref, plans in self._installed.values():
+        for device, (_, plans) in self._installed.items():
             mine = sorted(plans & doomed)
             if mine:
                 plans.difference_update(mine)
-                over(self.wire, ref).drop_plans(mine).add_done_callback(_log_failed)
+                self._call(device, runlane.DROP, mine).add_done_callback(_log_failed)
 
     def _report(self, gang_id: str, device: int, shard: Promise[Any]) -> None:
         """A shard finished: queue the event, and wake the actor once per batch.

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..kernel import AtollError, Promise, process_counters
+from ..kernel.lowlevel import counts as COUNTS
 
 if TYPE_CHECKING:
     from ..devices import Host
@@ -393,7 +394,7 @@ def _controller_families(runs: Mapping[str, Any], lag: tuple[float, float]) -> l
         "Messages the controller's process handled, by kind",
         labels=["kind"],
     )
-    for kind in ("actor_messages", "capnp_calls_in", "capnp_calls_out", "socket_writes"):
+    for kind in COUNTS:
         messages.add_metric([kind], process.get(kind, 0))
     cpu = CounterMetricFamily(
         "atoll_controller_cpu", "CPU time of the controller's process", unit="seconds"

@@ -68,6 +68,7 @@ from .topology import Topology
 
 if TYPE_CHECKING:
     from .client import Cluster, HostLinks
+    from .runlanes import Caller
 
 _log = logging.getLogger(__name__)
 
@@ -94,13 +95,27 @@ class ClusterInfo:
     hosts: list[ActorRef[Host]]
     sessions: ActorRef[SessionWatcher]
 
-    def client(self, system: ActorSystem, owner: str, direct: HostLinks | None = None) -> Cluster:
+    def client(
+        self,
+        system: ActorSystem,
+        owner: str,
+        direct: HostLinks | None = None,
+        lane: Caller | None = None,
+    ) -> Cluster:
         """A :class:`Cluster` handle on this cluster, for ``owner``, in
-        ``system``; ``direct``: host processes over the client's own links."""
+        ``system``; ``direct``: host processes over the client's own links;
+        ``lane``: its call lane to the controller."""
         from .client import Cluster
 
         return Cluster(
-            system, self.controller, self.topology, self.devices, self.hosts, owner, direct=direct
+            system,
+            self.controller,
+            self.topology,
+            self.devices,
+            self.hosts,
+            owner,
+            direct=direct,
+            lane=lane,
         )
 
 
@@ -117,10 +132,12 @@ class ClusterBuilder(Actor):
         on_shutdown: Callable[[], None] | None = None,
         token: bytes = b"",
         jax_env: Mapping[str, str] | None = None,
+        interface: str = "",
     ) -> None:
         self.spec = spec
         self.jax_env = dict(jax_env or {})  # the JAX runtime the launcher serves, if any
         self.token = token  # what the dashboard asks of its visitors
+        self.interface = interface  # where the controller listens: clients' call lanes too
         self.web: Dashboard | None = None
         self.last_timeline: dict[str, Any] = {"traceEvents": []}
         self.on_shutdown = on_shutdown  # what `atoll down` (shutdown) sets off
@@ -212,6 +229,8 @@ class ClusterBuilder(Actor):
             self.spec.policies,
             push=self.spec.push,
             spare_hosts=self.spec.spare_hosts,
+            token=self.token,
+            interface=self.interface,
         )
         sessions = self.ctx.spawn(SessionWatcher, controller, name="sessions")
         self.sessions = sessions
@@ -489,7 +508,13 @@ async def _controller(
         async with capnp_runtime(), ActorSystem("controller") as system:
             listener = await CapnpTransport(token).serve(system, address)
             builder = await listener.node.spawn(
-                f"{__name__}:ClusterBuilder", spec, on_shutdown, token, jax_env, name="cluster"
+                f"{__name__}:ClusterBuilder",
+                spec,
+                on_shutdown,
+                token,
+                jax_env,
+                listener.address.split("://", 1)[-1].rpartition(":")[0],
+                name="cluster",
             )
             if on_listening is not None:
                 on_listening(listener)

@@ -232,7 +232,7 @@ def test_an_import_by_name_counts_as_an_import(tmp_path: Path) -> None:
 CONTROL_PLANE = {
     "graph", "tracing", "resources", "topology", "latency", "planner", "island",
     "controller", "sessions", "tenancy", "client", "batching", "ownership",
-    "checkpoints", "elastic",
+    "checkpoints", "elastic", "runlanes",
 }  # fmt: skip
 # the runtime's other modules: deployment (spec, local, process, connect) and
 # tools (status, timelines, admin, dashboard); see docs/architecture.md

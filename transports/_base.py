@@ -99,3 +99,12 @@ def get_transport(scheme_or_address: str) -> Transport:
         known = ", ".join(transport_names())
         raise UnknownTransport(f"no transport for {scheme!r}; known: {known}") from None
     return factory()
+
+
+def by_value(obj: Any) -> bool:
+    """Whether the function or class ``obj`` cannot be found by reference in
+    another process: defined in ``__main__`` (or nowhere), a lambda, or local
+    to a function (a closure). Such a one travels by value, by Cap'n Proto."""
+    module = getattr(obj, "__module__", None)
+    name = getattr(obj, "__qualname__", "")
+    return module is None or module == "__main__" or "<lambda>" in name or "<locals>" in name

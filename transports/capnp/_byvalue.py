@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
-from ._imports import CannotImport, find_class
+from .._imports import CannotImport, find_class
 
 __all__ = ["load", "reduce"]
 

@@ -40,9 +40,10 @@ from ...kernel import (
     TransportError,
     failed,
 )
+from .._base import by_value
+from .._imports import find_class
 from ..dataplane import bulk, shm
 from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
-from ._imports import find_class
 
 if TYPE_CHECKING:
     from ._peer import Peer
@@ -142,20 +143,11 @@ def _set_aside(obj: Any) -> bool:
     return isinstance(obj, ActorRef | Promise) or big_array
 
 
-def _by_value(obj: Any) -> bool:
-    """Whether the function or class ``obj`` cannot be found by reference on the
-    other side: defined in ``__main__`` (or nowhere), a lambda, or local to a
-    function (a closure)."""
-    module = getattr(obj, "__module__", None)
-    name = getattr(obj, "__qualname__", "")
-    return module is None or module == "__main__" or "<lambda>" in name or "<locals>" in name
-
-
 class _Pickler(pickle.Pickler):
     """Pickles with actors and promises kept aside, to travel as capabilities.
 
     By reference, like plain pickle, except for the functions and classes that
-    :func:`_by_value` picks: those are pickled by value (``_byvalue``).
+    :func:`~atoll.transports._base.by_value` picks: those are pickled by value (``_byvalue``).
     """
 
     def __init__(self, file: io.BytesIO, buffers: list[Any]) -> None:
@@ -170,7 +162,7 @@ class _Pickler(pickle.Pickler):
         if _set_aside(obj):
             self._caps.append(obj)
             return _aside, (len(self._caps) - 1,)
-        if (kind is FunctionType or isinstance(obj, type)) and _by_value(obj):
+        if (kind is FunctionType or isinstance(obj, type)) and by_value(obj):
             from . import _byvalue  # imports cloudpickle: only when a value needs it
 
             return _byvalue.reduce(obj, _set_aside)

@@ -30,6 +30,7 @@ from typing import Any
 import capnp
 
 from ...kernel import ActorRef, ActorSystem, NodeActor, TransportError
+from .. import oneway
 from ..dataplane import bulk, lane
 from ._peer import GateServer, Peer, heartbeat
 from ._schema import schema
@@ -69,6 +70,7 @@ async def capnp_runtime() -> AsyncIterator[None]:
             _in_runtime.reset(token)
             await bulk.aclose()
             await lane.aclose()
+            await oneway.aclose()
 
 
 def _require_runtime() -> None:

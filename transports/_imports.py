@@ -14,7 +14,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from ...kernel import AtollError
+from ..kernel import AtollError
 
 __all__ = ["CannotImport", "find_class"]
 

@@ -1,0 +1,396 @@
+"""Run lanes: how an island's parts of runs reach the devices of a host process.
+
+Over Cap'n Proto each part of a compiled run (``Device.run_plan``) was a
+call and its answer: two messages, a ``Finish``, and a wake-up of each
+process per run. A run lane (a :mod:`atoll.transports.oneway` link from the
+island to the host process) carries the same calls one way, and the
+devices' answers (their :class:`~atoll.devices.RunReport`) back one way, a
+loop turn's worth in one write each way: under load, one message carries
+many runs.
+
+What this module holds:
+
+* the **codec** of both ends: pickles, with a buffer handle of the host at
+  the far end sent as its fields (its host is that process's own, or the
+  island's reference to it). Anything that needs Cap'n Proto (a reference to
+  an actor, an unresolved promise, a handle of another host, a large array)
+  raises :class:`Aside`;
+* the **host's end**: delivers calls to its devices in the order they were
+  sent, and sends back each answer. A call whose arguments needed Cap'n
+  Proto comes with a *ticket*: its arguments come through
+  :meth:`Host.stash <atoll.devices.Host.stash>` instead (a Cap'n Proto call
+  that keeps their promises), and the calls behind it on the link wait until
+  they are there, so the order holds.
+
+The island's end is :mod:`atoll.runtime.runlanes`. Everything runs on the
+host process's event loop (asyncio, where Cap'n Proto runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import io
+import logging
+import pickle
+import struct
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import FunctionType
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..kernel import ActorRef, AtollError, BadCall, Promise, all_settled, failed, flatten, then
+from ..transports import oneway
+from ..transports._base import by_value
+from ..transports._imports import find_class
+from ._values import BufferHandle, _handle
+
+if TYPE_CHECKING:
+    from ._device import Device
+    from ._host import Host
+
+# a call as the host's end keeps it: request, kind, arguments (None while
+# its ticket's have not come), ticket, why it cannot be made
+_Call = tuple[int, int, Any, "str | None", "BaseException | None"]
+
+__all__ = ["DROP", "FORGET", "INSTALL", "RUN", "Aside", "dumps", "loads", "parse"]
+
+RUN, INSTALL, DROP, FORGET = 0, 1, 2, 3  # what a message asks of a device
+RUN_GRAPH, RUN_CALL = 4, 5  # ... or of the controller
+ENDPOINTS = {
+    RUN: "run_plan",
+    INSTALL: "install_plan",
+    DROP: "drop_plans",
+    RUN_GRAPH: "run_graph",
+    RUN_CALL: "run_call",
+}
+LARGEST_ARRAY = 1 << 16  # larger arrays go by Cap'n Proto (its data plane)
+# a message's head: its request (numbered by the sender; an answer has the
+# number of its call), what it asks and of which device; a pickle follows
+# (a call's arguments or ticket, an answer's error and value)
+_HEAD = struct.Struct("!QBq")
+
+_log = logging.getLogger(__name__)
+
+
+class Aside(Exception):
+    """Something in a message must travel by Cap'n Proto."""
+
+
+def _here(buffer_id: str, host_id: int, *rest: Any) -> BufferHandle:  # pragma: no cover
+    """Stands for a handle of the far end's host; a decoder puts its own
+    function in its place (see :func:`loads`)."""
+    raise AtollError("a run lane's handle was decoded without its hosts")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, out: io.BytesIO, host_id: int | None) -> None:
+        super().__init__(out, pickle.HIGHEST_PROTOCOL)
+        self.host_id = host_id
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, BufferHandle):
+            if self.host_id is not None and obj.host_id != self.host_id:
+                raise Aside(obj)
+            _, (buffer_id, _ref, *rest) = obj.__reduce__()
+            return _here, (buffer_id, *rest)
+        if isinstance(obj, (ActorRef, asyncio.Future)):
+            raise Aside(obj)
+        if isinstance(obj, Promise):
+            if not obj.done():
+                raise Aside(obj)
+            error = obj.exception()
+            return (_same, (obj.result(),)) if error is None else (failed, (error,))
+        if isinstance(obj, np.ndarray) and obj.nbytes > LARGEST_ARRAY:
+            raise Aside(obj)
+        if isinstance(obj, (type, FunctionType)) and by_value(obj):
+            from ..transports.capnp import _byvalue  # (cloudpickle: only when needed)
+
+            return _byvalue.reduce(obj, _aside)  # what it captures that is _aside raises
+        return NotImplemented
+
+
+def _aside(obj: Any) -> bool:
+    """What a function sent by value may capture and still go by lane: no
+    reference, no promise; caught by the pickler (it raises :class:`Aside`)."""
+    return isinstance(obj, (ActorRef, Promise))
+
+
+def dumps(
+    message: Any, host_id: int | None, request: int = 0, kind: int = 0, target: int = -1
+) -> bytes:
+    """``message`` with its head, encoded for the link whose far end (or
+    this end, for a host's answers) is host ``host_id``: handles of that
+    host go as their fields, those of others by Cap'n Proto (None: every
+    handle as its fields, for links to and from the controller, which knows
+    every host). Raises :class:`Aside` (or what pickle raises) when it must
+    go by Cap'n Proto."""
+    out = io.BytesIO()
+    out.write(_HEAD.pack(request, kind, target))
+    _Pickler(out, host_id).dump(message)
+    return out.getvalue()
+
+
+def parse(data: bytes) -> tuple[int, int, int, bytes]:
+    """A message's head (request, kind, target) and its pickle."""
+    request, kind, device = _HEAD.unpack_from(data)
+    return request, kind, device, data[_HEAD.size :]
+
+
+# hosts by id: a mapping, or a list indexed by id
+Hosts = Mapping[int, "ActorRef[Host]"] | Sequence["ActorRef[Host]"]
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, hosts: Hosts) -> None:
+        super().__init__(io.BytesIO(data))
+        self.hosts = hosts
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == __name__ and name == "_here":
+            return functools.partial(_made_here, self.hosts)
+        return find_class(super().find_class, module, name)  # says what is missing
+
+
+def _made_here(hosts: Hosts, buffer_id: str, *rest: Any) -> BufferHandle:
+    host_id = rest[0]
+    return _handle(buffer_id, hosts[host_id], *rest)
+
+
+def loads(data: bytes, hosts: Hosts) -> Any:
+    """A message :func:`dumps` made; its handles' hosts from ``hosts``."""
+    return _Unpickler(data, hosts).load()
+
+
+# -- the receiving ends ----------------------------------------------------------
+_hosts: dict[int, ActorRef[Host]] = {}  # the hosts of this process, by id
+_devices: dict[int, ActorRef[Device]] = {}  # their devices, by id
+_device_host: dict[int, int] = {}  # the host of each of them
+_controllers: dict[int, tuple[ActorRef[Any], Sequence[ActorRef[Host]]]] = {}  # by target id
+_stashed: dict[str, tuple[Any, ...]] = {}  # arguments that came by Cap'n Proto, by ticket
+_forgotten: dict[str, BaseException] = {}  # tickets whose arguments will not come
+_waiting: set[_End] = set()  # ends where a target's next call waits for its ticket
+
+
+def register(host_id: int, host: ActorRef[Host], devices: Mapping[int, ActorRef[Device]]) -> None:
+    """Deliver calls for ``devices`` (of host ``host_id``) that come by lane."""
+    _hosts[host_id] = host
+    _devices.update(devices)
+    _device_host.update(dict.fromkeys(devices, host_id))
+
+
+def unregister(host_id: int, devices: Iterable[int]) -> None:
+    _hosts.pop(host_id, None)
+    for device in devices:
+        _devices.pop(device, None)
+        _device_host.pop(device, None)
+
+
+def register_controller(controller: ActorRef[Any], hosts: Sequence[ActorRef[Host]]) -> int:
+    """Deliver clients' calls to ``controller`` (whose hosts are ``hosts``, a
+    live list); returns the target id its clients name."""
+    target = max(_controllers, default=0) + 1
+    _controllers[target] = (controller, hosts)
+    return target
+
+
+def unregister_controller(target: int) -> None:
+    _controllers.pop(target, None)
+
+
+async def serve_runs(host: str, token: bytes) -> str:
+    """Take islands' run lanes on ``host`` (once per loop); ``"host:port"``."""
+    return await oneway.serve("runs", host, token, *_ends(_DeviceEnd))
+
+
+async def serve_calls(host: str, token: bytes) -> str:
+    """Take clients' call lanes on ``host`` (once per loop); ``"host:port"``."""
+    return await oneway.serve("calls", host, token, *_ends(_ControllerEnd))
+
+
+def _ends(
+    kind: type[_End],
+) -> tuple[Callable[[oneway.Link, list[bytes]], None], Callable[[oneway.Link], None]]:
+    ends: dict[oneway.Link, _End] = {}
+
+    def received(link: oneway.Link, messages: list[bytes]) -> None:
+        end = ends.get(link)
+        if end is None:
+            end = ends[link] = kind(link)
+        end.received(messages)
+
+    def lost(link: oneway.Link) -> None:
+        end = ends.pop(link, None)
+        if end is not None:
+            _waiting.discard(end)
+
+    return received, lost
+
+
+def stash(ticket: str, args: tuple[Any, ...]) -> None:
+    """The arguments of the call sent with ``ticket`` (see the module docstring)."""
+    _stashed[ticket] = args
+    loop = asyncio.get_running_loop()
+    for end in [end for end in _waiting if end.loop is loop]:
+        end.drain_all()
+
+
+class _End:
+    """One link's receiving end: calls in, each target's in order; answers out."""
+
+    def __init__(self, link: oneway.Link) -> None:
+        self.link = link
+        self.loop = asyncio.get_running_loop()
+        self.calls: dict[int, deque[_Call]] = {}  # by target
+
+    def hosts(self, target: int) -> Mapping[int, ActorRef[Host]] | Sequence[ActorRef[Host]]:
+        """How a call's handles for ``target`` find their hosts."""
+        raise NotImplementedError
+
+    def here(self, target: int) -> int | None:
+        """The host whose handles an answer of ``target`` sends as fields."""
+        raise NotImplementedError
+
+    def deliver(self, kind: int, target: int, args: Any) -> Promise[Any]:
+        """Make the call; the promise of its answer."""
+        raise NotImplementedError
+
+    def received(self, messages: list[bytes]) -> None:
+        targets: dict[int, None] = {}
+        for data in messages:
+            request, kind, target, body = parse(data)
+            error: BaseException | None = None
+            try:
+                args, ticket = loads(body, self.hosts(target))
+            except AtollError as exc:  # this call fails; the ones after go on
+                args, ticket, error = None, None, exc
+            except Exception as exc:  # the same, boxed
+                args, ticket, error = None, None, _unreadable(exc, target, kind)
+            if kind == FORGET:  # its ticket's arguments will not come: args is why
+                _forgotten[ticket] = args
+                targets.update(dict.fromkeys(self.calls))
+                continue
+            self.calls.setdefault(target, deque()).append((request, kind, args, ticket, error))
+            targets[target] = None
+        for target in targets:
+            self.drain(target)
+
+    def drain_all(self) -> None:
+        _waiting.discard(self)
+        for target in list(self.calls):
+            self.drain(target)
+
+    def drain(self, target: int) -> None:
+        """Make a target's calls in order; stop at one whose ticket has not come."""
+        calls = self.calls.get(target)
+        while calls:
+            request, kind, args, ticket, error = calls[0]
+            if ticket is not None and error is None:
+                if ticket in _forgotten:
+                    error = _forgotten.pop(ticket)
+                elif ticket in _stashed:
+                    args = _stashed.pop(ticket)
+                else:
+                    _waiting.add(self)
+                    return
+            calls.popleft()
+            try:
+                if error is not None:
+                    raise error
+                answer = self.deliver(kind, target, args)
+            except Exception as exc:  # said in the answer
+                answer = failed(exc)
+            answer.add_done_callback(functools.partial(self._answer, request, target))
+        self.calls.pop(target, None)
+
+    def _answer(self, request: int, target: int, answer: Promise[Any]) -> None:
+        error = answer.exception()
+        here = self.here(target)
+        try:
+            data = dumps((error, None if error else answer.result()), here, request)
+        except Exception as exc:  # an answer that cannot travel says why
+            data = dumps((_cannot_send(answer.result(), exc), None), here, request)
+        self.link.send(data)
+
+
+class _DeviceEnd(_End):
+    """An island's link to this host process: calls to its devices."""
+
+    def hosts(self, target: int) -> Mapping[int, ActorRef[Host]]:
+        return _hosts
+
+    def here(self, target: int) -> int | None:
+        return _device_host.get(target, -1)  # -1: no handle is of it
+
+    def deliver(self, kind: int, target: int, args: Any) -> Promise[Any]:
+        ref = _devices.get(target)
+        if ref is None:
+            raise AtollError(f"device {target} is not in this host process")
+        answer: Promise[Any] = getattr(ref, ENDPOINTS[kind])(*args)
+        return answer
+
+
+class _ControllerEnd(_End):
+    """A client's link to the controller's process: its runs."""
+
+    def hosts(self, target: int) -> Sequence[ActorRef[Host]]:
+        return self._controller(target)[1]
+
+    def here(self, target: int) -> int | None:
+        return None
+
+    def deliver(self, kind: int, target: int, args: Any) -> Promise[Any]:
+        controller, _ = self._controller(target)
+        if kind not in (RUN_GRAPH, RUN_CALL):
+            raise AtollError(f"a call lane does not take calls of kind {kind}")
+        return _settled(getattr(controller, ENDPOINTS[kind])(*args))
+
+    @staticmethod
+    def _controller(target: int) -> tuple[ActorRef[Any], Sequence[ActorRef[Host]]]:
+        found = _controllers.get(target)
+        if found is None:
+            raise AtollError("the controller this call lane named is gone")
+        return found
+
+
+def _settled(answer: Promise[Any]) -> Promise[Any]:
+    """A run's answer (a list of handles, or of their promises) once every
+    promise in it settled: an answer goes whole, as values and failures."""
+
+    def whole(values: Any) -> Promise[Any]:
+        inner = [v for v in values if isinstance(v, Promise)]
+        return then(all_settled(inner), lambda _: values) if inner else _done(values)
+
+    return flatten(then(answer, whole))
+
+
+def _done(value: Any) -> Promise[Any]:
+    promise: Promise[Any] = Promise("answer")
+    promise.set_result(value)
+    return promise
+
+
+def _cannot_send(value: Any, error: Exception) -> BadCall:
+    """What the caller gets for an answer that cannot be pickled (as Cap'n
+    Proto's codec says it)."""
+    kind = f"{type(error).__module__}.{type(error).__qualname__}"
+    text = "".join(traceback.format_exception(error))
+    return BadCall(f"cannot send a {type(value).__name__} over the wire: {error}", kind, text)
+
+
+def _unreadable(error: Exception, target: int, kind: int) -> BadCall:
+    """What a call whose arguments cannot be decoded here answers (as Cap'n
+    Proto's codec says it): its error's type, message and traceback."""
+    cause = f"{type(error).__name__}: {error}"
+    name = ENDPOINTS.get(kind, str(kind))
+    message = f"{name} (target {target}): its arguments could not be decoded: {cause}"
+    kind_name = f"{type(error).__module__}.{type(error).__qualname__}"
+    text = "".join(traceback.format_exception(error))
+    return BadCall(message, kind_name, text)

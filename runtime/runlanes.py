@@ -1,0 +1,304 @@
+"""The calling ends of run lanes and call lanes (``atoll.devices._runlane``).
+
+Two hops of every run go one way, a loop turn's worth per write, instead of
+as Cap'n Proto calls (``docs/architecture.md``, "The path of one run"):
+
+* an island sends each device of a host process its parts of runs, its
+  plans and their drops over one **run lane** per host process
+  (:class:`RunLanes`), and hears the devices' answers back on it;
+* a client sends the controller its runs (``run_graph``, ``run_call``) over
+  its **call lane** (:func:`call_lane`), and hears their outputs back on it.
+
+A :class:`Caller` is one such link's calling end. It is dialled in the
+background; calls made meanwhile wait, in order, and go by it once it is
+up, or by Cap'n Proto if it cannot be had (a host in the controller's own
+process has none). Each target's calls leave in the order they were made.
+A call whose arguments need Cap'n Proto (a reference, a promise, a value
+plain pickle cannot take) goes by lane all the same, with a *ticket*, its
+arguments beside it by Cap'n Proto (``stash``), where the far end waits for
+them. On a run lane, an input that is a promise not yet settled holds its
+device's later calls back until it settles (the device would wait for it
+first anyway); on a call lane it goes beside the call, so that a client's
+later runs are not held back. A link that closes fails every call sent on
+it with :class:`~atoll.kernel.HostLost`; calls not sent yet, and later ones,
+go by Cap'n Proto.
+
+Everything runs on the process's asyncio loop (where Cap'n Proto runs);
+:meth:`Caller.call` is synchronous and returns a promise of the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import itertools
+import logging
+import os
+import secrets
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from ..devices import Host
+from ..devices import _runlane as wire
+from ..kernel import ActorRef, AtollError, HostLost, Promise, failed, forward, then
+from ..transports import oneway
+
+__all__ = ["DIAL_TIMEOUT_S", "Caller", "RunLanes", "call_lane", "lanes_on"]
+
+DIAL_TIMEOUT_S = 10.0  # a far end that does not say where its lane is by then is called by capnp
+
+_log = logging.getLogger(__name__)
+
+Fallback = Callable[[], Promise[Any]]
+Stash = Callable[[str, tuple[Any, ...]], Promise[None]]
+Hosts = Callable[[], Mapping[int, ActorRef[Host]] | Sequence[ActorRef[Host]]]
+_Call = tuple[int, tuple[Any, ...], Fallback, Promise[Any]]  # kind, arguments, by call, answer
+_TICKETS = f"{secrets.token_hex(4)}/"
+_tickets = itertools.count()
+
+
+class RunLanes:
+    """One island's run lanes, one per host process of its devices."""
+
+    def __init__(
+        self, token: bytes, hosts: Mapping[int, ActorRef[Host]], device_hosts: Mapping[int, int]
+    ) -> None:
+        self._token = token
+        self._hosts = hosts  # the island's own table: replaced hosts show up in it
+        self._device_hosts = dict(device_hosts)
+        self._lanes: dict[int, Caller] = {}
+
+    def start(self) -> None:
+        """Dial every host of the island's devices (in the background)."""
+        for host_id in sorted(set(self._device_hosts.values())):
+            self._open(host_id)
+
+    def replaced(self, host_id: int) -> None:
+        """Host ``host_id`` is a new process: dial it afresh."""
+        old = self._lanes.pop(host_id, None)
+        if old is not None:
+            old.close()
+        if host_id in set(self._device_hosts.values()):
+            self._open(host_id)
+
+    def lost(self, host_id: int) -> None:
+        """Host ``host_id`` is lost: what waits on its lane fails, and later
+        calls go by Cap'n Proto (and fail there) until it is replaced."""
+        lane = self._lanes.get(host_id)
+        if lane is not None:
+            lane.close()
+
+    def _open(self, host_id: int) -> None:
+        host = self._hosts[host_id]
+        lane = Caller(f"host {host_id}", host_id, lambda: self._hosts, host.stash, waits=True)
+        self._lanes[host_id] = lane
+        lane.start(host.run_lane(), self._token)
+
+    def call(
+        self, device: int, kind: int, args: tuple[Any, ...], fallback: Fallback
+    ) -> Promise[Any]:
+        """Ask ``device`` for ``kind`` (``_runlane.RUN``...) with ``args``,
+        by lane where its host has one; ``fallback()`` makes the same call
+        by Cap'n Proto."""
+        lane = self._lanes.get(self._device_hosts.get(device, -1))
+        if lane is None or lane.off:
+            return fallback()
+        return lane.call(kind, device, args, fallback)
+
+    async def aclose(self) -> None:
+        for lane in self._lanes.values():
+            lane.close()
+        self._lanes.clear()
+
+
+def lanes_on() -> bool:
+    """Whether runs go by lane (``ATOLL_RUN_LANES=0``: all by call, for A/B runs)."""
+    return os.environ.get("ATOLL_RUN_LANES", "1") != "0"
+
+
+def call_lane(
+    controller: ActorRef[Any], hosts: Sequence[ActorRef[Host]], token: bytes, dialled: str = ""
+) -> Caller:
+    """A client's call lane to ``controller`` (dialled in the background);
+    ``dialled``: the controller's capnp address as the client reached it,
+    whose host stands in for a listener on every interface."""
+    lane = Caller("the controller", None, lambda: hosts, controller.stash, waits=False)
+    host = dialled.split("://", 1)[-1].rpartition(":")[0]
+    lane.start(then(controller.call_lane(), functools.partial(_reachable, host)), token)
+    return lane
+
+
+def _reachable(host: str, where: tuple[str, int]) -> tuple[str, int]:
+    """``where`` (address, target) with a wildcard interface made ``host``."""
+    address, target = where
+    listening, _, port = address.rpartition(":")
+    if address and host and listening in ("0.0.0.0", "::", "[::]"):
+        address = f"{host}:{port}"
+    return address, target
+
+
+class Caller:
+    """One link's calling end: dialling, up, or off (see the module docstring).
+
+    ``far``: the host whose handles go as their fields (None: every host's,
+    on a link to the controller); ``hosts()``: how answers' handles find
+    their hosts; ``stash(ticket, args)``: sends a call's arguments by Cap'n
+    Proto; ``waits``: an input that is an unsettled promise holds its
+    target's later calls back (True) or goes beside its call (False).
+    """
+
+    def __init__(self, name: str, far: int | None, hosts: Hosts, stash: Stash, waits: bool) -> None:
+        self.name = name
+        self.far = far
+        self.hosts = hosts
+        self.stash = stash
+        self.waits = waits
+        self.task: asyncio.Future[None] | None = None
+        self.link: oneway.Link | None = None
+        self.target = 0  # on a call lane: the controller's id at the far end
+        self.off = False
+        self.queued: dict[int, deque[_Call]] = {}  # by target
+        self.waiting: dict[int, Promise[Any]] = {}  # the input a target's first call waits for
+        self.pending: dict[int, Promise[Any]] = {}
+        self._requests = itertools.count(1)
+
+    def start(self, where: Promise[Any], token: bytes) -> None:
+        """Dial where the far end says (``"host:port"``, or with its target
+        id), in the background."""
+        self.task = asyncio.ensure_future(self._dial(_asked(where), token))
+
+    async def _dial(self, where: Awaitable[Any], token: bytes) -> None:
+        try:
+            address = await asyncio.wait_for(where, DIAL_TIMEOUT_S)
+            if isinstance(address, tuple):
+                address, self.target = address
+            if address:
+                self.link = await oneway.connect(address, token, self._answers, self._lost)
+        except Exception as exc:  # no lane: Cap'n Proto does it all
+            _log.info("no lane to %s: %s", self.name, exc)
+        if self.link is None:
+            self.off = True
+        for target in list(self.queued):
+            self._drain(target)
+
+    def call(
+        self, kind: int, target: int, args: tuple[Any, ...], fallback: Fallback
+    ) -> Promise[Any]:
+        """``kind`` of ``target`` with ``args``; ``fallback()`` makes the same
+        call by Cap'n Proto, if the lane cannot."""
+        promise: Promise[Any] = Promise(f"{self.name}: {wire.ENDPOINTS[kind]}")
+        if self.off:
+            forward(fallback(), promise)
+            return promise
+        self.queued.setdefault(target, deque()).append((kind, args, fallback, promise))
+        if self.link is not None:  # else the dial sends it
+            self._drain(target)
+        return promise
+
+    def _drain(self, target: int) -> None:
+        """Send a target's queued calls in order, until one waits for an input."""
+        queued = self.queued.get(target)
+        while queued and target not in self.waiting:
+            kind, args, fallback, promise = queued[0]
+            if self.off or self.link is None:  # no lane (any more): by call, in order
+                queued.popleft()
+                forward(fallback(), promise)
+                continue
+            unsettled = self._send(kind, target, args, promise)
+            if unsettled is not None:
+                self.waiting[target] = unsettled
+                unsettled.add_done_callback(functools.partial(self._settled, target))
+                return
+            queued.popleft()
+        if not queued:
+            self.queued.pop(target, None)
+
+    def _settled(self, target: int, _: Promise[Any]) -> None:
+        self.waiting.pop(target, None)
+        if self.link is not None or self.off:
+            self._drain(target)
+
+    def _send(
+        self, kind: int, target: int, args: tuple[Any, ...], promise: Promise[Any]
+    ) -> Promise[Any] | None:
+        """Send one call; or the unsettled promise among its inputs it must wait for."""
+        assert self.link is not None
+        request = next(self._requests)  # (one that waits leaves a gap: no matter)
+        far_target = self.target or target
+        try:
+            data = wire.dumps((args, None), self.far, request, kind, far_target)
+        except wire.Aside as aside:
+            (why,) = aside.args
+            if self.waits and isinstance(why, Promise) and not why.done():
+                return why
+            data = b""
+        except Exception:  # what plain pickle cannot take
+            data = b""
+        self.pending[request] = promise
+        if data:
+            self.link.send(data)
+            return None
+        # its arguments go by Cap'n Proto, the call itself by lane, in its place
+        ticket = f"{_TICKETS}{next(_tickets)}"
+        self.link.send(wire.dumps((None, ticket), self.far, request, kind, far_target))
+        try:
+            stashed = self.stash(ticket, args)
+        except Exception as exc:  # arguments that cannot go at all
+            stashed = failed(exc)
+        stashed.add_done_callback(functools.partial(self._unless_stashed, ticket))
+        return None
+
+    def _unless_stashed(self, ticket: str, sent: Promise[None]) -> None:
+        """A stash that failed: the far end stops waiting for it."""
+        error = sent.exception()
+        if error is None or self.link is None:
+            return
+        try:
+            data = wire.dumps((error, ticket), self.far, 0, wire.FORGET)
+        except Exception:  # an error that does not pickle: its text
+            data = wire.dumps((AtollError(str(error)), ticket), self.far, 0, wire.FORGET)
+        self.link.send(data)
+
+    def _answers(self, link: oneway.Link, messages: list[bytes]) -> None:
+        for data in messages:
+            request, _, _, body = wire.parse(data)
+            promise = self.pending.pop(request, None)
+            if promise is None:
+                continue
+            try:
+                error, value = wire.loads(body, self.hosts())
+            except Exception as exc:  # this answer fails; the others go on
+                error = AtollError(f"an answer from {self.name} cannot be read: {exc!r}")
+            if error is not None:
+                promise.set_exception(error)
+            else:
+                promise.set_result(value)
+
+    def _lost(self, link: oneway.Link) -> None:
+        """Calls sent fail (the far process is gone, or cut off); those not
+        sent yet go by Cap'n Proto, in order, whatever they waited for."""
+        self.off = True
+        self.link = None
+        pending, self.pending = self.pending, {}
+        for promise in pending.values():
+            if not promise.done():
+                promise.set_exception(HostLost(f"the lane to {self.name} closed"))
+        self.waiting.clear()
+        for target in list(self.queued):
+            self._drain(target)
+
+    def close(self) -> None:
+        self.off = True
+        if self.task is not None:
+            self.task.cancel()
+        queued, self.queued = self.queued, {}
+        for calls in queued.values():
+            for *_, promise in calls:
+                promise.set_exception(HostLost(f"the lane to {self.name} was closed"))
+        if self.link is not None:
+            self.link.close()
+
+
+async def _asked(answer: Promise[Any]) -> Any:
+    return await answer

@@ -1,0 +1,203 @@
+"""Run lanes and call lanes: the control plane's hot path, one way.
+
+``transports/oneway.py`` (the link), ``devices/_runlane.py`` (the codec and
+the receiving ends) and ``runtime/runlanes.py`` (the calling ends): what a
+loop turn sends leaves in one write, handles travel as their fields, what
+needs Cap'n Proto goes beside the call without breaking its order, and a
+lost link fails what was sent on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atoll.benchmarks.faults import up_cluster
+from atoll.devices import BufferHandle, Computation
+from atoll.devices import _runlane as wire
+from atoll.kernel import HostLost, Promise, failed, process_counters
+from atoll.runtime.connect import connect
+from atoll.runtime.runlanes import Caller
+from atoll.transports import oneway
+from atoll.transports.capnp import capnp_runtime
+
+pytestmark = pytest.mark.anyio
+TOKEN = b"t" * 16
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # lanes live beside Cap'n Proto, on its asyncio loop
+
+
+def _handle(host_id: int, host: Any = None) -> BufferHandle:
+    return BufferHandle.of("b1", np.arange(3.0), host, host_id, 0, 0, "x:1")
+
+
+# -- the link --------------------------------------------------------------------
+async def test_a_turn_of_sends_leaves_in_one_write_and_arrives_in_order() -> None:
+    got: list[list[bytes]] = []
+    address = await oneway.serve("test", "127.0.0.1", TOKEN, lambda _, m: got.append(m), print)
+    try:
+        link = await oneway.connect(address, TOKEN, lambda *_: None, lambda _: None)
+        writes = process_counters()["socket_writes"]
+        for i in range(50):
+            link.send(b"m%d" % i)
+        await asyncio.sleep(0.05)
+        assert process_counters()["socket_writes"] - writes == 1
+        assert [m for batch in got for m in batch] == [b"m%d" % i for i in range(50)]
+        link.close()
+    finally:
+        await oneway.aclose()
+
+
+async def test_a_wrong_token_is_refused_before_any_message() -> None:
+    got: list[bytes] = []
+    lost: list[oneway.Link] = []
+    address = await oneway.serve("test", "127.0.0.1", TOKEN, lambda _, m: got.extend(m), print)
+    try:
+        link = await oneway.connect(address, b"wrong" * 4, lambda *_: None, lost.append)
+        link.send(b"hello")
+        for _ in range(100):
+            if lost:
+                break
+            await asyncio.sleep(0.01)
+        assert lost == [link] and got == []
+    finally:
+        await oneway.aclose()
+
+
+# -- the codec ---------------------------------------------------------------------
+def test_a_handle_of_the_far_host_goes_as_its_fields_and_comes_back_with_its_host() -> None:
+    data = wire.dumps(([_handle(2)], None), 2, 7, wire.RUN, 5)
+    request, kind, target, body = wire.parse(data)
+    assert (request, kind, target) == (7, wire.RUN, 5)
+    args, ticket = wire.loads(body, {2: "host two"})  # type: ignore[dict-item]
+    assert ticket is None and args[0].host == "host two" and args[0].id == "b1"
+    np.testing.assert_array_equal(args[0].value, np.arange(3.0))
+
+
+def test_what_needs_capnp_is_set_aside() -> None:
+    pending: Promise[int] = Promise("pending")
+    for value in (_handle(1), pending, np.zeros(1 << 15)):
+        with pytest.raises(wire.Aside):
+            wire.dumps((value,), 2)
+    assert wire.dumps((_handle(1),), None)  # to or from the controller: any host's
+    settled: Promise[int] = Promise("settled")
+    settled.set_result(4)
+    assert wire.loads(wire.parse(wire.dumps((settled,), 2))[3], {}) == (4,)
+    (back,) = wire.loads(wire.parse(wire.dumps((failed(KeyError("k")),), 2))[3], {})
+    assert isinstance(back, Promise) and isinstance(back.exception(), KeyError)
+
+
+def test_a_closure_goes_by_value() -> None:
+    k = 3
+
+    def times(x: int) -> int:
+        return k * x
+
+    (back,) = wire.loads(wire.parse(wire.dumps((times,), 0))[3], {})
+    assert back(2) == 6
+
+
+# -- the calling end ---------------------------------------------------------------
+class _Far:
+    """A far end that answers each call with its args, and records them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int, Any]] = []
+
+    def received(self, link: oneway.Link, messages: list[bytes]) -> None:
+        for data in messages:
+            request, kind, target, body = wire.parse(data)
+            args, _ = wire.loads(body, {})
+            self.calls.append((target, kind, args))
+            link.send(wire.dumps((None, args), None, request))
+
+
+async def _caller(far: _Far, waits: bool) -> Caller:
+    address = await oneway.serve("test", "127.0.0.1", TOKEN, far.received, lambda _: None)
+
+    def stash(ticket: str, args: tuple[Any, ...]) -> Promise[None]:
+        raise AssertionError("nothing here needs Cap'n Proto")
+
+    caller = Caller("far", None, dict, stash, waits=waits)
+    answer: Promise[str] = Promise("where")
+    answer.set_result(address)
+    caller.start(answer, TOKEN)
+    return caller
+
+
+async def test_a_call_waiting_for_its_input_holds_back_its_target_only() -> None:
+    far = _Far()
+    caller = await _caller(far, waits=True)
+    try:
+        by_call = lambda: failed(AssertionError("not by call"))  # noqa: E731
+        later: Promise[int] = Promise("input")
+        first = caller.call(wire.RUN, 1, (later,), by_call)
+        second = caller.call(wire.RUN, 1, ("after",), by_call)
+        other = caller.call(wire.RUN, 2, ("other device",), by_call)
+        assert await other == ("other device",)
+        assert not first.done() and not second.done()
+        later.set_result(5)
+        assert await first == (5,) and await second == ("after",)
+        assert [args for target, _, args in far.calls if target == 1] == [(5,), ("after",)]
+    finally:
+        caller.close()
+        await oneway.aclose()
+
+
+async def test_a_lost_link_fails_what_was_sent_and_sends_the_rest_by_call() -> None:
+    class Silent(_Far):
+        def received(self, link: oneway.Link, messages: list[bytes]) -> None:
+            link.close()  # takes the calls, answers none
+
+    caller = await _caller(Silent(), waits=True)
+    try:
+        by_call = lambda: failed(KeyError("by call"))  # noqa: E731
+        sent = caller.call(wire.RUN, 1, ("x",), by_call)
+        with pytest.raises(HostLost):
+            await sent
+        later = caller.call(wire.RUN, 1, ("y",), by_call)
+        with pytest.raises(KeyError):
+            await later
+    finally:
+        caller.close()
+        await oneway.aclose()
+
+
+# -- over host processes -----------------------------------------------------------
+def _plus_one(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x) + 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_runs_go_by_lane_and_a_pipelined_promise_still_reaches_its_run(
+    tmp_path: Path,
+) -> None:
+    """A client in another process: its runs and the hosts' parts go by lane
+    (no Cap'n Proto call from the client or the controller per run); a
+    promise passed on before it settled goes beside its run (stash), in
+    order, and the chain's value is right."""
+    step = Computation("plus1", _plus_one, flops=1e3)
+    async with (
+        capnp_runtime(),
+        up_cluster(2, tmp_path, "3c" * 16) as cluster,
+        connect(cluster.cluster_file) as client,
+    ):
+        handle = await client.cluster("lanes")
+        x = await handle.fetch(handle.run(step, 0, [np.zeros(2, np.float32)]))
+        calls = process_counters()["capnp_calls_out"]
+        for _ in range(20):
+            x = await handle.fetch(handle.run(step, 1, [x]))
+        calls = process_counters()["capnp_calls_out"] - calls  # by call (20 runs and the
+        assert calls < 10  # frees without lanes): only frees, merged every 10 ms
+        first = handle.run(step, 0, [x])
+        await asyncio.sleep(0)  # its batch leaves: the next call gets its promise
+        second = handle.run(step, 1, [first])  # on the other host, before first settled
+        np.testing.assert_array_equal(await handle.fetch(second), np.full(2, 23.0))
