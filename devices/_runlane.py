@@ -42,7 +42,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..kernel import ActorRef, AtollError, BadCall, Promise, all_settled, failed, flatten, then
+from ..kernel import (
+    ActorRef,
+    AtollError,
+    BadCall,
+    Promise,
+    all_settled,
+    failed,
+    flatten,
+    log_failure,
+    then,
+)
 from ..transports import oneway
 from ..transports._base import by_value
 from ..transports._imports import find_class
@@ -60,12 +70,14 @@ __all__ = ["DROP", "FORGET", "INSTALL", "RUN", "Aside", "dumps", "loads", "parse
 
 RUN, INSTALL, DROP, FORGET = 0, 1, 2, 3  # what a message asks of a device
 RUN_GRAPH, RUN_CALL = 4, 5  # ... or of the controller
+FREE = 6  # ... or of a host (target -1 - host id): a notice, with no answer
 ENDPOINTS = {
     RUN: "run_plan",
     INSTALL: "install_plan",
     DROP: "drop_plans",
     RUN_GRAPH: "run_graph",
     RUN_CALL: "run_call",
+    FREE: "free_many",
 }
 LARGEST_ARRAY = 1 << 16  # larger arrays go by Cap'n Proto (its data plane)
 # a message's head: its request (numbered by the sender; an answer has the
@@ -74,6 +86,7 @@ LARGEST_ARRAY = 1 << 16  # larger arrays go by Cap'n Proto (its data plane)
 _HEAD = struct.Struct("!QBq")
 
 _log = logging.getLogger(__name__)
+_log_failed_notice = log_failure(_log, "a notice that came by lane")
 
 
 class Aside(Exception):
@@ -307,7 +320,10 @@ class _End:
                 answer = self.deliver(kind, target, args)
             except Exception as exc:  # said in the answer
                 answer = failed(exc)
-            answer.add_done_callback(functools.partial(self._answer, request, target))
+            if request:
+                answer.add_done_callback(functools.partial(self._answer, request, target))
+            else:  # a notice: nobody waits for its answer
+                answer.add_done_callback(_log_failed_notice)
         self.calls.pop(target, None)
 
     def _answer(self, request: int, target: int, answer: Promise[Any]) -> None:
@@ -330,6 +346,12 @@ class _DeviceEnd(_End):
         return _device_host.get(target, -1)  # -1: no handle is of it
 
     def deliver(self, kind: int, target: int, args: Any) -> Promise[Any]:
+        if target < 0 and kind == FREE:  # a client's frees at this host
+            host = _hosts.get(-1 - target)
+            if host is None:
+                raise AtollError(f"host {-1 - target} is not this process")
+            freed: Promise[Any] = host.free_many(*args)
+            return freed
         ref = _devices.get(target)
         if ref is None:
             raise AtollError(f"device {target} is not in this host process")

@@ -31,7 +31,7 @@ from ..devices import (
     Host,
 )
 from ..devices import timeline as _timelines
-from ..devices._runlane import ENDPOINTS, RUN_CALL, RUN_GRAPH
+from ..devices._runlane import ENDPOINTS, FREE, RUN_CALL, RUN_GRAPH
 from ..kernel import (
     Actor,
     ActorRef,
@@ -72,6 +72,10 @@ class HostLinks(Protocol):
 
     def get(self, address: str, host_id: int) -> ActorRef[Host] | None:
         """The host at ``address`` over such a link, if one is up (never waits)."""
+        ...
+
+    def lane(self, host: ActorRef[Host]) -> Caller | None:
+        """The one-way lane to the host process ``host`` names, if there is one."""
         ...
 
 
@@ -170,7 +174,7 @@ class Cluster:
         # run calls made in one loop turn go as one graph (runtime/batching.py)
         self._batcher = RunBatcher(self._send_graph, self._send_call)
         # what this client's references keep alive (runtime/ownership.py)
-        self._refs = Ownership(owner, controller.locate, self.host_of)
+        self._refs = Ownership(owner, controller.locate, self.host_of, self._free_at)
         # which run made each output promise handed out: (run tag, output index)
         self._made: weakref.WeakKeyDictionary[Promise[Any], tuple[str, int]] = (
             weakref.WeakKeyDictionary()
@@ -212,6 +216,21 @@ class Cluster:
             self._direct,
             self._lane,
         )
+
+    def _free_at(self, host: ActorRef[Host], buffer_ids: list[str], owner: str) -> Promise[Any]:
+        """Free ``buffer_ids`` at ``host``: a notice down its lane when this
+        client has one to its process (no answer, so no wake-up of this
+        process for it), else ``free_many`` by call."""
+        lane = self._direct.lane(host) if self._direct is not None else None
+        far = lane.far if lane is not None else None
+        if (
+            lane is not None
+            and far is not None
+            and lane.notify(FREE, -1 - far, (buffer_ids, owner))
+        ):
+            return as_promise(None)
+        freed: Promise[Any] = host.free_many(buffer_ids, owner)
+        return freed
 
     def host_of(self, handle: BufferHandle) -> ActorRef[Host]:
         """The host that holds ``handle``'s buffer, over this client's own link

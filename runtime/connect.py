@@ -30,7 +30,7 @@ from ..kernel import ActorRef, ActorSystem, AtollError, NodeActor
 from ..transports.capnp import CapnpConnection, CapnpTransport, ClusterFile, capnp_runtime
 from ..transports.capnp.bridge import CapnpBridge
 from ..transports.capnp.clusterfile import find_cluster_file
-from .runlanes import Caller, call_lane, lanes_on
+from .runlanes import Caller, call_lane, host_lane, lanes_on
 from .sessions import SessionAnchor, SessionWatcher
 
 if TYPE_CHECKING:
@@ -134,6 +134,17 @@ class DirectHosts:
         self._links: dict[str, tuple[CapnpConnection, ActorRef[Host]]] = {}
         self._tried: dict[str, float] = {}  # address -> when a dial began
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lanes: dict[ActorRef[Host], Caller] = {}  # by the host's reference here
+
+    def lane(self, host: ActorRef[Host]) -> Caller | None:
+        """The lane to the host process ``host`` names (a reference :meth:`get`
+        gave), if there is one."""
+        return self._lanes.get(host)
+
+    def _close_lane(self, host: ActorRef[Host]) -> None:
+        lane = self._lanes.pop(host, None)
+        if lane is not None:
+            lane.close()
 
     def get(self, address: str, host_id: int) -> ActorRef[Host] | None:
         """The host at ``address`` over a link of this client's, if one is up;
@@ -164,13 +175,18 @@ class DirectHosts:
             return
         old = self._links.get(address)
         self._links[address] = (link, ref)
+        if lanes_on():  # frees go to it one way (Cluster.free_at)
+            self._lanes[ref] = host_lane(host_id, ref, self._transport.token)
         if old is not None:
+            self._close_lane(old[1])
             await old[0].aclose()
 
     async def aclose(self) -> None:
         """End the dials under way and close every link."""
         for task in list(self._tasks):
             task.cancel()
+        for host in list(self._lanes):
+            self._close_lane(host)
         links, self._links = list(self._links.values()), {}
         for link, _ in links:
             await link.aclose()

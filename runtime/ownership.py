@@ -73,13 +73,16 @@ class Ownership:
         owner: str,
         locate: Callable[[list[str]], Promise[dict[str, BufferHandle]]] | None = None,
         host_of: Callable[[BufferHandle], ActorRef[Any]] | None = None,
+        free: Callable[[ActorRef[Any], list[str], str], Promise[Any]] | None = None,
     ) -> None:
         """``locate``: where buffers that moved are now (the controller's);
         ``host_of``: the reference to free a handle's buffer at (default:
-        the handle's own)."""
+        the handle's own); ``free(host, ids, owner)``: how (default: its
+        ``free_many``)."""
         self.owner = owner
         self._locate = locate
         self._host_of = host_of or _own_host
+        self._free = free or _free_many
         self.freed = 0  # buffers freed because their references went
         self._post = threadsafe_caller()
         self._live: dict[str, int] = {}  # buffer id -> references alive
@@ -213,7 +216,7 @@ class Ownership:
                 continue
             self._dying.difference_update(dying)
             self.freed += len(dying)
-            sent = host.free_many(dying, self.owner)
+            sent = self._free(host, dying, self.owner)
             sent.add_done_callback(functools.partial(self._unfreed, dying))
 
     def _put_off(
@@ -287,3 +290,8 @@ def _remote(ref: ActorRef[Any]) -> bool:
 
 def _own_host(handle: BufferHandle) -> ActorRef[Any]:
     return handle.host
+
+
+def _free_many(host: ActorRef[Any], buffer_ids: list[str], owner: str) -> Promise[Any]:
+    freed: Promise[Any] = host.free_many(buffer_ids, owner)
+    return freed

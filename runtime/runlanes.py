@@ -44,7 +44,7 @@ from ..devices import _runlane as wire
 from ..kernel import ActorRef, AtollError, HostLost, Promise, failed, forward, then
 from ..transports import oneway
 
-__all__ = ["DIAL_TIMEOUT_S", "Caller", "RunLanes", "call_lane", "lanes_on"]
+__all__ = ["DIAL_TIMEOUT_S", "Caller", "RunLanes", "call_lane", "host_lane", "lanes_on"]
 
 DIAL_TIMEOUT_S = 10.0  # a far end that does not say where its lane is by then is called by capnp
 
@@ -115,6 +115,14 @@ class RunLanes:
 def lanes_on() -> bool:
     """Whether runs go by lane (``ATOLL_RUN_LANES=0``: all by call, for A/B runs)."""
     return os.environ.get("ATOLL_RUN_LANES", "1") != "0"
+
+
+def host_lane(host_id: int, host: ActorRef[Host], token: bytes) -> Caller:
+    """A client's lane to host ``host_id``'s process (for its frees, sent as
+    notices), over ``host``, a reference on the client's own link to it."""
+    lane = Caller(f"host {host_id}", host_id, dict, host.stash, waits=False)
+    lane.start(host.run_lane(), token)
+    return lane
 
 
 def call_lane(
@@ -195,6 +203,19 @@ class Caller:
         if self.link is not None:  # else the dial sends it
             self._drain(target)
         return promise
+
+    def notify(self, kind: int, target: int, args: tuple[Any, ...]) -> bool:
+        """Send a notice (no answer comes back) if the lane is up and holds
+        nothing back for ``target``, and its arguments travel by lane; False
+        if not (the caller sends it by call)."""
+        if self.link is None or self.off or target in self.queued:
+            return False
+        try:
+            data = wire.dumps((args, None), self.far, 0, kind, target)
+        except Exception:  # what needs Cap'n Proto goes by call
+            return False
+        self.link.send(data)
+        return True
 
     def _drain(self, target: int) -> None:
         """Send a target's queued calls in order, until one waits for an input."""
