@@ -25,6 +25,7 @@ import numpy as np
 
 from ..kernel import (
     ActorRef,
+    ActorStopped,
     ActorSystem,
     HostLost,
     Promise,
@@ -239,8 +240,12 @@ def _redirect_unless_landed(
         if pushed.exception() is None and pushed.result():
             out.set_result(True)
             return
-        if pushed.exception() is not None:
-            _log.warning("a push failed; redirecting its reader: %s", pushed.exception())
+        error = pushed.exception()
+        if error is not None:  # a reader's host that is gone, or stopping: no news
+            gone = isinstance(error, (HostLost, ActorStopped))
+            (_log.info if gone else _log.warning)(
+                "a push failed; redirecting its reader: %s", error
+            )
         forward(as_promise(host.redirect_inbox(list(keys), handle)), out)
 
     answer.add_done_callback(done)

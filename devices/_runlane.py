@@ -71,6 +71,7 @@ __all__ = ["DROP", "FORGET", "INSTALL", "RUN", "Aside", "dumps", "loads", "parse
 RUN, INSTALL, DROP, FORGET = 0, 1, 2, 3  # what a message asks of a device
 RUN_GRAPH, RUN_CALL = 4, 5  # ... or of the controller
 FREE = 6  # ... or of a host (target -1 - host id): a notice, with no answer
+SYNC = 7  # answered once every call sent before it on the link was made
 ENDPOINTS = {
     RUN: "run_plan",
     INSTALL: "install_plan",
@@ -78,6 +79,7 @@ ENDPOINTS = {
     RUN_GRAPH: "run_graph",
     RUN_CALL: "run_call",
     FREE: "free_many",
+    SYNC: "sync",
 }
 LARGEST_ARRAY = 1 << 16  # larger arrays go by Cap'n Proto (its data plane)
 # a message's head: its request (numbered by the sender; an answer has the
@@ -370,6 +372,8 @@ class _ControllerEnd(_End):
 
     def deliver(self, kind: int, target: int, args: Any) -> Promise[Any]:
         controller, _ = self._controller(target)
+        if kind == SYNC:  # the calls before it are in the controller's mailbox
+            return _done(None)
         if kind not in (RUN_GRAPH, RUN_CALL):
             raise AtollError(f"a call lane does not take calls of kind {kind}")
         return _settled(getattr(controller, ENDPOINTS[kind])(*args))

@@ -265,7 +265,7 @@ class Cluster:
         buffers go with it, and this client's handles and ``ArrayRef`` s keep
         working. What moved: buffers, bytes, seconds. Asynchronous: the
         runs made before go first; the ones made meanwhile wait for it."""
-        self.flush()
+        await self._in_order()
         devices = list(devices) if devices is not None else None
         report: dict[str, Any] = await self.controller.move_slice(
             slice_.slice_id, devices, host, self.owner
@@ -275,19 +275,20 @@ class Cluster:
     async def suspend(self, slice_: VirtualSlice) -> dict[str, Any]:
         """Give a slice's devices back, its buffers kept in host memory;
         runs on it wait until :meth:`resume`."""
-        self.flush()
+        await self._in_order()
         report: dict[str, Any] = await self.controller.suspend_slice(slice_.slice_id, self.owner)
         return report
 
     async def resume(self, slice_: VirtualSlice) -> dict[str, Any]:
         """Devices again for a suspended slice (maybe others), its buffers on them."""
+        await self._in_order()
         report: dict[str, Any] = await self.controller.resume_slice(slice_.slice_id, self.owner)
         return report
 
     async def drain(self, host: int) -> dict[str, Any]:
         """Move every slice and buffer off ``host``, which then leaves (an
         operator's call: it moves other sessions' slices too)."""
-        self.flush()
+        await self._in_order()
         report: dict[str, Any] = await self.controller.drain_host(host)
         return report
 
@@ -303,7 +304,7 @@ class Cluster:
 
     async def release(self, slice_: VirtualSlice) -> None:
         """Give a slice's devices back."""
-        self.flush()
+        await self._in_order()
         await self.controller.release(slice_.slice_id, self.owner)
 
     async def close(self) -> int:
@@ -312,10 +313,19 @@ class Cluster:
         Its owner label is closed for good: the hosts store nothing more for
         it (its gangs still running fail with ``SessionEnded``), so a client
         that wants to go on needs a label of its own (:meth:`client`)."""
-        self.flush()
+        await self._in_order()
         self._refs.close()
         freed: int = await self.controller.release_owner(self.owner)
         return freed
+
+    async def _in_order(self) -> None:
+        """Send the runs collected so far, and wait until those sent by call
+        lane reached the controller: the Cap'n Proto call that follows
+        travels on another connection, and must come after them."""
+        self.flush()
+        barrier = self._lane.sync() if self._lane is not None else None
+        if barrier is not None:
+            await barrier
 
     def flush(self) -> None:
         """Send the ``run`` calls collected in this loop turn now (they go

@@ -36,12 +36,12 @@ import logging
 import os
 import secrets
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..devices import Host
 from ..devices import _runlane as wire
-from ..kernel import ActorRef, AtollError, HostLost, Promise, failed, forward, then
+from ..kernel import ActorRef, AtollError, HostLost, Promise, as_promise, failed, forward, then
 from ..transports import oneway
 
 __all__ = ["DIAL_TIMEOUT_S", "Caller", "RunLanes", "call_lane", "host_lane", "lanes_on"]
@@ -174,11 +174,11 @@ class Caller:
     def start(self, where: Promise[Any], token: bytes) -> None:
         """Dial where the far end says (``"host:port"``, or with its target
         id), in the background."""
-        self.task = asyncio.ensure_future(self._dial(_asked(where), token))
+        self.task = asyncio.ensure_future(self._dial(where, token))
 
-    async def _dial(self, where: Awaitable[Any], token: bytes) -> None:
+    async def _dial(self, where: Promise[Any], token: bytes) -> None:
         try:
-            address = await asyncio.wait_for(where, DIAL_TIMEOUT_S)
+            address = await asyncio.wait_for(_asked(where), DIAL_TIMEOUT_S)
             if isinstance(address, tuple):
                 address, self.target = address
             if address:
@@ -203,6 +203,15 @@ class Caller:
         if self.link is not None:  # else the dial sends it
             self._drain(target)
         return promise
+
+    def sync(self) -> Promise[Any] | None:
+        """A promise that settles once every call sent before now reached
+        the far end's actor (None: nothing is on its way). A caller awaits
+        it before a Cap'n Proto call that must come after them (they travel
+        on another connection)."""
+        if self.off or (not self.pending and not self.queued):
+            return None
+        return self.call(wire.SYNC, 0, (), lambda: as_promise(None))
 
     def notify(self, kind: int, target: int, args: tuple[Any, ...]) -> bool:
         """Send a notice (no answer comes back) if the lane is up and holds

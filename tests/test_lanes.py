@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from atoll.benchmarks.faults import up_cluster
-from atoll.devices import BufferHandle, Computation
+from atoll.devices import Aval, BufferHandle, Computation
 from atoll.devices import _runlane as wire
 from atoll.kernel import HostLost, Promise, failed, process_counters
+from atoll.runtime import GraphBuilder
 from atoll.runtime.connect import connect
 from atoll.runtime.runlanes import Caller
 from atoll.transports import oneway
@@ -201,3 +202,28 @@ async def test_runs_go_by_lane_and_a_pipelined_promise_still_reaches_its_run(
         await asyncio.sleep(0)  # its batch leaves: the next call gets its promise
         second = handle.run(step, 1, [first])  # on the other host, before first settled
         np.testing.assert_array_equal(await handle.fetch(second), np.full(2, 23.0))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_release_made_after_a_run_reaches_the_controller_after_it(
+    tmp_path: Path,
+) -> None:
+    """The run goes by call lane and the release by Cap'n Proto, two
+    connections: the release waits until the runs sent before it are in
+    the controller's mailbox, so the run is planned on a slice still held."""
+    step = Computation("plus1", _plus_one, flops=1e3)
+    scalar = Aval((), "float32")
+    async with (
+        capnp_runtime(),
+        up_cluster(2, tmp_path, "3d" * 16) as cluster,
+        connect(cluster.cluster_file) as client,
+    ):
+        handle = await client.cluster("order")
+        for attempt in range(20):
+            slice_ = await handle.devices(1)
+            builder = GraphBuilder()
+            (out,) = builder.add(step, slice_, [builder.input(scalar)], [scalar])
+            [result] = handle.run_graph(builder.build([out]), [np.float32(attempt)])
+            await handle.release(slice_)  # right after: the run is not back yet
+            assert float(await handle.fetch(result)) == attempt + 1.0
