@@ -5,6 +5,9 @@ Measured on loopback, against baselines run in the same invocation:
 * ``pycapnp-raw``: a bare pycapnp server in its own process (one trivial
   method, and a byte buffer read in 1 MiB chunks, 4 in flight): the floor
   under atoll's own layers;
+* ``atoll-lane``: the one-way links that runs take between processes
+  (``transports/oneway.py``, with the run lanes' codec): a call and its
+  answer as two messages, echoed by an actor in the node's process;
 * ``ray``: the peer script ``shared/peers/bench_ray.py`` (W1 op-by-op and W5
   64 MiB hand-off), when a Python with Ray is available (``--ray-python``).
 
@@ -43,7 +46,9 @@ from atoll.benchmarks._common import (
     unit_column,
 )
 from atoll.benchmarks.peers_ray import PeerFigure, ray_figures
-from atoll.kernel import ActorSystem
+from atoll.devices import _runlane as lanes
+from atoll.kernel import Actor, ActorSystem, endpoint
+from atoll.transports import oneway
 from atoll.transports.capnp import CapnpTransport, capnp_runtime, default_token
 from atoll.transports.capnp._schema import schema
 from atoll.transports.testing import READY_PREFIX, NodeProcess
@@ -105,9 +110,60 @@ async def _atoll_rows(address: str, token: bytes, quick: bool) -> list[Row]:
             rows = await _call_rows("atoll", lambda: echo.echo(1.0), calls)
             rows += await _chain_rows(node, reps)
             rows += await _bulk_rows("atoll", functools.partial(_send, echo), 3 if quick else 7)
+            rows += await _lane_rows(node, token, calls)
         finally:
             await connection.aclose()
     return rows
+
+
+class LaneEcho(Actor):
+    """Answers every message on its lane with its arguments (in the node's process)."""
+
+    def __init__(self, token: bytes) -> None:
+        self.token = token
+        self.where = ""
+
+    async def on_start(self) -> None:
+        self.where = await oneway.serve("echo", "127.0.0.1", self.token, _echo, lambda _: None)
+
+    @endpoint
+    def address(self) -> str:
+        return self.where
+
+
+def _echo(link: oneway.Link, messages: list[bytes]) -> None:
+    for data in messages:
+        request, _, _, body = lanes.parse(data)
+        args, _ = lanes.loads(body, {})
+        link.send(lanes.dumps((None, args), None, request))
+
+
+async def _lane_rows(node: Any, token: bytes, calls: int) -> list[Row]:
+    """A small call and its answer over a lane, as the call lanes send them."""
+    echo = await node.spawn(f"{__name__}:LaneEcho", token)
+    waiting: dict[int, asyncio.Future[Any]] = {}
+
+    def answers(link: oneway.Link, messages: list[bytes]) -> None:
+        for data in messages:
+            request, _, _, body = lanes.parse(data)
+            waiting.pop(request).set_result(lanes.loads(body, {})[1])
+
+    link = await oneway.connect(await echo.address(), token, answers, lambda _: None)
+    numbers = iter(range(1, 1 << 62))
+
+    async def call() -> Any:
+        request = next(numbers)
+        waiting[request] = asyncio.get_running_loop().create_future()
+        link.send(lanes.dumps(((1.0,), None), None, request, lanes.RUN_CALL, 0))
+        return await waiting[request]
+
+    try:
+        _progress("atoll-lane: small-call latency, calls in flight")
+        for _ in range(100):
+            await call()
+        return await _call_rows("atoll-lane", call, calls)
+    finally:
+        link.close()
 
 
 async def _chain_rows(node: Any, reps: int) -> list[Row]:
@@ -242,23 +298,25 @@ RAY = [
 
 
 # -- table and entry point ---------------------------------------------------------
-def _ratio(other: str) -> Column:
-    """atoll's value over ``other``'s, for the cases both measured."""
+def _ratio(other: str, mine_: str = "atoll") -> Column:
+    """``mine_``'s value over ``other``'s, for the cases both measured."""
 
     def cell(group: Mapping[str, Row]) -> str:
-        mine, theirs = group.get("atoll"), group.get(other)
+        mine, theirs = group.get(mine_), group.get(other)
         if mine is None or theirs is None or mine.value is None or not theirs.value:
             return "-"
         return f"{mine.value / theirs.value:.2f}x"
 
-    return Column(f"atoll/{other.removeprefix('pycapnp-')}", 10, cell)
+    short = mine_.removeprefix("atoll-")
+    return Column(f"{short}/{other.removeprefix('pycapnp-')}", 10, cell)
 
 
-SYSTEMS = ["atoll", "atoll-trio-bridge", "pycapnp-raw", "ray"]
+SYSTEMS = ["atoll", "atoll-lane", "atoll-trio-bridge", "pycapnp-raw", "ray"]
 COLUMNS = [
     *(system_column(system, 17) for system in SYSTEMS),
     unit_column(7),
     _ratio("pycapnp-raw"),
+    _ratio("pycapnp-raw", "atoll-lane"),
     _ratio("ray"),
 ]
 

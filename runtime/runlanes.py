@@ -265,6 +265,8 @@ class Caller:
             data = b""
         except Exception:  # what plain pickle cannot take
             data = b""
+        if len(data) > oneway.MAX_MESSAGE:  # too large for a lane: beside it, by call
+            data = b""
         self.pending[request] = promise
         if data:
             self.link.send(data)
@@ -313,7 +315,7 @@ class Caller:
         pending, self.pending = self.pending, {}
         for promise in pending.values():
             if not promise.done():
-                promise.set_exception(HostLost(f"the lane to {self.name} closed"))
+                promise.set_exception(HostLost(f"{self.name} is gone or cut off (its lane closed)"))
         self.waiting.clear()
         for target in list(self.queued):
             self._drain(target)

@@ -198,9 +198,9 @@ async def test_atoll_top_draws_one_frame_of_devices_and_sessions(up: Up) -> None
     out = io.StringIO()
     async with connect(up.cluster_file) as client:
         cluster = await client.cluster("top-test")
-        outputs = [cluster.run(source, i % 2, []) for i in range(300)]  # 1.5 s on each device
-        async with anyio.create_task_group() as group:
-            group.start_soon(top, up.cluster_file, 0.2, True, Console(file=out, width=120))
+        outputs = [cluster.run(source, i % 2, []) for i in range(400)]  # 2 s on each device
+        async with anyio.create_task_group() as group:  # a 0.5 s window: a loaded machine
+            group.start_soon(top, up.cluster_file, 0.5, True, Console(file=out, width=120))
             for output in outputs:
                 await cluster.ready(output)
     drawn = out.getvalue()

@@ -32,7 +32,16 @@ from collections.abc import Callable
 
 from ..kernel.lowlevel import counts
 
-__all__ = ["HELLO_TIMEOUT_S", "Link", "aclose", "connect", "serve"]
+__all__ = [
+    "HELLO_TIMEOUT_S",
+    "MAX_MESSAGE",
+    "Link",
+    "aclose",
+    "connect",
+    "hello",
+    "serve",
+    "take_hello",
+]
 
 MAGIC = b"AOW1"
 MAX_MESSAGE = 1 << 26
@@ -115,18 +124,12 @@ class Link(asyncio.Protocol):
             self.on_messages(self, messages)
 
     def _hello(self) -> bool:
-        if len(self._in) < _HELLO.size:
-            return False
-        magic, size = _HELLO.unpack_from(self._in)
-        if len(self._in) < _HELLO.size + size:
-            return False
-        offered = bytes(self._in[_HELLO.size : _HELLO.size + size])
-        assert self._token is not None
-        if magic != MAGIC or not self._token or not hmac.compare_digest(offered, self._token):
+        shown = take_hello(self._in, MAGIC, self._token or b"")
+        if shown is False:
             _log.warning("a one-way link refused: wrong cluster token")
             self.close()
+        if not shown:
             return False
-        del self._in[: _HELLO.size + size]
         self._trusted = True
         if self._deadline is not None:
             self._deadline.cancel()
@@ -150,6 +153,28 @@ class Link(asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.on_lost(self)
+
+
+def hello(magic: bytes, token: bytes) -> bytes:
+    """What a dialler writes first: ``magic``, then the cluster token."""
+    return _HELLO.pack(magic, len(token)) + token
+
+
+def take_hello(buffer: bytearray, magic: bytes, token: bytes) -> bool | None:
+    """A dialler's hello (magic, token length, token) at the start of
+    ``buffer``: True if it is whole and shows ``token`` (it is taken off the
+    buffer), False if it is wrong, None while it is not all there. Tokens
+    are compared in constant time; an empty ``token`` admits no one."""
+    if len(buffer) < _HELLO.size:
+        return None
+    shown, size = _HELLO.unpack_from(buffer)
+    if len(buffer) < _HELLO.size + size:
+        return None
+    offered = bytes(buffer[_HELLO.size : _HELLO.size + size])
+    if shown != magic or not token or not hmac.compare_digest(offered, token):
+        return False
+    del buffer[: _HELLO.size + size]
+    return True
 
 
 _servers: dict[tuple[asyncio.AbstractEventLoop, str], tuple[asyncio.Server, str]] = {}
@@ -180,7 +205,7 @@ async def connect(
     loop = asyncio.get_running_loop()
     _, link = await loop.create_connection(lambda: Link(on_messages, on_lost), host, int(port))
     assert link.transport is not None
-    link.transport.write(_HELLO.pack(MAGIC, len(token)) + token)
+    link.transport.write(hello(MAGIC, token))
     _dialled.setdefault(loop, set()).add(link)
     return link
 

@@ -33,7 +33,6 @@ Cap'n Proto. :func:`send` is synchronous once :func:`connect` made the link.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import os
 import pickle
@@ -46,6 +45,7 @@ import numpy as np
 
 from ...kernel import Clock, Timer, current_clock
 from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
+from ..oneway import hello, take_hello
 
 __all__ = [
     "MAX_BODY",
@@ -65,7 +65,6 @@ MAX_BODY = 1 << 14  # lanes are for small values; larger ones take the data plan
 HELLO_TIMEOUT_S = 5.0  # a connection that has not shown the token by then is closed
 ACK_DELAY_S = float(os.environ.get("ATOLL_LANE_ACK_S", "0.005"))
 ACK_EVERY = 256  # frames delivered that are acknowledged at once, whatever the delay
-_HELLO = struct.Struct("!4sH")  # magic, token length
 _FRAME = struct.Struct("!IQ")  # header bytes, body bytes
 _ACK = struct.Struct("!Q")  # frames delivered so far on this connection
 
@@ -192,7 +191,7 @@ class _Link(asyncio.Protocol):
 
     def hello(self, token: bytes) -> None:
         if self.transport is not None:
-            self.transport.write(_HELLO.pack(MAGIC, len(token)) + token)
+            self.transport.write(hello(MAGIC, token))
 
     def send(self, message: LaneMessage, fallback: Fallback) -> None:
         array = message.array  # tobytes() gives C order; 0-d stays 0-d
@@ -263,18 +262,13 @@ class _Receiver(asyncio.Protocol):
             pass
 
     def _hello(self) -> bool:
-        if len(self.buffer) < _HELLO.size:
-            return False
-        magic, size = _HELLO.unpack_from(self.buffer)
-        if len(self.buffer) < _HELLO.size + size:
-            return False
-        offered = bytes(self.buffer[_HELLO.size : _HELLO.size + size])
-        if magic != MAGIC or not self.token or not hmac.compare_digest(offered, self.token):
+        shown = take_hello(self.buffer, MAGIC, self.token)
+        if shown is False:
             stats["refused"] += 1
             _log.warning("lane refused: wrong cluster token")
             self._drop()
+        if not shown:
             return False
-        del self.buffer[: _HELLO.size + size]
         self.trusted = True
         if self._deadline is not None:
             self._deadline.cancel()
