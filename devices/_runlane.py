@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import itertools
 import logging
 import pickle
 import struct
@@ -72,6 +73,7 @@ RUN, INSTALL, DROP, FORGET = 0, 1, 2, 3  # what a message asks of a device
 RUN_GRAPH, RUN_CALL = 4, 5  # ... or of the controller
 FREE = 6  # ... or of a host (target -1 - host id): a notice, with no answer
 SYNC = 7  # answered once every call sent before it on the link was made
+RUN_GANG = 8  # a device's shard of a gang that is not part of a compiled run
 ENDPOINTS = {
     RUN: "run_plan",
     INSTALL: "install_plan",
@@ -80,6 +82,7 @@ ENDPOINTS = {
     RUN_CALL: "run_call",
     FREE: "free_many",
     SYNC: "sync",
+    RUN_GANG: "run_gang",
 }
 LARGEST_ARRAY = 1 << 16  # larger arrays go by Cap'n Proto (its data plane)
 # a message's head: its request (numbered by the sender; an answer has the
@@ -189,6 +192,7 @@ _hosts: dict[int, ActorRef[Host]] = {}  # the hosts of this process, by id
 _devices: dict[int, ActorRef[Device]] = {}  # their devices, by id
 _device_host: dict[int, int] = {}  # the host of each of them
 _controllers: dict[int, tuple[ActorRef[Any], Sequence[ActorRef[Host]]]] = {}  # by target id
+_controller_ids = itertools.count(1)  # never reused: a stale lane cannot reach a newer one
 _stashed: dict[str, tuple[Any, ...]] = {}  # arguments that came by Cap'n Proto, by ticket
 _forgotten: dict[str, BaseException] = {}  # tickets whose arguments will not come
 _waiting: set[_End] = set()  # ends where a target's next call waits for its ticket
@@ -211,7 +215,7 @@ def unregister(host_id: int, devices: Iterable[int]) -> None:
 def register_controller(controller: ActorRef[Any], hosts: Sequence[ActorRef[Host]]) -> int:
     """Deliver clients' calls to ``controller`` (whose hosts are ``hosts``, a
     live list); returns the target id its clients name."""
-    target = max(_controllers, default=0) + 1
+    target = next(_controller_ids)
     _controllers[target] = (controller, hosts)
     return target
 
@@ -253,7 +257,7 @@ def stash(ticket: str, args: tuple[Any, ...]) -> None:
     """The arguments of the call sent with ``ticket`` (see the module docstring)."""
     _stashed[ticket] = args
     loop = asyncio.get_running_loop()
-    for end in [end for end in _waiting if end.loop is loop]:
+    for end in [end for end in list(_waiting) if end.loop is loop]:
         end.drain_all()
 
 
@@ -334,7 +338,8 @@ class _End:
         try:
             data = dumps((error, None if error else answer.result()), here, request)
         except Exception as exc:  # an answer that cannot travel says why
-            data = dumps((_cannot_send(answer.result(), exc), None), here, request)
+            unsent = error if error is not None else answer.result()
+            data = dumps((_cannot_send(unsent, exc), None), here, request)
         self.link.send(data)
 
 

@@ -324,8 +324,9 @@ class Cluster:
         travels on another connection, and must come after them."""
         self.flush()
         barrier = self._lane.sync() if self._lane is not None else None
-        if barrier is not None:
-            await barrier
+        if barrier is not None:  # settled either way: a lost lane failed what it had
+            with contextlib.suppress(Exception):
+                await barrier
 
     def flush(self) -> None:
         """Send the ``run`` calls collected in this loop turn now (they go

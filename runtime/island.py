@@ -241,7 +241,7 @@ class IslandScheduler(Actor):
                 continue
             task, inputs, owner, result, sent = self._pending[gang_id]
             given = _unpushed(task, inputs) if device == task.leader else inputs
-            promise = over(self.wire, self.devices[device]).run_gang(task, given, owner)
+            promise = self._call(device, runlane.RUN_GANG, task, given, owner)
             promise.add_done_callback(functools.partial(self._report, gang_id, device))
             self._running[gang_id] = self._running.get(gang_id, 0) + 1
             if device == task.leader:

@@ -178,17 +178,21 @@ class Caller:
 
     async def _dial(self, where: Promise[Any], token: bytes) -> None:
         try:
-            address = await asyncio.wait_for(_asked(where), DIAL_TIMEOUT_S)
-            if isinstance(address, tuple):
-                address, self.target = address
-            if address:
-                self.link = await oneway.connect(address, token, self._answers, self._lost)
+            self.link = await asyncio.wait_for(self._connect(where, token), DIAL_TIMEOUT_S)
         except Exception as exc:  # no lane: Cap'n Proto does it all
             _log.info("no lane to %s: %s", self.name, exc)
         if self.link is None:
             self.off = True
         for target in list(self.queued):
             self._drain(target)
+
+    async def _connect(self, where: Promise[Any], token: bytes) -> oneway.Link | None:
+        address = await where
+        if isinstance(address, tuple):
+            address, self.target = address
+        if not address:
+            return None
+        return await oneway.connect(address, token, self._answers, self._lost)
 
     def call(
         self, kind: int, target: int, args: tuple[Any, ...], fallback: Fallback
@@ -321,16 +325,20 @@ class Caller:
             self._drain(target)
 
     def close(self) -> None:
+        """Give the lane up: what was sent on it or waits for it fails with
+        ``HostLost`` now (its far end is lost, replaced, or this end goes)."""
         self.off = True
         if self.task is not None:
             self.task.cancel()
+        lost = HostLost(f"the lane to {self.name} was closed")
         queued, self.queued = self.queued, {}
+        pending, self.pending = self.pending, {}
+        self.waiting.clear()
         for calls in queued.values():
             for *_, promise in calls:
-                promise.set_exception(HostLost(f"the lane to {self.name} was closed"))
+                promise.set_exception(lost)
+        for promise in pending.values():
+            if not promise.done():
+                promise.set_exception(lost)
         if self.link is not None:
-            self.link.close()
-
-
-async def _asked(answer: Promise[Any]) -> Any:
-    return await answer
+            self.link.abort()

@@ -227,3 +227,25 @@ async def test_a_release_made_after_a_run_reaches_the_controller_after_it(
             [result] = handle.run_graph(builder.build([out]), [np.float32(attempt)])
             await handle.release(slice_)  # right after: the run is not back yet
             assert float(await handle.fetch(result)) == attempt + 1.0
+
+
+async def test_giving_a_lane_up_fails_what_was_sent_on_it_at_once() -> None:
+    """As for a frozen host: its socket may never drain, so a close that
+    waited for it would leave the calls sent on it waiting."""
+
+    class Mute(_Far):
+        def received(self, link: oneway.Link, messages: list[bytes]) -> None:
+            pass  # takes the calls, answers none, stays open
+
+    caller = await _caller(Mute(), waits=True)
+    try:
+        sent = caller.call(wire.RUN, 1, ("x",), lambda: failed(KeyError("by call")))
+        for _ in range(100):
+            if caller.pending:
+                break
+            await asyncio.sleep(0.01)
+        caller.close()
+        with pytest.raises(HostLost):
+            await sent
+    finally:
+        await oneway.aclose()

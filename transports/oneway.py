@@ -76,6 +76,7 @@ class Link(asyncio.Protocol):
         self._in = bytearray()
         self._out: list[bytes] = []
         self._deadline: asyncio.TimerHandle | None = None
+        self.dialled: set[Link] = set()  # the dialled links of its loop, if it was dialled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -144,12 +145,17 @@ class Link(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def abort(self) -> None:
+        """Close at once, unsent bytes dropped (a peer that stopped reading
+        would hold a plain close for ever)."""
+        if self.transport is not None:
+            self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
         self._out = []
-        for links in _dialled.values():
-            links.discard(self)
+        self.dialled.discard(self)  # (its own loop's set: another loop's may be changing)
         if not self.closed:
             self.closed = True
             self.on_lost(self)
@@ -206,7 +212,8 @@ async def connect(
     _, link = await loop.create_connection(lambda: Link(on_messages, on_lost), host, int(port))
     assert link.transport is not None
     link.transport.write(hello(MAGIC, token))
-    _dialled.setdefault(loop, set()).add(link)
+    link.dialled = _dialled.setdefault(loop, set())
+    link.dialled.add(link)
     return link
 
 
