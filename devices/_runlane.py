@@ -35,6 +35,7 @@ import itertools
 import logging
 import pickle
 import struct
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -195,6 +196,8 @@ _controllers: dict[int, tuple[ActorRef[Any], Sequence[ActorRef[Host]]]] = {}  # 
 _controller_ids = itertools.count(1)  # never reused: a stale lane cannot reach a newer one
 _stashed: dict[str, tuple[Any, ...]] = {}  # arguments that came by Cap'n Proto, by ticket
 _forgotten: dict[str, BaseException] = {}  # tickets whose arguments will not come
+_arrived: dict[str, float] = {}  # when each of those came (monotonic), oldest first
+KEPT_S = 300.0  # a ticket's arguments whose call has not come by then never will (its lane died)
 _waiting: set[_End] = set()  # ends where a target's next call waits for its ticket
 
 
@@ -256,9 +259,24 @@ def _ends(
 def stash(ticket: str, args: tuple[Any, ...]) -> None:
     """The arguments of the call sent with ``ticket`` (see the module docstring)."""
     _stashed[ticket] = args
+    _kept(ticket)
     loop = asyncio.get_running_loop()
     for end in [end for end in list(_waiting) if end.loop is loop]:
         end.drain_all()
+
+
+def _kept(ticket: str) -> None:
+    """Note when ``ticket``'s arguments (or why they will not come) arrived,
+    and drop those that waited ``KEPT_S`` for a call that never came."""
+    now = time.monotonic()
+    _arrived[ticket] = now
+    while _arrived:
+        oldest, since = next(iter(_arrived.items()))
+        if now - since < KEPT_S:
+            break
+        del _arrived[oldest]
+        _stashed.pop(oldest, None)
+        _forgotten.pop(oldest, None)
 
 
 class _End:
@@ -294,6 +312,7 @@ class _End:
                 args, ticket, error = None, None, _unreadable(exc, target, kind)
             if kind == FORGET:  # its ticket's arguments will not come: args is why
                 _forgotten[ticket] = args
+                _kept(ticket)
                 targets.update(dict.fromkeys(self.calls))
                 continue
             self.calls.setdefault(target, deque()).append((request, kind, args, ticket, error))
@@ -314,8 +333,10 @@ class _End:
             if ticket is not None and error is None:
                 if ticket in _forgotten:
                     error = _forgotten.pop(ticket)
+                    _arrived.pop(ticket, None)
                 elif ticket in _stashed:
                     args = _stashed.pop(ticket)
+                    _arrived.pop(ticket, None)
                 else:
                     _waiting.add(self)
                     return

@@ -249,3 +249,17 @@ async def test_giving_a_lane_up_fails_what_was_sent_on_it_at_once() -> None:
             await sent
     finally:
         await oneway.aclose()
+
+
+async def test_arguments_whose_call_never_came_are_dropped_in_time() -> None:
+    """A ticket's arguments that came by Cap'n Proto after their lane died
+    (the call with the ticket never arrives) do not stay for ever."""
+    wire.stash("lanes-test/old", (1,))
+    wire._arrived["lanes-test/old"] -= wire.KEPT_S + 1  # as if it came long ago
+    wire.stash("lanes-test/new", (2,))
+    try:
+        assert "lanes-test/old" not in wire._stashed
+        assert wire._stashed["lanes-test/new"] == (2,)
+    finally:
+        wire._stashed.pop("lanes-test/new", None)
+        wire._arrived.pop("lanes-test/new", None)
