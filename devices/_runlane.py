@@ -1,4 +1,4 @@
-"""Run lanes: how an island's parts of runs reach the devices of a host process.
+"""Run lanes and call lanes: how runs travel between processes, one way.
 
 Over Cap'n Proto each part of a compiled run (``Device.run_plan``) was a
 call and its answer: two messages, a ``Finish``, and a wake-up of each
@@ -15,15 +15,16 @@ What this module holds:
   island's reference to it). Anything that needs Cap'n Proto (a reference to
   an actor, an unresolved promise, a handle of another host, a large array)
   raises :class:`Aside`;
-* the **host's end**: delivers calls to its devices in the order they were
-  sent, and sends back each answer. A call whose arguments needed Cap'n
-  Proto comes with a *ticket*: its arguments come through
-  :meth:`Host.stash <atoll.devices.Host.stash>` instead (a Cap'n Proto call
-  that keeps their promises), and the calls behind it on the link wait until
-  they are there, so the order holds.
+* the **receiving ends**: a host process's (calls to its devices, and
+  clients' frees at its host) and the controller's (clients' runs). Each
+  makes a target's calls in the order they were sent and sends back each
+  answer. A call whose arguments needed Cap'n Proto comes with a *ticket*:
+  its arguments come through ``Host.stash`` or ``Controller.stash`` instead
+  (a Cap'n Proto call that keeps their promises), and the target's calls
+  behind it wait until they are there, so the order holds.
 
-The island's end is :mod:`atoll.runtime.runlanes`. Everything runs on the
-host process's event loop (asyncio, where Cap'n Proto runs).
+The calling ends are :mod:`atoll.runtime.runlanes`. Everything runs on the
+process's event loop (asyncio, where Cap'n Proto runs).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from ..kernel import (
     BadCall,
     Promise,
     all_settled,
+    as_promise,
     failed,
     flatten,
     log_failure,
@@ -399,7 +401,7 @@ class _ControllerEnd(_End):
     def deliver(self, kind: int, target: int, args: Any) -> Promise[Any]:
         controller, _ = self._controller(target)
         if kind == SYNC:  # the calls before it are in the controller's mailbox
-            return _done(None)
+            return as_promise(None)
         if kind not in (RUN_GRAPH, RUN_CALL):
             raise AtollError(f"a call lane does not take calls of kind {kind}")
         return _settled(getattr(controller, ENDPOINTS[kind])(*args))
@@ -418,15 +420,9 @@ def _settled(answer: Promise[Any]) -> Promise[Any]:
 
     def whole(values: Any) -> Promise[Any]:
         inner = [v for v in values if isinstance(v, Promise)]
-        return then(all_settled(inner), lambda _: values) if inner else _done(values)
+        return then(all_settled(inner), lambda _: values) if inner else as_promise(values)
 
     return flatten(then(answer, whole))
-
-
-def _done(value: Any) -> Promise[Any]:
-    promise: Promise[Any] = Promise("answer")
-    promise.set_result(value)
-    return promise
 
 
 def _cannot_send(value: Any, error: Exception) -> BadCall:
@@ -438,11 +434,8 @@ def _cannot_send(value: Any, error: Exception) -> BadCall:
 
 
 def _unreadable(error: Exception, target: int, kind: int) -> BadCall:
-    """What a call whose arguments cannot be decoded here answers (as Cap'n
-    Proto's codec says it): its error's type, message and traceback."""
-    cause = f"{type(error).__name__}: {error}"
-    name = ENDPOINTS.get(kind, str(kind))
-    message = f"{name} (target {target}): its arguments could not be decoded: {cause}"
-    kind_name = f"{type(error).__module__}.{type(error).__qualname__}"
-    text = "".join(traceback.format_exception(error))
-    return BadCall(message, kind_name, text)
+    """What a call whose arguments cannot be decoded here answers: what
+    Cap'n Proto's codec answers then (its error's type, message and traceback)."""
+    from ..transports.capnp._codec import undecodable  # loaded wherever lanes run
+
+    return undecodable(error, f"target{target}", ENDPOINTS.get(kind, str(kind)))
