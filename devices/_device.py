@@ -21,7 +21,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import anyio
 import numpy as np
@@ -29,6 +29,7 @@ import numpy as np
 from ..kernel import (
     Actor,
     ActorRef,
+    ActorStopped,
     AtollError,
     Clock,
     Promise,
@@ -57,6 +58,8 @@ if TYPE_CHECKING:
     from ._host import Host
 
 __all__ = ["PLANS_KEPT", "Device", "Made", "live_stats"]
+
+T = TypeVar("T")
 
 _log = logging.getLogger(__name__)
 
@@ -220,9 +223,10 @@ class Device(Actor):
             outputs = await self._run_here(task, inputs, owner)
         except _InputFailed as failure:  # as it is, not boxed
             return failed(failure.error)
+        later = self.answer_after(outputs) if self.device_id == task.leader else None
         if self.device_id == task.leader and task.push:
-            return await self.push_outputs(task.push, outputs, owner, None)
-        return outputs
+            return _after(later, await self.push_outputs(task.push, outputs, owner, None))
+        return outputs if later is None else _after(later, as_promise(outputs))
 
     async def _run_here(
         self, task: GangTask, inputs: Sequence[Any], owner: str
@@ -266,8 +270,56 @@ class Device(Actor):
         owner: str,
         held: list[str] | None,
     ) -> Promise[list[BufferHandle]]:
-        """Push a gang's outputs to their readers' hosts (``Pusher.push``)."""
-        return await self.pusher.push(targets, outputs, owner, held)
+        """Push a gang's outputs to their readers' hosts (``Pusher.push``).
+
+        Outputs that do not exist yet (a device that runs ahead: futures in
+        the store) go to readers on this host now, and to readers elsewhere
+        once they exist (a task of this device's waits, off its path)."""
+        ready = self._pending(outputs)
+        remote = [t for t in targets if t.host_id != self.host_id]
+        if ready is None or not remote:
+            return await self.pusher.push(targets, outputs, owner, held)
+        for target in targets:
+            if target.host_id == self.host_id:
+                self.pusher.deliver_here(target, outputs[target.output])
+        pushed: Promise[list[BufferHandle]] = Promise("pushed once computed")
+        self.ctx.start_soon(self._push_when_ready, ready, remote, outputs, owner, held, pushed)
+        return pushed
+
+    async def _push_when_ready(
+        self,
+        ready: Promise[None],
+        targets: Sequence[PushTarget],
+        outputs: list[BufferHandle],
+        owner: str,
+        held: list[str] | None,
+        pushed: Promise[list[BufferHandle]],
+    ) -> None:
+        try:
+            try:
+                await ready
+            except Exception as exc:  # never computed: its readers fail with why
+                await self.pusher.fail(targets, exc)
+                self.pusher.drop(outputs)
+                raise
+            forward(await self.pusher.push(targets, outputs, owner, held), pushed)
+        except Exception as exc:
+            pushed.set_exception(exc)
+        except BaseException:  # cancelled: the device stopped
+            pushed.set_exception(ActorStopped(f"device {self.device_id} stopped"))
+            raise
+
+    def _pending(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
+        """One promise that every output here exists (None: they all do)."""
+        pending = []
+        for handle in outputs:
+            with suppress(BufferMissing):
+                promise = self.store.pending(handle.id)
+                if promise is not None and promise not in pending:
+                    pending.append(promise)
+        if not pending:
+            return None
+        return pending[0] if len(pending) == 1 else _every(pending)
 
     @endpoint
     def install_plan(self, program: DeviceProgram) -> None:
@@ -473,13 +525,26 @@ class Device(Actor):
             return failed(exc)
         if self.device_id != task.leader:
             return as_promise(outputs)
-        made = Made(outputs, pushed=bool(task.push))
+        later = self.answer_after(outputs)
+        made = Made(outputs, pushed=bool(task.push) or later is not None)
         if task.push:
             try:
-                forward(await self.push_outputs(task.push, outputs, owner, held), made)
+                forward(
+                    _after(later, await self.push_outputs(task.push, outputs, owner, held)), made
+                )
             except Exception as exc:
                 made.set_exception(exc)
+        elif later is not None:
+            forward(_after(later, as_promise(outputs)), made)
         return made
+
+    def answer_after(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
+        """What an answer naming ``outputs`` waits for (None: nothing, it may
+        go now). A device whose handles carry small values themselves
+        (``BufferHandle.of``) answers once those values exist; one whose
+        outputs are futures in the store answers at once, and readers wait
+        for the bytes where they need them."""
+        return None
 
     def _planned(
         self,
@@ -730,3 +795,36 @@ def _release_points(program: DeviceProgram) -> list[list[int]]:
         points[max(step, last.get(gang.node, step))].append(step)
     assert all(index[node] <= at for node, at in last.items())
     return points
+
+
+def _every(promises: Sequence[Promise[None]]) -> Promise[None]:
+    """Settles once all of ``promises`` did: with the first error, if any."""
+    out: Promise[None] = Promise("every output")
+
+    def settled(_: Promise[None]) -> None:
+        errors = [e for p in promises if (e := p.exception()) is not None]
+        if errors:
+            out.set_exception(errors[0])
+        else:
+            out.set_result(None)
+
+    all_settled(promises).add_done_callback(settled)
+    return out
+
+
+def _after(later: Promise[None] | None, promise: Promise[T]) -> Promise[T]:
+    """``promise``, settled no sooner than ``later`` (failed with its error, if
+    it fails: the outputs it stands for never came to exist)."""
+    if later is None:
+        return promise
+    out: Promise[T] = Promise("after")
+
+    def settled(_: Promise[None]) -> None:
+        error = later.exception()
+        if error is not None:
+            out.set_exception(error)
+        else:
+            forward(promise, out)
+
+    later.add_done_callback(settled)
+    return out

@@ -58,10 +58,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..kernel import ActorStopped, Promise, all_settled, endpoint, failed, forward
+from ..kernel import Promise, endpoint, failed
 from . import _jax_multi, timeline
 from ._device import Device, Made
-from ._gang import GangTask, PushTarget
+from ._gang import GangTask
 from ._host import Host
 from ._inflight import WINDOW, InFlight
 from ._jax_fused import FusedSegment, SegmentCache, fusing, segments
@@ -508,61 +508,6 @@ class JaxDevice(Device):
             return
         super().ran(task, owner, began, busy_s, leader)
 
-    async def push_outputs(
-        self,
-        targets: Sequence[PushTarget],
-        outputs: list[BufferHandle],
-        owner: str,
-        held: list[str] | None,
-    ) -> Promise[list[BufferHandle]]:
-        """Readers on this host get the futures now; readers elsewhere get the
-        bytes once they exist (a task of this device's waits, off its path)."""
-        ready = self._pending(outputs)
-        remote = [t for t in targets if t.host_id != self.host_id]
-        if ready is None or not remote:
-            return await super().push_outputs(targets, outputs, owner, held)
-        for target in targets:
-            if target.host_id == self.host_id:
-                self.pusher.deliver_here(target, outputs[target.output])
-        pushed: Promise[list[BufferHandle]] = Promise("pushed once computed")
-        self.ctx.start_soon(self._push_when_ready, ready, remote, outputs, owner, held, pushed)
-        return pushed
-
-    async def _push_when_ready(
-        self,
-        ready: Promise[None],
-        targets: Sequence[PushTarget],
-        outputs: list[BufferHandle],
-        owner: str,
-        held: list[str] | None,
-        pushed: Promise[list[BufferHandle]],
-    ) -> None:
-        try:
-            try:
-                await ready
-            except Exception as exc:  # never computed: its readers fail with why
-                await self.pusher.fail(targets, exc)
-                self.pusher.drop(outputs)
-                raise
-            forward(await self.pusher.push(targets, outputs, owner, held), pushed)
-        except Exception as exc:
-            pushed.set_exception(exc)
-        except BaseException:  # cancelled: the device stopped
-            pushed.set_exception(ActorStopped(f"device {self.device_id} stopped"))
-            raise
-
-    def _pending(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
-        """One promise that every output here exists (None: they all do)."""
-        pending = []
-        for handle in outputs:
-            with suppress(BufferMissing):
-                promise = self.store.pending(handle.id)
-                if promise is not None and promise not in pending:
-                    pending.append(promise)
-        if not pending:
-            return None
-        return pending[0] if len(pending) == 1 else _every(pending)
-
     async def _host_array(self, handle: BufferHandle, owner: str) -> np.ndarray:
         """An input's bytes in host memory, once they exist."""
         if isinstance(handle, BufferHandle) and handle.host_id == self.host_id:
@@ -701,21 +646,6 @@ def _block(arrays: Sequence[Any]) -> None:
 def _is_ready(array: Any) -> bool:
     """Whether an output exists (or failed), without waiting."""
     return bool(array.is_ready())
-
-
-def _every(promises: Sequence[Promise[None]]) -> Promise[None]:
-    """Settles once all of ``promises`` did: with the first error, if any."""
-    out: Promise[None] = Promise("every output")
-
-    def settled(_: Promise[None]) -> None:
-        errors = [e for p in promises if (e := p.exception()) is not None]
-        if errors:
-            out.set_exception(errors[0])
-        else:
-            out.set_result(None)
-
-    all_settled(promises).add_done_callback(settled)
-    return out
 
 
 def _ready(compiled: Any, arrays: Sequence[Any]) -> Any:

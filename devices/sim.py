@@ -1,24 +1,68 @@
 """Simulated devices: real results, modelled timing.
 
 A :class:`SimDevice` computes each computation's value with numpy (keep the
-arrays small) and then spends the device time its cost model gives, by
-sleeping on the system clock. No host CPU is used for that time, so thousands
-of simulated devices fit in one process; under a :class:`VirtualClock` the
-sleeps take no real time at all and timings are exact and repeatable.
+arrays small) and spends the device time its cost model gives on its clock.
+No host CPU is used for that time, so thousands of simulated devices fit in
+one process; under a :class:`VirtualClock` the waits take no real time at
+all and timings are exact and repeatable.
+
+**It runs ahead of its host, as an accelerator does.** A gang on this device
+alone is *enqueued* on the device's stream: its value is computed at once,
+but it enters the store as a future that exists only once the stream reaches
+its end. The stream runs its gangs back to back, each from when it was
+enqueued or when the one before it ended, whichever is later; so the host's
+own work between two gangs (taking the next run off its lane, the actor's
+turn) overlaps the device time of the one before, and a late wake-up of the
+host costs the device nothing. Readers that need the value wait for it: a
+fetch, a push to another host, a gang on another device here. A timer on
+the clock settles each gang when its time is up, and charges its device
+time to its session then. At most ``WINDOW`` gangs are in flight, so a host
+that outruns its device stalls. Gangs over several devices (collectives)
+meet their partners in real time: the device's stream first runs dry, and
+the shards then sleep their device time together.
 """
 
 from __future__ import annotations
 
+import functools
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
+from ..kernel import Promise, Timer
+from . import timeline
 from ._device import Device
-from ._values import Computation
+from ._gang import GangTask
+from ._inflight import WINDOW
+from ._values import BufferHandle, Computation
 
 __all__ = ["SimDevice"]
 
 
+@dataclass(slots=True)
+class _Gang:
+    """A gang enqueued on a simulated device's stream."""
+
+    ready: Promise[None]  # settles once the stream reached its end
+    timer: Timer | None
+    task: GangTask
+    owner: str
+    seconds: float
+
+
 class SimDevice(Device):
     """A device whose time comes from ``CostModel.compute_time(flops)``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._stream_end = 0.0  # clock time the last gang enqueued ends
+        self._flight: deque[_Gang] = deque()  # oldest first
+        self._mine: set[int] = set()  # ids of those promises: outputs of this stream
+        self._enqueued: set[str] = set()  # gangs enqueued; their timers report them
+        self._peak = 0
 
     async def execute(self, computation: Computation, inputs: list[np.ndarray]) -> np.ndarray:
         out = np.asarray(computation.fn(*inputs))
@@ -30,3 +74,100 @@ class SimDevice(Device):
         seconds = self.cost.compute_time(computation.flops)
         await self.clock.sleep(seconds)
         self.busy_s += seconds
+
+    def answer_after(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
+        """A small output rides in its handle: the answer waits until it exists."""
+        return self._pending(outputs)
+
+    def in_flight(self) -> tuple[int, int]:
+        return len(self._flight), self._peak
+
+    async def run_shard(
+        self, task: GangTask, inputs: list[BufferHandle], owner: str
+    ) -> list[BufferHandle]:
+        """A gang on this device alone is enqueued (see the module's text);
+        a wider one waits for the stream to run dry, then runs to its end."""
+        computation = task.kernel
+        for handle in inputs:  # made on another device here, and not done yet
+            waited = self._elsewhere(handle)
+            if waited is not None:
+                await waited
+        if len(task.devices) > 1 or not isinstance(computation, Computation):
+            await self._drained()
+            return await super().run_shard(task, inputs, owner)
+        self._enqueued.add(task.gang_id)
+        try:
+            return [await self._enqueue(computation, inputs, owner, task)]
+        except BaseException:
+            self._enqueued.discard(task.gang_id)
+            raise
+
+    def ran(self, task: GangTask, owner: str, began: float, busy_s: float, leader: bool) -> None:
+        if task.gang_id in self._enqueued:  # its timer reports it once it ended
+            self._enqueued.discard(task.gang_id)
+            return
+        super().ran(task, owner, began, busy_s, leader)
+
+    async def _enqueue(
+        self, computation: Computation, inputs: Sequence[BufferHandle], owner: str, task: GangTask
+    ) -> BufferHandle:
+        """Compute ``computation`` now, and store its output as a future that
+        exists once this device's stream has spent its device time on it."""
+        while len(self._flight) >= WINDOW:  # back-pressure: the oldest ends first
+            await self._flight[0].ready
+        arrays = [await self._read(handle, owner) for handle in inputs]
+        out = np.asarray(computation.fn(*arrays))
+        self.store.ledger.check(owner, out.nbytes)  # over its quota: fail, never stall
+        await self.store.reserve(out.nbytes)
+        seconds = self.cost.compute_time(computation.flops)
+        now = self.clock.now()
+        self._stream_end = max(now, self._stream_end) + seconds
+        ready: Promise[None] = Promise(computation.name)
+        buffer_id = self.store.put(out, owner, reserved=True, ready=ready, place=self.device_id)
+        gang = _Gang(ready, None, task, owner, seconds)
+        gang.timer = self.clock.call_later(
+            self._stream_end - now, functools.partial(self._finished, gang)
+        )
+        self._flight.append(gang)
+        self._mine.add(id(ready))
+        self._peak = max(self._peak, len(self._flight))
+        return self._handle(buffer_id, out)
+
+    def _elsewhere(self, handle: Any) -> Promise[None] | None:
+        """What an input made on another device of this host, still in
+        flight there, waits for (this stream orders its own outputs)."""
+        if not isinstance(handle, BufferHandle) or handle.host_id != self.host_id:
+            return None
+        pending = self.store.pending(handle.id) if handle.id in self.store else None
+        return None if pending is None or id(pending) in self._mine else pending
+
+    def _finished(self, last: _Gang) -> None:
+        """The stream reached the end of ``last`` (on the loop, by its timer),
+        so of every gang before it too: their outputs exist now, and their
+        device time is charged."""
+        while self._flight:
+            gang = self._flight.popleft()
+            self._mine.discard(id(gang.ready))
+            if gang.timer is not None and gang is not last:
+                gang.timer.cancel()
+            self.background_busy_s += gang.seconds
+            self.store.ledger.charge(gang.owner, gang.seconds)
+            if timeline.RECORDER.on:
+                end = timeline.now_us()
+                start = end - gang.seconds * 1e6
+                timeline.gang(self.host_id, self.device_id, gang.task, gang.owner, start, True, end)
+            gang.ready.set_result(None)
+            if gang is last:
+                return
+
+    async def _drained(self) -> None:
+        """Once every gang enqueued here ended."""
+        while self._flight:
+            await self._flight[-1].ready
+
+    async def on_stop(self) -> None:
+        """Gangs still in flight end now: their readers are not left waiting."""
+        if self._flight:
+            self._flight[-1].timer.cancel()  # type: ignore[union-attr]
+            self._finished(self._flight[-1])
+        await super().on_stop()

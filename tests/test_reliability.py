@@ -107,7 +107,7 @@ async def test_stop_from_a_task_that_inherited_the_actors_context() -> None:
 
 # -- pushes into bounded stores: no order deadlocks ------------------------------------------
 ROW = Aval((1024,), "float32")  # 4 KiB
-STORE = 4 * 4096  # room for four rows per host
+STORE = 3 * 4096  # room for three rows per host
 INC = Computation("inc", lambda a: a + 1, 1e9)
 ORDER_TRIALS = 12
 PROGRAMS = 12
@@ -116,7 +116,7 @@ BOUND_S = 20.0  # real seconds in which every program of a trial must settle
 
 async def store_trial(seed: int) -> Counter[str]:
     """Random programs (chains of 4 KiB rows over three hosts whose stores
-    hold four rows each, a step now and then joining two values) from
+    hold three rows each, a step now and then joining two values) from
     several clients, submitted at once in a random order. Outcomes: ``right``,
     ``full`` (failed: no room within the store's bound), ``wrong``, ``other``
     (failed otherwise), ``hang`` (the trial did not settle), ``leak`` (a
@@ -199,12 +199,13 @@ async def test_pushes_into_bounded_stores_never_deadlock(
 async def test_unbounded_waits_for_room_deadlock_in_some_orders(
     anyio_backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The same trials with the store waiting for ever (as it did): some hang,
-    so the test above does show something."""
+    """The same trials with the store waiting for ever (as it did): they hang
+    (with these stores, in every order tried), so the test above does show
+    something."""
     monkeypatch.setattr(ObjectStore, "wait_s", float("inf"))
     monkeypatch.setattr(sys.modules[__name__], "BOUND_S", 2.0)
     hung = [(await store_trial(seed))["hang"] for seed in range(ORDER_TRIALS)]
-    assert any(hung) and not all(hung)
+    assert any(hung)
 
 
 @pytest.mark.timeout(120)
