@@ -86,8 +86,11 @@ class SimDevice(Device):
         self, task: GangTask, inputs: list[BufferHandle], owner: str
     ) -> list[BufferHandle]:
         """A gang on this device alone is enqueued (see the module's text);
-        a wider one waits for the stream to run dry, then runs to its end."""
+        a wider one waits for the stream to run dry, then runs to its end;
+        one of no device time, with nothing in flight, runs at once."""
         computation = task.kernel
+        if not self._flight and self._costs_nothing(computation):
+            return await super().run_shard(task, inputs, owner)  # nothing to run ahead of
         for handle in inputs:  # made on another device here, and not done yet
             waited = self._elsewhere(handle)
             if waited is not None:
@@ -101,6 +104,11 @@ class SimDevice(Device):
         except BaseException:
             self._enqueued.discard(task.gang_id)
             raise
+
+    def _costs_nothing(self, computation: Any) -> bool:
+        return isinstance(computation, Computation) and not self.cost.compute_time(
+            computation.flops
+        )
 
     def ran(self, task: GangTask, owner: str, began: float, busy_s: float, leader: bool) -> None:
         if task.gang_id in self._enqueued:  # its timer reports it once it ended

@@ -9,6 +9,7 @@ holds more than ``WINDOW`` gangs.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,7 +59,7 @@ async def test_readers_wait_for_what_they_read() -> None:
     async with atoll.local_cluster(1, 1, 2, clock=clock, cost=COST) as cluster:
         x = await cluster.put(np.zeros(2, np.float32), 0)
         start = clock.now()
-        y = x
+        y: Any = x
         for device in (0, 1, 0, 1):
             y = cluster.run(_step(0.5), device, [y])
         np.testing.assert_array_equal(await cluster.fetch(y), np.full(2, 4, np.float32))
