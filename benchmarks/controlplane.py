@@ -71,6 +71,7 @@ MESSAGES = (
     "lane_messages_out",
     "lane_messages_in",
     "socket_writes",
+    "answers_from_hosts",
 )  # counted per computation, per role
 # the issue's targets, µs of CPU per computation over processes: (case, role)
 TARGETS = {
@@ -408,13 +409,15 @@ def _render(rows: Sequence[Row]) -> str:
         messages.append(system_column(f"lane_messages_out_{role}", 8, ".1f", title=f"lo {short}"))
         messages.append(system_column(f"lane_messages_in_{role}", 8, ".1f", title=f"li {short}"))
         messages.append(system_column(f"socket_writes_{role}", 8, ".1f", title=f"wr {short}"))
+    messages.insert(3 * 6, system_column("answers_from_hosts_clients", 8, ".1f", title="ah clie"))
     return "\n".join(
         [
             "CPU µs per computation, by process role",
             table(rows, cpu, case_width=24),
             "",
             "per computation: actor messages (msg), Cap'n Proto calls made (out) and served"
-            " (in), lane messages sent (lo) and received (li), socket writes (wr)",
+            " (in), lane messages sent (lo) and received (li), socket writes (wr); clients'"
+            " calls answered by a device's host, not the controller (ah)",
             table(rows, messages, case_width=24),
         ]
     )

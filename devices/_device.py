@@ -45,6 +45,7 @@ from ..kernel import (
 from ..transports.dataplane import shm
 from ..transports.dtypes import raw_bytes
 from . import _checkpoint as checkpoint
+from . import _runlane as runlane
 from . import timeline
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask, PushTarget
@@ -60,6 +61,9 @@ if TYPE_CHECKING:
 __all__ = ["PLANS_KEPT", "Device", "Made", "live_stats"]
 
 T = TypeVar("T")
+# a client's call a device answers itself: the client's lanes' name, the
+# call's number on its call lane, and the run's outputs, (node, output) each
+Reply = tuple[str, int, list[tuple[int, int]]]
 
 _log = logging.getLogger(__name__)
 
@@ -346,7 +350,12 @@ class Device(Actor):
 
     @endpoint(resolve_args=False)
     async def run_plan(
-        self, plan_id: int, epoch: int, inputs: Sequence[Any], owner: str = ""
+        self,
+        plan_id: int,
+        epoch: int,
+        inputs: Sequence[Any],
+        owner: str = "",
+        reply: Reply | None = None,
     ) -> Promise[RunReport]:
         """Run this device's gangs of an installed plan, as run ``epoch``.
 
@@ -359,6 +368,10 @@ class Device(Actor):
         inboxes at once, here and on other hosts, so that no reader waits for
         a run report that waits for it. Outputs that no one keeps are freed
         once the run's last gang here has taken its inputs.
+
+        ``reply`` (a client's call, when this device makes all of the run's
+        outputs): the outputs go straight to the client too, as the answer
+        to its call (``RunReport.answered`` says whether they went).
         """
         program = self._plans.get(plan_id)
         if program is None:
@@ -387,7 +400,18 @@ class Device(Actor):
             ran[step] = await self._planned_step(gang, epoch, prefix, values, made, owner)
             self._release([step], release, ran, report, passed, program)
             step += 1
-        return then(all_settled([out for *_, out in ran.values()]), lambda _: report)
+        reported = then(all_settled([out for *_, out in ran.values()]), lambda _: report)
+        return reported if reply is None else then(reported, functools.partial(self._reply, reply))
+
+    def _reply(self, reply: Reply, report: RunReport) -> RunReport:
+        """Answer a client's call with a run's outputs, unless a gang failed
+        (the controller says how, as for any run) or the client has no
+        link to this host process."""
+        client, request, outputs = reply
+        if not report.errors:
+            values = [report.outputs[node, index] for node, index in outputs]
+            report.answered = runlane.answer(client, request, self.host_id, values)
+        return report
 
     async def _planned_step(
         self,

@@ -147,6 +147,7 @@ class RunReport:
     outputs: dict[tuple[int, int], Any] = field(default_factory=dict)
     errors: dict[int, BaseException] = field(default_factory=dict)
     held: list[str] = field(default_factory=list)
+    answered: bool = False  # the device sent its outputs to the client itself
 
     def record(
         self, gang: PlannedGang, gang_id: str, out: Any, held: Container[str] = ()

@@ -70,13 +70,16 @@ if TYPE_CHECKING:
 # its ticket's have not come), ticket, why it cannot be made
 _Call = tuple[int, int, Any, "str | None", "BaseException | None"]
 
-__all__ = ["DROP", "FORGET", "INSTALL", "RUN", "Aside", "dumps", "loads", "parse"]
+__all__ = ["DROP", "FORGET", "INSTALL", "RUN", "Aside", "answer", "dumps", "loads", "parse"]
 
 RUN, INSTALL, DROP, FORGET = 0, 1, 2, 3  # what a message asks of a device
 RUN_GRAPH, RUN_CALL = 4, 5  # ... or of the controller
 FREE = 6  # ... or of a host (target -1 - host id): a notice, with no answer
 SYNC = 7  # answered once every call sent before it on the link was made
 RUN_GANG = 8  # a device's shard of a gang that is not part of a compiled run
+HELLO = 9  # a client names its lanes (a notice, first on each of its links)
+DONE = 10  # a host answers a client's call to the controller itself (see answer)
+RUN_CALL_DIRECT = 11  # a RUN_CALL whose answer may come from the device's host
 ENDPOINTS = {
     RUN: "run_plan",
     INSTALL: "install_plan",
@@ -86,7 +89,9 @@ ENDPOINTS = {
     FREE: "free_many",
     SYNC: "sync",
     RUN_GANG: "run_gang",
+    RUN_CALL_DIRECT: "run_call",
 }
+DIRECT = "atoll: answered by the device's host"  # a controller's answer that is not sent
 LARGEST_ARRAY = 1 << 16  # larger arrays go by Cap'n Proto (its data plane)
 # a message's head: its request (numbered by the sender; an answer has the
 # number of its call), what it asks and of which device; a pickle follows
@@ -201,6 +206,7 @@ _forgotten: dict[str, BaseException] = {}  # tickets whose arguments will not co
 _arrived: dict[str, float] = {}  # when each of those came (monotonic), oldest first
 KEPT_S = 300.0  # a ticket's arguments whose call has not come by then never will (its lane died)
 _waiting: set[_End] = set()  # ends where a target's next call waits for its ticket
+_clients: dict[str, oneway.Link] = {}  # clients' links to this process, by their lanes' name
 
 
 def register(host_id: int, host: ActorRef[Host], devices: Mapping[int, ActorRef[Device]]) -> None:
@@ -254,6 +260,8 @@ def _ends(
         end = ends.pop(link, None)
         if end is not None:
             _waiting.discard(end)
+            if end.client is not None and _clients.get(end.client) is link:
+                del _clients[end.client]
 
     return received, lost
 
@@ -265,6 +273,21 @@ def stash(ticket: str, args: tuple[Any, ...]) -> None:
     loop = asyncio.get_running_loop()
     for end in [end for end in list(_waiting) if end.loop is loop]:
         end.drain_all()
+
+
+def answer(client: str, request: int, host_id: int, values: list[Any]) -> bool:
+    """Answer call ``request`` of the client whose lanes are named ``client``
+    (its call to the controller) from this host process, down the client's
+    own link here; False if it has none (the controller answers then)."""
+    link = _clients.get(client)
+    if link is None:
+        return False
+    try:
+        data = dumps((None, values), host_id, request, DONE)
+    except Exception:  # handles of another host, or what pickle cannot take
+        return False
+    link.send(data)
+    return True
 
 
 def _kept(ticket: str) -> None:
@@ -288,6 +311,7 @@ class _End:
         self.link = link
         self.loop = asyncio.get_running_loop()
         self.calls: dict[int, deque[_Call]] = {}  # by target
+        self.client: str | None = None  # the name of the client's lanes, once it said it
 
     def hosts(self, target: int) -> Mapping[int, ActorRef[Host]] | Sequence[ActorRef[Host]]:
         """How a call's handles for ``target`` find their hosts."""
@@ -297,8 +321,8 @@ class _End:
         """The host whose handles an answer of ``target`` sends as fields."""
         raise NotImplementedError
 
-    def deliver(self, kind: int, target: int, args: Any) -> Promise[Any]:
-        """Make the call; the promise of its answer."""
+    def deliver(self, kind: int, target: int, args: Any, request: int) -> Promise[Any]:
+        """Make call ``request``; the promise of its answer."""
         raise NotImplementedError
 
     def received(self, messages: list[bytes]) -> None:
@@ -312,6 +336,10 @@ class _End:
                 args, ticket, error = None, None, exc
             except Exception as exc:  # the same, boxed
                 args, ticket, error = None, None, _unreadable(exc, target, kind)
+            if kind == HELLO and error is None:  # a client's lanes, by name
+                self.client = str(args[0])
+                _clients[self.client] = self.link
+                continue
             if kind == FORGET:  # its ticket's arguments will not come: args is why
                 _forgotten[ticket] = args
                 _kept(ticket)
@@ -346,7 +374,7 @@ class _End:
             try:
                 if error is not None:
                     raise error
-                answer = self.deliver(kind, target, args)
+                answer = self.deliver(kind, target, args, request)
             except Exception as exc:  # said in the answer
                 answer = failed(exc)
             if request:
@@ -357,6 +385,8 @@ class _End:
 
     def _answer(self, request: int, target: int, answer: Promise[Any]) -> None:
         error = answer.exception()
+        if error is None and _is_direct(answer.result()):  # the client has it already
+            return
         here = self.here(target)
         try:
             data = dumps((error, None if error else answer.result()), here, request)
@@ -375,7 +405,7 @@ class _DeviceEnd(_End):
     def here(self, target: int) -> int | None:
         return _device_host.get(target, -1)  # -1: no handle is of it
 
-    def deliver(self, kind: int, target: int, args: Any) -> Promise[Any]:
+    def deliver(self, kind: int, target: int, args: Any, request: int) -> Promise[Any]:
         if target < 0 and kind == FREE:  # a client's frees at this host
             host = _hosts.get(-1 - target)
             if host is None:
@@ -398,11 +428,13 @@ class _ControllerEnd(_End):
     def here(self, target: int) -> int | None:
         return None
 
-    def deliver(self, kind: int, target: int, args: Any) -> Promise[Any]:
+    def deliver(self, kind: int, target: int, args: Any, request: int) -> Promise[Any]:
         controller, _ = self._controller(target)
         if kind == SYNC:  # the calls before it are in the controller's mailbox
             return as_promise(None)
-        if kind not in (RUN_GRAPH, RUN_CALL):
+        if kind == RUN_CALL_DIRECT and self.client is not None:  # its host may answer it
+            return _settled(controller.run_call(*args, reply=(self.client, request)))
+        if kind not in (RUN_GRAPH, RUN_CALL, RUN_CALL_DIRECT):
             raise AtollError(f"a call lane does not take calls of kind {kind}")
         return _settled(getattr(controller, ENDPOINTS[kind])(*args))
 
@@ -419,6 +451,8 @@ def _settled(answer: Promise[Any]) -> Promise[Any]:
     promise in it settled: an answer goes whole, as values and failures."""
 
     def whole(values: Any) -> Promise[Any]:
+        if _is_direct(values):
+            return as_promise(values)
         inner = [v for v in values if isinstance(v, Promise)]
         return then(all_settled(inner), lambda _: values) if inner else as_promise(values)
 
@@ -439,3 +473,8 @@ def _unreadable(error: Exception, target: int, kind: int) -> BadCall:
     from ..transports.capnp._codec import undecodable  # loaded wherever lanes run
 
     return undecodable(error, f"target{target}", ENDPOINTS.get(kind, str(kind)))
+
+
+def _is_direct(value: Any) -> bool:
+    """Whether a controller's answer says the device's host sent it."""
+    return isinstance(value, str) and value == DIRECT

@@ -20,6 +20,7 @@ COUNTS: dict[str, int] = {
     "socket_writes": 0,  # writes of Cap'n Proto's streams and of lanes (a burst each)
     "lane_messages_out": 0,  # one-way messages sent on lanes (transports/oneway.py)
     "lane_messages_in": 0,  # ... and received
+    "answers_from_hosts": 0,  # a client's calls to the controller a device's host answered
 }
 
 

@@ -31,7 +31,7 @@ from ..devices import (
     Host,
 )
 from ..devices import timeline as _timelines
-from ..devices._runlane import ENDPOINTS, FREE, RUN_CALL, RUN_GRAPH
+from ..devices._runlane import ENDPOINTS, FREE, RUN_CALL, RUN_CALL_DIRECT, RUN_GRAPH
 from ..kernel import (
     Actor,
     ActorRef,
@@ -76,6 +76,11 @@ class HostLinks(Protocol):
 
     def lane(self, host: ActorRef[Host]) -> Caller | None:
         """The one-way lane to the host process ``host`` names, if there is one."""
+        ...
+
+    def answering(self, host_id: int) -> Caller | None:
+        """The lane down which host ``host_id`` can answer this client's
+        calls to the controller, if one is up."""
         ...
 
 
@@ -421,7 +426,18 @@ class Cluster:
         """A run to the controller: by this client's call lane if it has one."""
         to = over(self.wire, self.controller)
         by_call: Callable[[], Promise[Any]] = functools.partial(getattr(to, ENDPOINTS[kind]), *args)
-        return by_call() if self._lane is None else self._lane.call(kind, 0, args, by_call)
+        if self._lane is None:
+            return by_call()
+        direct = self._answering(args[1]) if kind == RUN_CALL else None
+        if direct is not None:  # the device's host may answer it (Controller.run_graph)
+            return self._lane.call(RUN_CALL_DIRECT, 0, args, by_call, direct)
+        return self._lane.call(kind, 0, args, by_call)
+
+    def _answering(self, device: int) -> Caller | None:
+        """The lane down which ``device``'s host can answer a call on it."""
+        if self._direct is None:
+            return None
+        return self._direct.answering(self.topology.device(device).host)
 
     def _sent(
         self,

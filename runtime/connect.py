@@ -77,6 +77,8 @@ class Client:
         if self._lane is None and self._transport is not None and lanes_on():
             token = self._transport.token
             self._lane = call_lane(info.controller, info.hosts, token, self.address)
+            if self._direct is not None:  # hosts answer its calls down their lanes
+                self._direct.answers = self._lane
         return info.client(self.system, label, self._direct, self._lane)
 
     async def _open_session(self, sessions: ActorRef[SessionWatcher], owner: str | None) -> str:
@@ -135,6 +137,13 @@ class DirectHosts:
         self._tried: dict[str, float] = {}  # address -> when a dial began
         self._tasks: set[asyncio.Task[None]] = set()
         self._lanes: dict[ActorRef[Host], Caller] = {}  # by the host's reference here
+        self._by_id: dict[int, Caller] = {}  # the same, by host id (the newest)
+        self.answers: Caller | None = None  # the call lane whose calls hosts may answer
+
+    def answering(self, host_id: int) -> Caller | None:
+        """The lane host ``host_id`` can answer this client's calls down, if up."""
+        lane = self._by_id.get(host_id)
+        return lane if lane is not None and lane.up and self.answers is not None else None
 
     def lane(self, host: ActorRef[Host]) -> Caller | None:
         """The lane to the host process ``host`` names (a reference :meth:`get`
@@ -145,6 +154,8 @@ class DirectHosts:
         lane = self._lanes.pop(host, None)
         if lane is not None:
             lane.close()
+            if self._by_id.get(lane.far or 0) is lane:
+                del self._by_id[lane.far or 0]
 
     def get(self, address: str, host_id: int) -> ActorRef[Host] | None:
         """The host at ``address`` over a link of this client's, if one is up;
@@ -176,7 +187,8 @@ class DirectHosts:
         old = self._links.get(address)
         self._links[address] = (link, ref)
         if lanes_on():  # frees go to it one way (Cluster.free_at)
-            self._lanes[ref] = host_lane(host_id, ref, self._transport.token)
+            lane = host_lane(host_id, ref, self._transport.token, self.answers)
+            self._lanes[ref] = self._by_id[host_id] = lane
         if old is not None:
             self._close_lane(old[1])
             await old[0].aclose()

@@ -36,6 +36,7 @@ from ..devices import (
     timeline,
 )
 from ..devices import _runlane as runlane
+from ..devices._device import Reply
 from ..kernel import (
     Actor,
     ActorRef,
@@ -387,7 +388,8 @@ class Controller(Actor):
         owner: str = "",
         tag: str = "",
         sources: Sequence[tuple[str, int] | None] = (),
-    ) -> Promise[list[BufferHandle | Promise[BufferHandle]]]:
+        reply: tuple[str, int] | None = None,
+    ) -> Promise[list[BufferHandle | Promise[BufferHandle]] | str]:
         """Parallel asynchronous dispatch of a whole graph; returns at once.
 
         Every node goes to its island now, with promises for inputs. Values
@@ -402,6 +404,11 @@ class Controller(Actor):
         an input still on its way from an earlier compiled run on the very
         device that reads it goes to that device as an ``Earlier``, which it
         takes from what it kept of that run, with no round trip.
+
+        ``reply`` (a client's call by its call lane: the name of its lanes,
+        the call's number): when one device makes every output, that device
+        answers the client itself, and the answer here is ``DIRECT``
+        (``devices/_runlane.py``), which the call lane does not send.
         """
         if self.elastic.gates:  # a slice of it is moving, or suspended: wait for it
             again = functools.partial(self.run_graph, graph, inputs, temporary, owner, tag, sources)
@@ -414,10 +421,13 @@ class Controller(Actor):
         compiled = self._compiled_plan(plan_, graph) if self.compile else None
         if compiled is not None:
             earlier = self._earlier_inputs(owner, inputs, sources)
-            outs, done = self._run_compiled(compiled, plan_, inputs, owner, tag, earlier)
+            run = self._run_compiled(compiled, plan_, inputs, owner, tag, earlier, reply)
+            outs, done = run.outs, run.done
         else:
-            outs, done = self._dispatch(plan_, graph, inputs, owner)
-        answer = _together(outs, done)
+            run, (outs, done) = None, self._dispatch(plan_, graph, inputs, owner)
+        answer: Promise[Any] = _together(outs, done)
+        if run is not None and run.reply is not None:
+            answer = then(answer, functools.partial(_unless_answered, run))
         self.elastic.track(plan_.slices, answer)
         self.runs.observe(answer)
         return answer
@@ -432,7 +442,8 @@ class Controller(Actor):
         owner: str = "",
         tag: str = "",
         sources: Sequence[tuple[str, int] | None] = (),
-    ) -> Promise[list[BufferHandle | Promise[BufferHandle]]]:
+        reply: tuple[str, int] | None = None,
+    ) -> Promise[list[BufferHandle | Promise[BufferHandle]] | str]:
         """A low-level call, ``computation`` on physical ``device``: what
         :meth:`run_graph` does with its graph of one node, which is made here
         (and kept, by the call's shape) so that only the call travels."""
@@ -442,7 +453,7 @@ class Controller(Actor):
             graph = self._calls[key] = call_graph(computation, device, inputs)
             while len(self._calls) > _CALLS_KEPT:
                 del self._calls[next(iter(self._calls))]
-        return self.run_graph(graph, inputs, temporary, owner, tag, sources)
+        return self.run_graph(graph, inputs, temporary, owner, tag, sources, reply)
 
     def _earlier_inputs(
         self, owner: str, inputs: Sequence[Any], sources: Sequence[tuple[str, int] | None]
@@ -507,11 +518,14 @@ class Controller(Actor):
         owner: str,
         tag: str = "",
         earlier: dict[int, tuple[int, Earlier]] | None = None,
-    ) -> tuple[list[Promise[BufferHandle]], Promise[None]]:
+        reply: tuple[str, int] | None = None,
+    ) -> _CompiledRun:
         """One run of a compiled plan: the island sends each device one
         ``run_plan``; each output settles from its device's report. A
         session's run goes through its gang quota as one entry (sent now,
-        after a stall, or refused), like a gang of a plan that does not compile."""
+        after a stall, or refused), like a gang of a plan that does not compile.
+        A client's call (``reply``) is answered by the run's device when one
+        device makes every output."""
         epoch = next(self._runs)
         self._compiled_runs += 1
         outs: list[Promise[BufferHandle]] = [
@@ -521,13 +535,17 @@ class Controller(Actor):
         run = _CompiledRun(
             compiled, plan_, list(inputs), owner, epoch, outs, Promise("ran"), earlier or {}
         )
+        made_by = {device for node, _, device in compiled.outputs if node >= 0}
+        if reply is not None and len(compiled.programs) == 1 and made_by == set(compiled.programs):
+            outputs = [(node, index) for node, index, _ in compiled.outputs]
+            run.reply = (*reply, outputs)
         if tag:  # while it goes, later runs may read its outputs where they are
             self._pending[owner, tag] = run
             run.done.add_done_callback(functools.partial(self._settled, (owner, tag)))
         refused: Promise[Any] = Promise("admitted")  # failed only if the quota refuses it
         refused.add_done_callback(functools.partial(self._compiled_sent, run, counted=False))
         self.tenants.admit(owner, functools.partial(self._send_run, run), refused)
-        return outs, run.done
+        return run
 
     def _settled(self, key: tuple[str, str], _: Promise[None]) -> None:
         self._pending.pop(key, None)
@@ -541,7 +559,9 @@ class Controller(Actor):
         }
         island = self.schedulers[compiled.island]
         weight = self.tenants.weight(run.owner)  # its share, for the policy's accounting
-        sent = over(self.wire, island).run_plan(compiled, run.epoch, given, run.owner, weight)
+        sent = over(self.wire, island).run_plan(
+            compiled, run.epoch, given, run.owner, weight, run.reply
+        )
         sent.add_done_callback(functools.partial(self._compiled_sent, run))
 
     def _compiled_sent(self, run: _CompiledRun, sent: Promise[Any], counted: bool = True) -> None:
@@ -589,6 +609,7 @@ class Controller(Actor):
         pushed did this itself)."""
         error = report.exception()
         failed = report.result().errors if error is None else {}
+        run.answered = error is None and report.result().answered
         prefix = run_key(run.epoch)
         notices: dict[tuple[int, int], tuple[list[str], BaseException]] = {}  # one per host, error
         boxed_lost = portable(error, f"{prefix}/device{device}") if error is not None else None
@@ -744,7 +765,7 @@ class Controller(Actor):
         return self.resources.get(node.slice.slice_id).island
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class _CompiledRun:
     """What the controller keeps of one run of a compiled plan while it goes."""
 
@@ -756,6 +777,8 @@ class _CompiledRun:
     outs: list[Promise[BufferHandle]]
     done: Promise[None]  # every device's report settled (its gangs took their inputs)
     earlier: dict[int, tuple[int, Earlier]]  # inputs the device that made them keeps
+    reply: Reply | None = None  # a client's call its one device answers
+    answered: bool = False  # ... and did (its report said so)
 
 
 _CALLS_KEPT = 1024  # one-node graphs of low-level calls kept (by shape)
@@ -780,6 +803,11 @@ def _together(
 
     all_settled([*outs, done]).add_done_callback(settled)
     return answer
+
+
+def _unless_answered(run: _CompiledRun, answer: Any) -> Any:
+    """A run's answer, or ``DIRECT`` if its device sent it to the client."""
+    return runlane.DIRECT if run.answered else answer
 
 
 def _output(node: int, index: int, report: RunReport) -> BufferHandle:

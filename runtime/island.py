@@ -37,6 +37,7 @@ from ..devices import (
     timeline,
 )
 from ..devices import _runlane as runlane
+from ..devices._device import Reply
 from ..kernel import (
     Actor,
     ActorRef,
@@ -261,6 +262,7 @@ class IslandScheduler(Actor):
         inputs: Mapping[int, Sequence[Any]],
         owner: str = "",
         weight: float = 1.0,
+        reply: Reply | None = None,
     ) -> dict[int, Promise[RunReport]]:
         """Run a compiled plan as run ``epoch``: one message per device.
 
@@ -279,11 +281,12 @@ class IslandScheduler(Actor):
 
         Returns each device's promise of its
         :class:`~atoll.devices.RunReport` at once. Inputs stay promises.
+        ``reply``: a client's call that the run's one device answers itself.
         """
         self._refuse_if_broken()
         run = run_key(epoch)
         reports: dict[int, Promise[RunReport]] = {d: Promise(run) for d in compiled.programs}
-        self._runs[run] = _HeldRun(compiled, epoch, inputs, owner, reports)
+        self._runs[run] = _HeldRun(compiled, epoch, inputs, owner, reports, reply)
         shards = sum(len(gang_devices) for _, gang_devices in compiled.gangs)
         devices = tuple(compiled.programs)
         submit = Submit(next(self._events), run, devices, owner, weight, shards / len(devices))
@@ -307,7 +310,8 @@ class IslandScheduler(Actor):
         ref = self.devices[device]
         installed = self._install(device, ref, compiled.programs[device])
         given = held.inputs.get(device, ())
-        report = self._call(device, runlane.RUN, compiled.plan_id, held.epoch, given, held.owner)
+        args = (compiled.plan_id, held.epoch, given, held.owner)
+        report = self._call(device, runlane.RUN, *args, *([held.reply] if held.reply else []))
         if installed is not None:  # a plan that could not be installed says why
             report = _unless_not_installed(report, installed)
         report.add_done_callback(functools.partial(self._report, run, device))
@@ -483,6 +487,7 @@ class _HeldRun:
     inputs: Mapping[int, Sequence[Any]]
     owner: str
     reports: dict[int, Promise[RunReport]]  # by device, settled from its report
+    reply: Reply | None  # a client's call its one device answers (Device.run_plan)
     left: int = field(init=False)  # devices not sent their part yet
 
     def __post_init__(self) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 from ..devices import Host
 from ..devices import _runlane as wire
 from ..kernel import ActorRef, AtollError, HostLost, Promise, as_promise, failed, forward, then
+from ..kernel.lowlevel import counts
 from ..transports import oneway
 
 __all__ = ["DIAL_TIMEOUT_S", "Caller", "RunLanes", "call_lane", "host_lane", "lanes_on"]
@@ -53,7 +54,8 @@ _log = logging.getLogger(__name__)
 Fallback = Callable[[], Promise[Any]]
 Stash = Callable[[str, tuple[Any, ...]], Promise[None]]
 Hosts = Callable[[], Mapping[int, ActorRef[Host]] | Sequence[ActorRef[Host]]]
-_Call = tuple[int, tuple[Any, ...], Fallback, Promise[Any]]  # kind, arguments, by call, answer
+# kind, arguments, by call, answer, the lane its answer may come by instead
+_Call = tuple[int, tuple[Any, ...], Fallback, Promise[Any], "Caller | None"]
 _TICKETS = f"{secrets.token_hex(4)}/"
 _tickets = itertools.count()
 
@@ -117,10 +119,16 @@ def lanes_on() -> bool:
     return os.environ.get("ATOLL_RUN_LANES", "1") != "0"
 
 
-def host_lane(host_id: int, host: ActorRef[Host], token: bytes) -> Caller:
+def host_lane(
+    host_id: int, host: ActorRef[Host], token: bytes, answers: Caller | None = None
+) -> Caller:
     """A client's lane to host ``host_id``'s process (for its frees, sent as
-    notices), over ``host``, a reference on the client's own link to it."""
+    notices), over ``host``, a reference on the client's own link to it.
+    ``answers``: the client's call lane, whose calls the host's devices may
+    answer down this lane (named as that lane is)."""
     lane = Caller(f"host {host_id}", host_id, dict, host.stash, waits=False)
+    if answers is not None:
+        lane.hello, lane.done_to = answers.hello, answers
     lane.start(host.run_lane(), token)
     return lane
 
@@ -132,6 +140,7 @@ def call_lane(
     ``dialled``: the controller's capnp address as the client reached it,
     whose host stands in for a listener on every interface."""
     lane = Caller("the controller", None, lambda: hosts, controller.stash, waits=False)
+    lane.hello = secrets.token_hex(8)  # the name of this client's lanes, at every far end
     host = dialled.split("://", 1)[-1].rpartition(":")[0]
     lane.start(then(controller.call_lane(), functools.partial(_reachable, host)), token)
     return lane
@@ -170,6 +179,9 @@ class Caller:
         self.waiting: dict[int, Promise[Any]] = {}  # the input a target's first call waits for
         self.pending: dict[int, Promise[Any]] = {}
         self._requests = itertools.count(1)
+        self.hello: str | None = None  # the name of this client's lanes, said first
+        self.done_to: Caller | None = None  # whose calls this lane's DONEs answer
+        self.direct: dict[int, Caller] = {}  # calls a host may answer, by request: its lane
 
     def start(self, where: Promise[Any], token: bytes) -> None:
         """Dial where the far end says (``"host:port"``, or with its target
@@ -183,8 +195,16 @@ class Caller:
             _log.info("no lane to %s: %s", self.name, exc)
         if self.link is None:
             self.off = True
+        elif self.hello is not None:  # before anything else on the link
+            hello = ((self.hello,), None)
+            self.link.send(wire.dumps(hello, self.far, 0, wire.HELLO, self.target))
         for target in list(self.queued):
             self._drain(target)
+
+    @property
+    def up(self) -> bool:
+        """Whether the link is up (and said its hello)."""
+        return self.link is not None and not self.off
 
     async def _connect(self, where: Promise[Any], token: bytes) -> oneway.Link | None:
         address = await where
@@ -195,15 +215,21 @@ class Caller:
         return await oneway.connect(address, token, self._answers, self._lost)
 
     def call(
-        self, kind: int, target: int, args: tuple[Any, ...], fallback: Fallback
+        self,
+        kind: int,
+        target: int,
+        args: tuple[Any, ...],
+        fallback: Fallback,
+        direct: Caller | None = None,
     ) -> Promise[Any]:
         """``kind`` of ``target`` with ``args``; ``fallback()`` makes the same
-        call by Cap'n Proto, if the lane cannot."""
+        call by Cap'n Proto, if the lane cannot. ``direct``: the lane of the
+        host process that may answer it instead (``wire.RUN_CALL_DIRECT``)."""
         promise: Promise[Any] = Promise(f"{self.name}: {wire.ENDPOINTS[kind]}")
         if self.off:
             forward(fallback(), promise)
             return promise
-        self.queued.setdefault(target, deque()).append((kind, args, fallback, promise))
+        self.queued.setdefault(target, deque()).append((kind, args, fallback, promise, direct))
         if self.link is not None:  # else the dial sends it
             self._drain(target)
         return promise
@@ -234,12 +260,12 @@ class Caller:
         """Send a target's queued calls in order, until one waits for an input."""
         queued = self.queued.get(target)
         while queued and target not in self.waiting:
-            kind, args, fallback, promise = queued[0]
+            kind, args, fallback, promise, direct = queued[0]
             if self.off or self.link is None:  # no lane (any more): by call, in order
                 queued.popleft()
                 forward(fallback(), promise)
                 continue
-            unsettled = self._send(kind, target, args, promise)
+            unsettled = self._send(kind, target, args, promise, direct)
             if unsettled is not None:
                 self.waiting[target] = unsettled
                 unsettled.add_done_callback(functools.partial(self._settled, target))
@@ -254,7 +280,12 @@ class Caller:
             self._drain(target)
 
     def _send(
-        self, kind: int, target: int, args: tuple[Any, ...], promise: Promise[Any]
+        self,
+        kind: int,
+        target: int,
+        args: tuple[Any, ...],
+        promise: Promise[Any],
+        direct: Caller | None = None,
     ) -> Promise[Any] | None:
         """Send one call; or the unsettled promise among its inputs it must wait for."""
         assert self.link is not None
@@ -272,6 +303,12 @@ class Caller:
         if len(data) > oneway.MAX_MESSAGE:  # too large for a lane: beside it, by call
             data = b""
         self.pending[request] = promise
+        if direct is not None:
+            if not direct.up:  # its lane fell meanwhile: the controller answers
+                kind = wire.RUN_CALL
+                data = data and wire.dumps((args, None), self.far, request, kind, far_target)
+            else:
+                self.direct[request] = direct
         if data:
             self.link.send(data)
             return None
@@ -298,18 +335,38 @@ class Caller:
 
     def _answers(self, link: oneway.Link, messages: list[bytes]) -> None:
         for data in messages:
-            request, _, _, body = wire.parse(data)
-            promise = self.pending.pop(request, None)
-            if promise is None:
-                continue
-            try:
-                error, value = wire.loads(body, self.hosts())
-            except Exception as exc:  # this answer fails; the others go on
-                error = AtollError(f"an answer from {self.name} cannot be read: {exc!r}")
-            if error is not None:
-                promise.set_exception(error)
+            request, kind, _, body = wire.parse(data)
+            if kind == wire.DONE and self.done_to is not None:  # a call to the controller's
+                counts["answers_from_hosts"] += 1
+                self.done_to.answered(request, body, self.name)
             else:
-                promise.set_result(value)
+                self.answered(request, body, self.name)
+
+    def answered(self, request: int, body: bytes, by: str) -> None:
+        """The answer to call ``request`` came (from ``by``)."""
+        promise = self.pending.pop(request, None)
+        self.direct.pop(request, None)
+        if promise is None:
+            return
+        try:
+            error, value = wire.loads(body, self.hosts())
+        except Exception as exc:  # this answer fails; the others go on
+            error = AtollError(f"an answer from {by} cannot be read: {exc!r}")
+        if error is not None:
+            promise.set_exception(error)
+        else:
+            promise.set_result(value)
+
+    def lost_lane(self, lane: Caller) -> None:
+        """``lane`` (to a host process) closed: the calls it was to answer
+        fail, as their runs on that host do."""
+        for request in [r for r, by in self.direct.items() if by is lane]:
+            del self.direct[request]
+            promise = self.pending.pop(request, None)
+            if promise is not None and not promise.done():
+                promise.set_exception(
+                    HostLost(f"{lane.name} is gone or cut off: its answer did not come")
+                )
 
     def _lost(self, link: oneway.Link) -> None:
         """Calls sent fail (the far process is gone, or cut off); those not
@@ -317,6 +374,9 @@ class Caller:
         self.off = True
         self.link = None
         pending, self.pending = self.pending, {}
+        self.direct.clear()
+        if self.done_to is not None:
+            self.done_to.lost_lane(self)
         for promise in pending.values():
             if not promise.done():
                 promise.set_exception(HostLost(f"{self.name} is gone or cut off (its lane closed)"))
@@ -334,8 +394,11 @@ class Caller:
         queued, self.queued = self.queued, {}
         pending, self.pending = self.pending, {}
         self.waiting.clear()
+        self.direct.clear()
+        if self.done_to is not None:
+            self.done_to.lost_lane(self)
         for calls in queued.values():
-            for *_, promise in calls:
+            for _, _, _, promise, _ in calls:
                 promise.set_exception(lost)
         for promise in pending.values():
             if not promise.done():

@@ -263,3 +263,71 @@ async def test_arguments_whose_call_never_came_are_dropped_in_time() -> None:
     finally:
         wire._stashed.pop("lanes-test/new", None)
         wire._arrived.pop("lanes-test/new", None)
+
+
+# -- answers straight from the device's host ---------------------------------------------
+def _unused_stash(ticket: str, args: tuple[Any, ...]) -> Promise[None]:
+    raise AssertionError("nothing here goes beside its call")
+
+
+def test_a_host_answers_a_call_to_the_controller_down_its_own_lane() -> None:
+    """A ``DONE`` on the lane to a host answers the call lane's call of that
+    number; an answer from the controller that comes after it is dropped."""
+    calls = Caller("the controller", None, dict, _unused_stash, waits=False)
+    host = Caller("host 0", 0, dict, _unused_stash, waits=False)
+    host.done_to = calls
+    answer: Promise[Any] = Promise("run")
+    calls.pending[7], calls.direct[7] = answer, host
+    host._answers(None, [wire.dumps((None, ["made"]), 0, 7, wire.DONE)])  # type: ignore[arg-type]
+    assert answer.result() == ["made"] and not calls.direct
+    calls._answers(None, [wire.dumps((None, ["again"]), None, 7)])  # type: ignore[arg-type]
+    assert answer.result() == ["made"]
+
+
+def test_a_host_lane_that_closes_fails_the_calls_it_was_to_answer() -> None:
+    """Only those: a call another host answers, or the controller, waits on."""
+    calls = Caller("the controller", None, dict, _unused_stash, waits=False)
+    hosts = [Caller(f"host {i}", i, dict, _unused_stash, waits=False) for i in range(2)]
+    for host in hosts:
+        host.done_to = calls
+    answers: list[Promise[Any]] = [Promise(f"run {i}") for i in range(3)]
+    calls.pending.update(enumerate(answers))
+    calls.direct.update({0: hosts[0], 1: hosts[1]})  # call 2: the controller's to answer
+    hosts[0].close()
+    assert isinstance(answers[0].exception(), HostLost)
+    assert not answers[1].done() and not answers[2].done()
+    assert list(calls.direct) == [1]
+
+
+def _fails(x: np.ndarray) -> np.ndarray:
+    raise ValueError("no")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_a_call_on_one_device_is_answered_by_its_host(tmp_path: Path) -> None:
+    """Over host processes: once the client has a lane to a host's process,
+    that host answers the client's calls on its devices itself (the
+    controller's answer is not sent); a call whose computation fails is
+    answered by the controller, with its error."""
+    step = Computation("plus1", _plus_one, flops=1e3)
+    async with (
+        capnp_runtime(),
+        up_cluster(2, tmp_path, "3e" * 16) as cluster,
+        connect(cluster.cluster_file) as client,
+    ):
+        handle = await client.cluster("direct")
+        x = await handle.fetch(handle.run(step, 0, [np.zeros(2, np.float32)]))
+        host = handle.topology.device(0).host
+        for _ in range(500):  # the fetch dialled the host's process: its lane comes up
+            if handle._direct is not None and handle._direct.answering(host) is not None:
+                break
+            await asyncio.sleep(0.01)
+        before = process_counters()["answers_from_hosts"]
+        for _ in range(10):
+            x = await handle.fetch(handle.run(step, 0, [x]))
+        assert process_counters()["answers_from_hosts"] - before == 10
+        np.testing.assert_array_equal(x, np.full(2, 11.0))
+        with pytest.raises(Exception, match="no"):
+            await handle.run(Computation("fails", _fails, flops=1e3), 0, [x])
+        assert process_counters()["answers_from_hosts"] - before == 10
