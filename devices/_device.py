@@ -400,8 +400,23 @@ class Device(Actor):
             ran[step] = await self._planned_step(gang, epoch, prefix, values, made, owner)
             self._release([step], release, ran, report, passed, program)
             step += 1
-        reported = then(all_settled([out for *_, out in ran.values()]), lambda _: report)
+        reported = then(all_settled([out for *_, out in ran.values()]), self._idle_then(report))
         return reported if reply is None else then(reported, functools.partial(self._reply, reply))
+
+    def _idle_then(self, report: RunReport) -> Callable[[Any], RunReport]:
+        """``report``, once the run ended here, saying whether the device ran dry."""
+
+        def ended(_: Any) -> RunReport:
+            report.idle = self.running_dry()
+            return report
+
+        return ended
+
+    def running_dry(self) -> bool:
+        """Whether this device, which runs ahead of its host, has nothing in
+        flight (it waits for its next gang); False for a device that does not
+        run ahead (its queue is its mailbox, which this does not see)."""
+        return False
 
     def _reply(self, reply: Reply, report: RunReport) -> RunReport:
         """Answer a client's call with a run's outputs, unless a gang failed

@@ -148,6 +148,7 @@ class RunReport:
     errors: dict[int, BaseException] = field(default_factory=dict)
     held: list[str] = field(default_factory=list)
     answered: bool = False  # the device sent its outputs to the client itself
+    idle: bool = False  # the device had nothing left in flight when the run ended there
 
     def record(
         self, gang: PlannedGang, gang_id: str, out: Any, held: Container[str] = ()

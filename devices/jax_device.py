@@ -159,6 +159,9 @@ class JaxDevice(Device):
         await self.inflight.close()
         await super().on_stop()
 
+    def running_dry(self) -> bool:
+        return not self.inflight.count
+
     def in_flight(self) -> tuple[int, int]:
         return self.inflight.count, self.inflight.peak
 

@@ -15,7 +15,8 @@ own work between two gangs (taking the next run off its lane, the actor's
 turn) overlaps the device time of the one before, and a late wake-up of the
 host costs the device nothing. Readers that need the value wait for it: a
 fetch, a push to another host, a gang on another device here. A timer on
-the clock settles each gang when its time is up, and charges its device
+the clock settles each gang when its time is up (on the loop's ``timerfd``
+under asyncio, to within tens of microseconds), and charges its device
 time to its session then. At most ``WINDOW`` gangs are in flight, so a host
 that outruns its device stalls. Gangs over several devices (collectives)
 meet their partners in real time: the device's stream first runs dry, and
@@ -24,7 +25,6 @@ the shards then sleep their device time together.
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel import Promise, Timer
+from ..kernel.lowlevel import call_later_precisely
 from . import timeline
 from ._device import Device
 from ._gang import GangTask
@@ -41,16 +42,18 @@ from ._values import BufferHandle, Computation
 
 __all__ = ["SimDevice"]
 
+_SLACK_S = 1e-9  # a virtual clock's time, summed from device times, may fall short by rounding
+
 
 @dataclass(slots=True)
 class _Gang:
     """A gang enqueued on a simulated device's stream."""
 
     ready: Promise[None]  # settles once the stream reached its end
-    timer: Timer | None
     task: GangTask
     owner: str
     seconds: float
+    end: float  # clock time the stream reaches its end
 
 
 class SimDevice(Device):
@@ -61,7 +64,8 @@ class SimDevice(Device):
         self._stream_end = 0.0  # clock time the last gang enqueued ends
         self._flight: deque[_Gang] = deque()  # oldest first
         self._mine: set[int] = set()  # ids of those promises: outputs of this stream
-        self._enqueued: set[str] = set()  # gangs enqueued; their timers report them
+        self._enqueued: set[str] = set()  # gangs enqueued; they report when they end
+        self._timer: Timer | None = None  # set for the oldest gang's end while any is in flight
         self._peak = 0
 
     async def execute(self, computation: Computation, inputs: list[np.ndarray]) -> np.ndarray:
@@ -78,6 +82,9 @@ class SimDevice(Device):
     def answer_after(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
         """A small output rides in its handle: the answer waits until it exists."""
         return self._pending(outputs)
+
+    def running_dry(self) -> bool:
+        return not self._flight
 
     def in_flight(self) -> tuple[int, int]:
         return len(self._flight), self._peak
@@ -132,11 +139,9 @@ class SimDevice(Device):
         self._stream_end = max(now, self._stream_end) + seconds
         ready: Promise[None] = Promise(computation.name)
         buffer_id = self.store.put(out, owner, reserved=True, ready=ready, place=self.device_id)
-        gang = _Gang(ready, None, task, owner, seconds)
-        gang.timer = self.clock.call_later(
-            self._stream_end - now, functools.partial(self._finished, gang)
-        )
-        self._flight.append(gang)
+        self._flight.append(_Gang(ready, task, owner, seconds, self._stream_end))
+        if self._timer is None:
+            self._arm(now)
         self._mine.add(id(ready))
         self._peak = max(self._peak, len(self._flight))
         return self._handle(buffer_id, out)
@@ -149,24 +154,31 @@ class SimDevice(Device):
         pending = self.store.pending(handle.id) if handle.id in self.store else None
         return None if pending is None or id(pending) in self._mine else pending
 
-    def _finished(self, last: _Gang) -> None:
-        """The stream reached the end of ``last`` (on the loop, by its timer),
-        so of every gang before it too: their outputs exist now, and their
-        device time is charged."""
-        while self._flight:
-            gang = self._flight.popleft()
-            self._mine.discard(id(gang.ready))
-            if gang.timer is not None and gang is not last:
-                gang.timer.cancel()
-            self.background_busy_s += gang.seconds
-            self.store.ledger.charge(gang.owner, gang.seconds)
-            if timeline.RECORDER.on:
-                end = timeline.now_us()
-                start = end - gang.seconds * 1e6
-                timeline.gang(self.host_id, self.device_id, gang.task, gang.owner, start, True, end)
-            gang.ready.set_result(None)
-            if gang is last:
-                return
+    def _arm(self, now: float) -> None:
+        """Wake (to within tens of microseconds) when the oldest gang ends."""
+        delay = self._flight[0].end - now
+        self._timer = call_later_precisely(self.clock, delay, self._ended)
+
+    def _ended(self) -> None:
+        """The stream reached the end of its oldest gang (on the loop): the
+        gangs that ended by now are done; wake again for the next."""
+        self._timer = None
+        now = self.clock.now()
+        while self._flight and self._flight[0].end <= now + _SLACK_S:
+            self._finish(self._flight.popleft())
+        if self._flight:
+            self._arm(now)
+
+    def _finish(self, gang: _Gang) -> None:
+        """A gang ended: its outputs exist now, and its device time is charged."""
+        self._mine.discard(id(gang.ready))
+        self.background_busy_s += gang.seconds
+        self.store.ledger.charge(gang.owner, gang.seconds)
+        if timeline.RECORDER.on:
+            end = timeline.now_us()
+            start = end - gang.seconds * 1e6
+            timeline.gang(self.host_id, self.device_id, gang.task, gang.owner, start, True, end)
+        gang.ready.set_result(None)
 
     async def _drained(self) -> None:
         """Once every gang enqueued here ended."""
@@ -175,7 +187,9 @@ class SimDevice(Device):
 
     async def on_stop(self) -> None:
         """Gangs still in flight end now: their readers are not left waiting."""
-        if self._flight:
-            self._flight[-1].timer.cancel()  # type: ignore[union-attr]
-            self._finished(self._flight[-1])
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._flight:
+            self._finish(self._flight.popleft())
         await super().on_stop()

@@ -165,6 +165,34 @@ def _in_trio() -> bool:
     return True
 
 
+def call_later_precisely(clock: Clock, seconds: float, callback: Callable[[], object]) -> Timer:
+    """``clock.call_later``, to within tens of microseconds on a
+    :class:`WallClock` under asyncio (on the loop's ``timerfd``, where an
+    asyncio timer can fire up to a millisecond late: epoll waits whole
+    milliseconds); elsewhere what ``clock.call_later`` gives."""
+    loop = running_asyncio_loop() if isinstance(clock, WallClock) else None
+    alarm = wake_at(loop, time.monotonic() + max(0.0, seconds)) if loop is not None else None
+    if alarm is None:
+        return clock.call_later(seconds, callback)
+    return _AlarmTimer(alarm, callback)
+
+
+class _AlarmTimer:
+    """A callback on a loop's alarm (``call_later_precisely``)."""
+
+    def __init__(self, alarm: asyncio.Future[None], callback: Callable[[], object]) -> None:
+        self._alarm = alarm
+        self._callback = callback
+        alarm.add_done_callback(self._fired)
+
+    def _fired(self, alarm: asyncio.Future[None]) -> None:
+        if not alarm.cancelled():
+            _logged(self._callback)
+
+    def cancel(self) -> None:
+        self._alarm.cancel()
+
+
 def _logged(callback: Callable[[], object]) -> None:
     try:
         callback()

@@ -19,6 +19,7 @@ import sniffio
 
 from ._actor import ActorRef, Channel
 from ._alarm import running_asyncio_loop
+from ._clock import call_later_precisely
 from ._counts import COUNTS as counts
 from ._promise import Promise, WaitCounter, count_waits, detach_wait_counter
 from ._system import _Cell, share_arguments_with
@@ -28,6 +29,7 @@ __all__ = [
     "MessageHandler",
     "WaitCounter",
     "attach_pipeline",
+    "call_later_precisely",
     "call_soon",
     "channel_of",
     "count_waits",

@@ -91,7 +91,7 @@ class IslandScheduler(Actor):
         self._events = itertools.count()
         self._pending: dict[str, tuple[GangTask, Sequence[Any], str, Promise[Any], int]] = {}
         self.rendezvous: ActorRef[Rendezvous] | None = None
-        self._completions: list[tuple[str, int]] = []
+        self._completions: list[tuple[str, int, bool]] = []  # gang, device, idle
         self._positions = 0  # gangs dispatched: each gang's place in the island's order
         self._running: dict[str, int] = {}  # gang -> its shards sent and not done (status)
         self._installed: dict[int, tuple[ActorRef[Device], set[int]]] = {}  # device -> plans
@@ -377,7 +377,8 @@ class IslandScheduler(Actor):
         device is gone (its host lost) abandons its gang's barriers, so that
         the gang's other shards fail instead of waiting there forever.
         """
-        self._completions.append((gang_id, device))
+        idle = shard.exception() is None and getattr(shard.result(), "idle", False)
+        self._completions.append((gang_id, device, idle))
         if len(self._completions) == 1:
             self.ctx.ref.completed()
         error = shard.exception()
@@ -433,12 +434,13 @@ class IslandScheduler(Actor):
     def completed(self) -> int:
         """Feed every queued completion to the policy; returns how many."""
         done, self._completions = self._completions, []
-        for gang_id, device in done:
+        for gang_id, device, idle in done:
             left = self._running.pop(gang_id, 1) - 1
             if left > 0:
                 self._running[gang_id] = left
             if self.broken is None:
-                self._carry_out(self._handled(Completed(next(self._events), gang_id, device)))
+                event = Completed(next(self._events), gang_id, device, idle)
+                self._carry_out(self._handled(event))
         return len(done)
 
 

@@ -57,11 +57,14 @@ class Submit:
 
 @dataclass(frozen=True)
 class Completed:
-    """One device finished its shard of a gang."""
+    """One device finished its shard of a gang. ``idle``: it had nothing
+    else of this island's left to run then (a device that runs ahead of its
+    host says so; others never do): it waits for its next dispatch."""
 
     event_id: int
     gang_id: str
     device: int
+    idle: bool = False
 
 
 Event = Submit | Completed

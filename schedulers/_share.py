@@ -26,7 +26,10 @@ The guarantees, and how they are kept:
   below) was nobody's share, so all passes are levelled when sharing starts.
 
 Devices are kept only ``depth`` gangs deep while several clients are
-present, so that the order the policy chooses is the order devices run.
+present, so that the order the policy chooses is the order devices run; a
+device that runs dry while work waits for it is kept a gang deeper each
+time (up to ``max_depth``): its gangs are shorter than the round trip
+from its completion to its next dispatch.
 While one client alone has used the island (for the last ``horizon``
 dispatches), there is nothing to share and the policy dispatches every gang
 as it is submitted, exactly like gang FIFO; that is why it can be every
@@ -74,16 +77,25 @@ class ClientShare:
 class SharePolicy:
     """Stride scheduling over gangs, an :class:`~atoll.schedulers.IslandPolicy`.
 
-    ``depth``: how many gangs a device is sent ahead while clients share it.
-    ``horizon``: how many dispatches a client stays *present* after its last
-    work (while one client alone is present, gangs go at once, as in FIFO).
+    ``depth``: how many gangs a device is sent ahead while clients share it,
+    at first. A device that runs dry while work waits for it (its last gang
+    completed before the next could reach it: the control plane's round
+    trip is longer than the gangs queued there) is kept one gang deeper each
+    time, up to ``max_depth``. ``horizon``: how many dispatches a client
+    stays *present* after its last work (while one client alone is present,
+    gangs go at once, as in FIFO).
     """
 
-    def __init__(self, depth: int = 8, horizon: int = 256) -> None:
-        if depth < 1 or horizon < 0:
-            raise PolicyError(f"depth must be >= 1 and horizon >= 0, got {depth}, {horizon}")
+    def __init__(self, depth: int = 8, horizon: int = 256, max_depth: int = 32) -> None:
+        if depth < 1 or horizon < 0 or max_depth < depth:
+            raise PolicyError(
+                f"depth must be >= 1, horizon >= 0 and max_depth >= depth, "
+                f"got {depth}, {horizon}, {max_depth}"
+            )
         self.depth = depth
+        self.max_depth = max_depth
         self.horizon = horizon
+        self._depth: dict[int, int] = {}  # device -> how deep it is kept (if not `depth`)
         self._seq = 0
         self._clients: dict[str, ClientShare] = {}
         self._left: dict[str, tuple[str, set[int]]] = {}  # gang -> client, devices not done
@@ -124,6 +136,9 @@ class SharePolicy:
             raise PolicyError(f"{event.gang_id!r} was not running on device {event.device}")
         left.discard(event.device)
         self._busy[event.device] -= 1
+        if self._sharing and event.idle and self._wanted(event.device):
+            deeper = min(self.max_depth, self._depth.get(event.device, self.depth) + 1)
+            self._depth[event.device] = deeper  # it ran dry: keep it deeper
         if not left:
             del self._left[event.gang_id]
             client = self._clients[owner]
@@ -133,6 +148,10 @@ class SharePolicy:
         if sharing and not self._sharing:
             self._level()
         self._sharing = sharing
+
+    def _wanted(self, device: int) -> bool:
+        """Whether a client's next gang needs ``device``."""
+        return any(c.queue and device in c.queue[0].devices for c in self._clients.values())
 
     def _level(self) -> None:
         """The island starts being shared: what went before was nobody's
@@ -145,25 +164,26 @@ class SharePolicy:
     def _fill(self, cause: int) -> list[Instruction]:
         """Dispatch gangs, lowest pass first, while devices have room."""
         out: list[Instruction] = []
-        limit = self.depth if self._sharing else None
-        while (chosen := self._next(limit)) is not None:
+        while (chosen := self._next(self._sharing)) is not None:
             out += self._dispatch(cause, chosen)
         return out
 
-    def _next(self, limit: int | None) -> str | None:
+    def _room(self, devices: tuple[int, ...]) -> bool:
+        """Whether every one of ``devices`` has fewer gangs than it is kept deep."""
+        return all(self._busy[d] < self._depth.get(d, self.depth) for d in devices)
+
+    def _next(self, limited: bool) -> str | None:
         """The client whose head gang goes next, or None when none can."""
         waiting = [name for name, c in self._clients.items() if c.queue]
         if not waiting:
             return None
         first = min(waiting, key=lambda n: self._clients[n].pass_)  # as sorted's first
-        if limit is None or all(
-            self._busy[d] < limit for d in self._clients[first].queue[0].devices
-        ):
+        if not limited or self._room(self._clients[first].queue[0].devices):
             return first  # the usual case: no sort
         reserved: set[int] = set()
         for name in sorted(waiting, key=lambda n: self._clients[n].pass_):
             devices = self._clients[name].queue[0].devices
-            room = limit is None or all(self._busy[d] < limit for d in devices)
+            room = self._room(devices)
             if room and reserved.isdisjoint(devices):
                 return name
             reserved.update(devices)  # held for this client: no one behind takes them

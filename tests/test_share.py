@@ -274,3 +274,39 @@ def test_what_ran_before_sharing_started_is_owed_by_nobody() -> None:
     got = shares(island.device_time, clients)
     for client in clients:
         assert got[client] == pytest.approx(WEIGHTS[client] / 15, rel=0.05), got
+
+
+def _deep_island(max_depth: int) -> tuple[SharePolicy, list[str]]:
+    """Two clients sharing device 0 (depth 2 at first), each with 20 gangs
+    queued; the gangs the policy dispatched, in order."""
+    policy = SharePolicy(depth=2, max_depth=max_depth)
+    sent = [i.gang_id for i in policy.handle(Submit(0, "a0", (0,), "a"))]
+    sent += [i.gang_id for i in policy.handle(Submit(1, "b0", (0,), "b"))]
+    policy.handle(Completed(2, "a0", 0))  # two clients present: devices stay shallow
+    for n in range(1, 21):
+        for client in "ab":
+            sent += [i.gang_id for i in policy.handle(Submit(3 + n, f"{client}{n}", (0,), client))]
+    return policy, sent
+
+
+def test_a_device_that_runs_dry_while_work_waits_is_kept_deeper() -> None:
+    """Each completion after which the device had nothing left to run (it
+    runs ahead of its host, and says so) keeps it one gang deeper, up to
+    ``max_depth``; completions that leave it busy change nothing."""
+    policy, sent = _deep_island(max_depth=4)
+    running = len(sent) - 1  # a0 completed
+    events = itertools.count(100)
+    for gang in sent[1:3]:  # the device still had work: no deeper
+        running += len(policy.handle(Completed(next(events), gang, 0))) - 1
+    assert running == 2
+    done = set(sent[:3])
+    for _ in range(4):  # it ran dry each time
+        gang = next(g for g in policy_running(policy) if g not in done)
+        done.add(gang)
+        running += len(policy.handle(Completed(next(events), gang, 0, idle=True))) - 1
+    assert running == 4  # 2, then one deeper per dry completion, up to max_depth
+
+
+def policy_running(policy: SharePolicy) -> list[str]:
+    """The gangs the policy has sent and not seen complete, oldest first."""
+    return list(policy._left)
