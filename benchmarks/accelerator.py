@@ -239,6 +239,12 @@ def measure_size(
 
 
 # -- the whole benchmark ----------------------------------------------------------
+def _rank(size: int, position: int, default: Sequence[int]) -> int:
+    """A size's rank for its targets: its place among the platform's sizes
+    (``--sizes 512`` is the CPU's large one), else its place as asked."""
+    return default.index(size) if size in default else min(position, 2)
+
+
 def run(
     sizes: Sequence[int] | None,
     seconds: float,
@@ -249,9 +255,10 @@ def run(
 ) -> list[Row]:
     """Every size and variant, each in a process of its own; the rows they printed."""
     platform = _platform()
-    chosen = list(sizes or (GPU_SIZES if platform == "gpu" else CPU_SIZES))
+    default = GPU_SIZES if platform == "gpu" else CPU_SIZES
+    chosen = list(sizes or default)
     rows: list[Row] = []
-    jobs = [(rank, size, v) for rank, size in enumerate(chosen) for v in variants]
+    jobs = [(_rank(size, i, default), size, v) for i, size in enumerate(chosen) for v in variants]
     for rank, size, variant in track(jobs, "sizes"):
         env = _env(platform)
         if variant == "unfused":
