@@ -92,6 +92,7 @@ ENDPOINTS = {
     RUN_CALL_DIRECT: "run_call",
 }
 DIRECT = "atoll: answered by the device's host"  # a controller's answer that is not sent
+_CALL_ARGS = 7  # Controller.run_call's arguments before its reply, as a client sends them
 LARGEST_ARRAY = 1 << 16  # larger arrays go by Cap'n Proto (its data plane)
 # a message's head: its request (numbered by the sender; an answer has the
 # number of its call), what it asks and of which device; a pickle follows
@@ -432,8 +433,9 @@ class _ControllerEnd(_End):
         controller, _ = self._controller(target)
         if kind == SYNC:  # the calls before it are in the controller's mailbox
             return as_promise(None)
-        if kind == RUN_CALL_DIRECT and self.client is not None:  # its host may answer it
-            return _settled(controller.run_call(*args, reply=(self.client, request)))
+        if kind == RUN_CALL_DIRECT and self.client is not None and len(args) == _CALL_ARGS:
+            # its host may answer it; by position (a keyword costs a signature check)
+            return _settled(controller.run_call(*args, (self.client, request)))
         if kind not in (RUN_GRAPH, RUN_CALL, RUN_CALL_DIRECT):
             raise AtollError(f"a call lane does not take calls of kind {kind}")
         return _settled(getattr(controller, ENDPOINTS[kind])(*args))
