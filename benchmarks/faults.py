@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import json
 import os
 import random
@@ -273,6 +274,9 @@ async def client_loop(cluster_file: str, seconds: float, seed: int, bound: float
 
 
 def _client_main(args: argparse.Namespace) -> int:
+    # still here long after its programs' bounds: say where every thread waits
+    faulthandler.dump_traceback_later(args.seconds + 2 * args.bound)
+
     async def body() -> _Tally:
         from ..transports.capnp import capnp_runtime
 
@@ -518,6 +522,7 @@ class _Run:
         self.clients: list[subprocess.Popen[str]] = []
         self.joiners: list[subprocess.Popen[str]] = []  # hosts started by rejoin
         self.proxied: dict[int, bool] = {}
+        self.errors: dict[int, Path] = {}  # each client's stderr, by pid
         self.pids: set[int] = {cluster.up.pid, *cluster.host_pids}
         self.lost: set[int] = set()
         self.tally = _Tally()  # every client's, summed
@@ -534,14 +539,24 @@ class _Run:
         args = ["atoll.benchmarks.faults", "--client", "--cluster-file", str(where)]
         args += ["--seconds", f"{seconds:.1f}", "--seed", str(next(self.seeds))]
         args += ["--bound", str(self.bound)]
-        client = _spawn(args, self.cluster.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        errors = self.cluster.cluster_file.parent / f"client-{len(self.clients)}.err"
+        with errors.open("w") as stderr:  # the child keeps its own copy of the file
+            client = _spawn(args, self.cluster.env, stdout=subprocess.PIPE, stderr=stderr)
+        self.errors[client.pid] = errors
         self.clients.append(client)
         self.proxied[client.pid] = proxied
         self.pids.add(client.pid)
 
     def collect(self, client: subprocess.Popen[str]) -> None:
         """Add a client's tally, once it ended; one that reported none crashed."""
-        out, _ = client.communicate(timeout=self.bound * 4)
+        try:
+            out, _ = client.communicate(timeout=self.bound * 4)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            client.communicate()
+            tail = self.errors[client.pid].read_text(errors="replace")[-4000:]
+            why = f"a fault client did not end in time; its stderr ends:\n{tail}"
+            raise AtollError(why) from None
         tally = self.tally
         if "OUTCOMES " not in out:
             tally.outcomes["crashed"] += 1
