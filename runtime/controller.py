@@ -535,8 +535,8 @@ class Controller(Actor):
         run = _CompiledRun(
             compiled, plan_, list(inputs), owner, epoch, outs, Promise("ran"), earlier or {}
         )
-        made_by = {device for node, _, device in compiled.outputs if node >= 0}
-        if reply is not None and len(compiled.programs) == 1 and made_by == set(compiled.programs):
+        made = all(node >= 0 for node, _, _ in compiled.outputs)  # none is a program input
+        if reply is not None and made and len(compiled.programs) == 1:
             outputs = [(node, index) for node, index, _ in compiled.outputs]
             run.reply = (*reply, outputs)
         if tag:  # while it goes, later runs may read its outputs where they are
