@@ -38,6 +38,7 @@ from ..kernel import (
     endpoint,
     failed,
     first_settled,
+    flatten,
     forward,
     then,
     value_of,
@@ -400,17 +401,16 @@ class Device(Actor):
             ran[step] = await self._planned_step(gang, epoch, prefix, values, made, owner)
             self._release([step], release, ran, report, passed, program)
             step += 1
-        reported = then(all_settled([out for *_, out in ran.values()]), self._idle_then(report))
-        return reported if reply is None else then(reported, functools.partial(self._reply, reply))
+        ended = functools.partial(self._run_ended, report, reply)
+        return then(all_settled([out for *_, out in ran.values()]), ended)
 
-    def _idle_then(self, report: RunReport) -> Callable[[Any], RunReport]:
-        """``report``, once the run ended here, saying whether the device ran dry."""
-
-        def ended(_: Any) -> RunReport:
-            report.idle = self.running_dry()
-            return report
-
-        return ended
+    def _run_ended(self, report: RunReport, reply: Reply | None, _: Any) -> RunReport:
+        """The run ended here: its report, saying whether the device ran dry,
+        and the client's call answered (``reply``), if it can be."""
+        report.idle = self.running_dry()
+        if reply is not None:
+            self._reply(reply, report)
+        return report
 
     def running_dry(self) -> bool:
         """Whether this device, which runs ahead of its host, has nothing in
@@ -418,7 +418,7 @@ class Device(Actor):
         run ahead (its queue is its mailbox, which this does not see)."""
         return False
 
-    def _reply(self, reply: Reply, report: RunReport) -> RunReport:
+    def _reply(self, reply: Reply, report: RunReport) -> None:
         """Answer a client's call with a run's outputs, unless a gang failed
         (the controller says how, as for any run) or the client has no
         link to this host process."""
@@ -426,7 +426,6 @@ class Device(Actor):
         if not report.errors:
             values = [report.outputs[node, index] for node, index in outputs]
             report.answered = runlane.answer(client, request, self.host_id, values)
-        return report
 
     async def _planned_step(
         self,
@@ -854,16 +853,4 @@ def _every(promises: Sequence[Promise[None]]) -> Promise[None]:
 def _after(later: Promise[None] | None, promise: Promise[T]) -> Promise[T]:
     """``promise``, settled no sooner than ``later`` (failed with its error, if
     it fails: the outputs it stands for never came to exist)."""
-    if later is None:
-        return promise
-    out: Promise[T] = Promise("after")
-
-    def settled(_: Promise[None]) -> None:
-        error = later.exception()
-        if error is not None:
-            out.set_exception(error)
-        else:
-            forward(promise, out)
-
-    later.add_done_callback(settled)
-    return out
+    return promise if later is None else flatten(then(later, lambda _: promise))
