@@ -96,7 +96,6 @@ class SharePolicy:
         self.max_depth = max_depth
         self.horizon = horizon
         self._depth: dict[int, int] = {}  # device -> how deep it is kept (if not `depth`)
-        self._devices: set[int] = set()  # every device a gang was submitted for
         self._seq = 0
         self._clients: dict[str, ClientShare] = {}
         self._left: dict[str, tuple[str, set[int]]] = {}  # gang -> client, devices not done
@@ -130,7 +129,6 @@ class SharePolicy:
         client.last_seen = self._seq
         client.queue.append(event)
         self._held.add(event.gang_id)
-        self._devices.update(event.devices)
 
     def _complete(self, event: Completed) -> None:
         owner, left = self._left.get(event.gang_id, ("", set()))
@@ -182,9 +180,10 @@ class SharePolicy:
         first = min(waiting, key=lambda n: self._clients[n].pass_)  # as sorted's first
         if not limited or self._room(self._clients[first].queue[0].devices):
             return first  # the usual case: no sort
-        open_ = {d for d in self._devices if self._busy[d] < self._depth.get(d, self.depth)}
         # a head gang on full devices only can neither go nor hold an open one
-        waiting = [n for n in waiting if not open_.isdisjoint(self._clients[n].queue[0].devices)]
+        waiting = [
+            n for n in waiting if any(self._room((d,)) for d in self._clients[n].queue[0].devices)
+        ]
         reserved: set[int] = set()
         for name in sorted(waiting, key=lambda n: self._clients[n].pass_):
             devices = self._clients[name].queue[0].devices
