@@ -10,6 +10,8 @@ lost link fails what was sent on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -176,6 +178,17 @@ def _plus_one(x: np.ndarray) -> np.ndarray:
     return np.asarray(x) + 1
 
 
+@contextlib.asynccontextmanager
+async def _session(tmp_path: Path, token: str, name: str) -> AsyncIterator[Any]:
+    """A session of a client in this process on ``atoll up`` with two hosts."""
+    async with (
+        capnp_runtime(),
+        up_cluster(2, tmp_path, token * 16) as cluster,
+        connect(cluster.cluster_file) as client,
+    ):
+        yield await client.cluster(name)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 async def test_runs_go_by_lane_and_a_pipelined_promise_still_reaches_its_run(
@@ -186,12 +199,7 @@ async def test_runs_go_by_lane_and_a_pipelined_promise_still_reaches_its_run(
     promise passed on before it settled goes beside its run (stash), in
     order, and the chain's value is right."""
     step = Computation("plus1", _plus_one, flops=1e3)
-    async with (
-        capnp_runtime(),
-        up_cluster(2, tmp_path, "3c" * 16) as cluster,
-        connect(cluster.cluster_file) as client,
-    ):
-        handle = await client.cluster("lanes")
+    async with _session(tmp_path, "3c", "lanes") as handle:
         x = await handle.fetch(handle.run(step, 0, [np.zeros(2, np.float32)]))
         calls = process_counters()["capnp_calls_out"]
         for _ in range(20):
@@ -214,12 +222,7 @@ async def test_a_release_made_after_a_run_reaches_the_controller_after_it(
     the controller's mailbox, so the run is planned on a slice still held."""
     step = Computation("plus1", _plus_one, flops=1e3)
     scalar = Aval((), "float32")
-    async with (
-        capnp_runtime(),
-        up_cluster(2, tmp_path, "3d" * 16) as cluster,
-        connect(cluster.cluster_file) as client,
-    ):
-        handle = await client.cluster("order")
+    async with _session(tmp_path, "3d", "order") as handle:
         for attempt in range(20):
             slice_ = await handle.devices(1)
             builder = GraphBuilder()
@@ -311,12 +314,7 @@ async def test_a_call_on_one_device_is_answered_by_its_host(tmp_path: Path) -> N
     controller's answer is not sent); a call whose computation fails is
     answered by the controller, with its error."""
     step = Computation("plus1", _plus_one, flops=1e3)
-    async with (
-        capnp_runtime(),
-        up_cluster(2, tmp_path, "3e" * 16) as cluster,
-        connect(cluster.cluster_file) as client,
-    ):
-        handle = await client.cluster("direct")
+    async with _session(tmp_path, "3e", "direct") as handle:
         x = await handle.fetch(handle.run(step, 0, [np.zeros(2, np.float32)]))
         host = handle.topology.device(0).host
         for _ in range(500):  # the fetch dialled the host's process: its lane comes up
