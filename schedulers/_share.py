@@ -101,6 +101,7 @@ class SharePolicy:
         self._left: dict[str, tuple[str, set[int]]] = {}  # gang -> client, devices not done
         self._held: set[str] = set()  # gangs queued in the policy, not dispatched
         self._busy: Counter[int] = Counter()  # device -> shards sent, not completed
+        self._full: set[int] = set()  # devices sent as many gangs as they are kept deep
         self._floor = 0.0  # the pass of the last client served
         self._sharing = False  # several clients present: devices kept `depth` deep
 
@@ -135,10 +136,13 @@ class SharePolicy:
         if event.device not in left:
             raise PolicyError(f"{event.gang_id!r} was not running on device {event.device}")
         left.discard(event.device)
-        self._busy[event.device] -= 1
-        if self._sharing and event.idle and self._wanted(event.device):
-            deeper = min(self.max_depth, self._depth.get(event.device, self.depth) + 1)
-            self._depth[event.device] = deeper  # it ran dry: keep it deeper
+        device = event.device
+        self._busy[device] -= 1
+        if self._sharing and event.idle and self._wanted(device):
+            deeper = min(self.max_depth, self._depth.get(device, self.depth) + 1)
+            self._depth[device] = deeper  # it ran dry: keep it deeper
+        if self._busy[device] < self._depth.get(device, self.depth):
+            self._full.discard(device)
         if not left:
             del self._left[event.gang_id]
             client = self._clients[owner]
@@ -168,29 +172,36 @@ class SharePolicy:
             out += self._dispatch(cause, chosen)
         return out
 
-    def _room(self, devices: tuple[int, ...]) -> bool:
-        """Whether every one of ``devices`` has fewer gangs than it is kept deep."""
-        return all(self._busy[d] < self._depth.get(d, self.depth) for d in devices)
-
     def _next(self, limited: bool) -> str | None:
-        """The client whose head gang goes next, or None when none can."""
-        waiting = [name for name, c in self._clients.items() if c.queue]
-        if not waiting:
-            return None
-        first = min(waiting, key=lambda n: self._clients[n].pass_)  # as sorted's first
-        if not limited or self._room(self._clients[first].queue[0].devices):
-            return first  # the usual case: no sort
-        # a head gang on full devices only can neither go nor hold an open one
+        """The client whose head gang goes next, or None when none can.
+
+        Clients are taken lowest pass first (ties in the order they came).
+        Unlimited, that is simply the first. Limited, it is the first whose
+        head gang's devices all have room and are not reserved: each client
+        passed over whose head touches a device with room reserves all of
+        that head's devices (a head on full devices only reserves none)."""
+        clients = self._clients
+        if not limited:
+            best, lowest = None, float("inf")
+            for name, client in clients.items():
+                if client.queue and client.pass_ < lowest:
+                    best, lowest = name, client.pass_
+            return best
+        full = self._full
         waiting = [
-            n for n in waiting if any(self._room((d,)) for d in self._clients[n].queue[0].devices)
+            (c.pass_, i, c.queue[0].devices, n)
+            for i, (n, c) in enumerate(clients.items())
+            if c.queue
         ]
+        waiting.sort()
         reserved: set[int] = set()
-        for name in sorted(waiting, key=lambda n: self._clients[n].pass_):
-            devices = self._clients[name].queue[0].devices
-            room = self._room(devices)
-            if room and reserved.isdisjoint(devices):
-                return name
-            reserved.update(devices)  # held for this client: no one behind takes them
+        for _, _, devices, name in waiting:
+            if full.isdisjoint(devices):
+                if reserved.isdisjoint(devices):
+                    return name
+                reserved.update(devices)
+            elif not full.issuperset(devices):
+                reserved.update(devices)  # held for this client: no one behind takes them
         return None
 
     def _dispatch(self, cause: int, name: str) -> list[Instruction]:
@@ -208,6 +219,9 @@ class SharePolicy:
         self._seq += 1
         self._left[gang.gang_id] = (name, set(devices))
         self._busy.update(devices)
+        for device in devices:
+            if self._busy[device] >= self._depth.get(device, self.depth):
+                self._full.add(device)
         if self.horizon and seq % self.horizon == 0:
             self._prune()
         return [Dispatch(cause, gang.gang_id, device, seq) for device in devices]
@@ -267,6 +281,8 @@ class SharePolicy:
     def validate(self) -> None:
         pending = Counter(d for _, left in self._left.values() for d in left)
         assert +pending == +self._busy, (pending, self._busy)
+        full = {d for d, n in self._busy.items() if n >= self._depth.get(d, self.depth)}
+        assert full == self._full, (full, self._full)
         assert all(left for _, left in self._left.values()), "a finished gang is still tracked"
         running = Counter(owner for owner, _ in self._left.values())
         for name, client in self._clients.items():
