@@ -128,6 +128,19 @@ def _parser() -> argparse.ArgumentParser:
         help="where the first host serves the hosts' JAX runtime (--device jax; "
         "default: a free port on --host), for --remote-hosts to join",
     )
+    config = sub.add_parser(
+        "config", help="the settings in force here, or in a running cluster (docs/configuration.md)"
+    )
+    config.add_argument(
+        "--cluster", action="store_true", help="a running cluster's settings, not this process's"
+    )
+    config.add_argument(
+        "--cluster-file", help="that cluster (default: the one atoll up started last)"
+    )
+    config.add_argument("--json", action="store_true", help="print the rows as JSON")
+    config.add_argument(
+        "--markdown", action="store_true", help="print docs/configuration.md (every setting)"
+    )
     status = sub.add_parser("status", help="hosts, islands and sessions of a running cluster")
     status.add_argument("--cluster-file", help="default: the cluster atoll up started last here")
     status.add_argument("--json", action="store_true", help="print the rows as JSON")
@@ -300,6 +313,41 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace) -> int:
+    """``atoll config``: each setting, its value here (or in the cluster
+    with ``--cluster``), its default, its scope and what it sets."""
+    import asyncio
+    import json
+
+    from .kernel import AtollError
+    from .kernel.config import markdown, settings
+    from .runtime.admin import config_rows
+
+    if args.markdown:
+        print(markdown(), end="")
+        return 0
+    try:
+        if args.cluster or args.cluster_file:
+            rows = asyncio.run(config_rows(args.cluster_file))
+        else:
+            rows = settings().rows()
+    except AtollError as exc:
+        raise SystemExit(f"atoll config: {exc}") from None
+    keys = ("variable", "value", "default", "scope", "doc")
+    if args.json:
+        print(json.dumps([dict(zip(keys, row, strict=True)) for row in rows], indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("variable", "value", "default", "scope", "what it sets", title="atoll settings")
+    for env, value, default, scope, doc in rows:
+        shown = value if value == default else f"[bold]{value}[/bold]"
+        table.add_row(env, shown or "-", default or "-", scope, doc)
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+    return 0
+
+
 def _timeline(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -383,7 +431,9 @@ def _host(args: argparse.Namespace) -> int:
         _join_jax_runtime(args)
     # a host started by `atoll up` shares its terminal; one from elsewhere
     # also sends its log to the controller's
-    forward = "ATOLL_PARENT_PID" not in os.environ
+    from .kernel.config import launched
+
+    forward = launched("parent_pid") is None
     logs.set_prefix(f"host (pid {os.getpid()}) | ")
     logs.filter_native_stdout()  # Gloo's connection lines, unless ATOLL_LOG=debug
     try:
@@ -493,7 +543,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``atoll`` console script."""
     args = _parser().parse_args(argv)
     from .kernel import logs
+    from .kernel.config import BadSetting, settings
 
+    try:
+        settings()  # read once, at start: a bad ATOLL_* value is said here
+    except BadSetting as exc:
+        raise SystemExit(f"atoll: {exc} (docs/configuration.md)") from None
     logs.configure()  # ATOLL_LOG=debug|info|warning; each line names its actor
     logs.quiet_native_logs()  # XLA's C++ warnings only with ATOLL_LOG=info or debug
     try:
@@ -527,6 +582,8 @@ def _command(args: argparse.Namespace) -> int:
         return _host(args)
     if args.command == "status":
         return _status(args)
+    if args.command == "config":
+        return _config(args)
     if args.command == "down":
         return _down(args)
     if args.command == "drain":

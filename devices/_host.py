@@ -17,7 +17,7 @@ import itertools
 import logging
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from ..kernel import (
     Directive,
     Promise,
     UsageError,
+    config,
     endpoint,
     log_failure,
     process_counters,
@@ -71,7 +72,11 @@ class Host(Actor):
         cost: CostModel,
         store_bytes: int | None = None,
         plane: DataPlane | None = None,
+        *,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
+        if settings is not None:  # its controller's: this process runs the path as it does
+            config.use(config.settings().with_cluster(settings))
         self.plane = plane if plane is not None else process_plane()
         self.host_id = host_id
         self.island = island
@@ -515,6 +520,12 @@ class Host(Actor):
     def owner_usage(self) -> dict[str, dict[str, float]]:
         """Per owner: bytes and buffers held here, device seconds used here."""
         return self.store.ledger.usage()
+
+    @endpoint
+    def settings_in_force(self) -> dict[str, Any]:
+        """This host process's cluster-scoped settings (its controller's
+        since it joined; ``atoll.kernel.config``)."""
+        return config.settings().cluster()
 
     @endpoint
     def store_usage(self, reset_peak: bool = False) -> dict[str, int]:

@@ -29,7 +29,6 @@ Nothing here is asynchronous: ``JaxDevice.run_segment`` carries it out.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
+from ..kernel.config import settings
 from ._jax_kernel import JaxKernel
 from ._plan import DeviceProgram, PlannedGang
 
@@ -50,7 +50,7 @@ Source = tuple[str, Any]
 
 def fusing() -> bool:
     """Whether devices fuse what they can (``ATOLL_FUSE``, on by default)."""
-    return os.environ.get("ATOLL_FUSE", "1") != "0"
+    return settings().fuse
 
 
 def segments(

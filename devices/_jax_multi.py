@@ -43,6 +43,7 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..kernel.config import env_name, launched, settings
 from ._errors import DeviceError
 
 if TYPE_CHECKING:
@@ -72,20 +73,19 @@ __all__ = [
     "spans_processes",
 ]
 
-COORDINATOR = "ATOLL_JAX_COORDINATOR"
-PROCESSES = "ATOLL_JAX_PROCESSES"
-PROCESS_ID = "ATOLL_JAX_PROCESS_ID"
-LOCAL = "ATOLL_JAX_LOCAL"  # "1": a host process's atoll devices take its own JAX devices
-SERVICE = "ATOLL_JAX_SERVICE"  # "launcher": the launcher serves the coordination service
-HEARTBEAT = "ATOLL_JAX_HEARTBEAT_S"  # see heartbeat_timeout_s
-COLLECTIVE_TIMEOUT = "ATOLL_JAX_COLLECTIVE_TIMEOUT_S"  # see collective_timeout_s
+# the variables, as kernel/config.py declares them
+COORDINATOR = env_name("jax_coordinator")
+PROCESSES = env_name("jax_processes")
+PROCESS_ID = env_name("jax_process_id")
+LOCAL = env_name("jax_local")  # "1": a host process's atoll devices take its own JAX devices
+SERVICE = env_name("jax_service")  # "launcher": the launcher serves the coordination service
+HEARTBEAT = env_name("jax_heartbeat_s")  # see heartbeat_timeout_s
+COLLECTIVE_TIMEOUT = env_name("jax_collective_timeout_s")  # see collective_timeout_s
 
 _KEY = "atoll/jax-device/{}"
 _LOOKUP_TIMEOUT_MS = 120_000  # a device publishes once its runtime is up
 _INIT_TIMEOUT_S = 300  # every host process must join within this
 _SHUTDOWN_TIMEOUT_S = 30
-_HEARTBEAT_S = 100  # jax.distributed.initialize's default
-_COLLECTIVE_TIMEOUT_S = 60
 _COLLECTIVE_FLAG = "xla_cpu_collective_timeout_seconds"
 
 _lock = threading.Lock()
@@ -101,8 +101,8 @@ def coordinator_env(processes: int) -> dict[str, str]:
     when hosts join from other machines too); otherwise the coordinator gets
     a free port on this machine and every process joins from here.
     """
-    coordinator = os.environ.get(COORDINATOR) or f"127.0.0.1:{free_port()}"
-    return {COORDINATOR: coordinator, PROCESSES: os.environ.get(PROCESSES, str(processes))}
+    coordinator = launched("jax_coordinator") or f"127.0.0.1:{free_port()}"
+    return {COORDINATOR: coordinator, PROCESSES: str(launched("jax_processes") or processes)}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -142,12 +142,12 @@ def serve_coordination(processes: int, host: str = "127.0.0.1") -> tuple[dict[st
 # -- a host process's side -----------------------------------------------------------
 def local_devices_only() -> bool:
     """Whether this is a host process whose atoll devices are its own JAX devices."""
-    return os.environ.get(LOCAL) == "1"
+    return bool(launched("jax_local"))
 
 
 def configured() -> bool:
     """Whether this process was started to join a multi-process JAX runtime."""
-    return bool(os.environ.get(COORDINATOR))
+    return bool(launched("jax_coordinator"))
 
 
 def ensure_runtime() -> None:
@@ -167,9 +167,11 @@ def ensure_runtime() -> None:
         update("jax_enable_preemption_service", False)  # its SIGTERM handler: not ours
         update("jax_enable_recoverability", True)  # a lost process does not kill the rest
         _bound_collectives()  # before the backend starts: a lost peer fails collectives
-        coordinator = os.environ[COORDINATOR]
-        processes, process_id = int(os.environ[PROCESSES]), int(os.environ[PROCESS_ID])
-        if os.environ.get(SERVICE) == "launcher":
+        coordinator: str = launched("jax_coordinator")
+        processes, process_id = launched("jax_processes"), launched("jax_process_id")
+        if processes is None or process_id is None:
+            raise DeviceError(f"a JAX runtime at {coordinator} needs {PROCESSES} and {PROCESS_ID}")
+        if launched("jax_service") == "launcher":
             _connect(coordinator, processes, process_id)
         else:
             jax.distributed.initialize(
@@ -211,7 +213,7 @@ def heartbeat_timeout_s() -> int:
     before it counts that process as dead: ``ATOLL_JAX_HEARTBEAT_S``, by
     default JAX's own 100 s. (With recoverability on, a process counted
     dead no longer takes the others down; see ``docs/reliability.md``.)"""
-    return _seconds(HEARTBEAT, _HEARTBEAT_S)
+    return settings().jax_heartbeat_s
 
 
 def collective_timeout_s() -> int:
@@ -220,7 +222,7 @@ def collective_timeout_s() -> int:
     30 minutes). It bounds how long a survivor's shard stays stuck in a
     collective with a host that died meanwhile; it must exceed the longest
     lag between host leaders entering one program (a slow first compile)."""
-    return _seconds(COLLECTIVE_TIMEOUT, _COLLECTIVE_TIMEOUT_S)
+    return settings().jax_collective_timeout_s
 
 
 def _bound_collectives() -> None:
@@ -233,12 +235,6 @@ def _bound_collectives() -> None:
     if _COLLECTIVE_FLAG not in flags:
         bound = f"--{_COLLECTIVE_FLAG}={collective_timeout_s()}"
         os.environ["XLA_FLAGS"] = f"{flags} {bound}".strip()
-
-
-def _seconds(name: str, default: int) -> int:
-    """A positive whole number of seconds from environment variable ``name``."""
-    text = os.environ.get(name, "")
-    return int(text) if text.isdigit() and int(text) > 0 else default
 
 
 def _bind_address(coordinator: str) -> str | None:

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..kernel import ActorRef, ActorSystem, HostLost
+from ..kernel.config import settings
 from ..transports.dataplane import lane
 from ..transports.dataplane.lane import LaneMessage
 
@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["IN_PROCESS", "DataPlane", "ProcessPlane", "Resend", "process_plane", "use_plane"]
 
 _log = logging.getLogger(__name__)
-LANES_ON = os.environ.get("ATOLL_PUSH_LANES", "1") != "0"  # 0: every push by call (A/B runs)
 # what a lane hands back a message it could not deliver to: (its host, the message)
 Resend = Callable[["ActorRef[Host]", LaneMessage], None]
 
@@ -98,7 +97,7 @@ class ProcessPlane(DataPlane):
     async def send_by_lane(
         self, target: PushTarget, message: LaneMessage, resend: Resend, system: ActorSystem
     ) -> bool:
-        if not target.address or not LANES_ON or not lane.fits(message.array):
+        if not target.address or not settings().push_lanes or not lane.fits(message.array):
             return False
         found = self._lanes.get(target.address)
         if found is None:

@@ -27,7 +27,6 @@ the store carries out its instructions.
 from __future__ import annotations
 
 import itertools
-import os
 from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ import anyio
 import numpy as np
 
 from ..kernel import AtollError, Clock, Promise, current_clock, move_on_after
+from ..kernel.config import settings
 from ..transports.dataplane import shm
 from ..transports.dtypes import raw_bytes
 from ..transports.inproc import read_only
@@ -106,9 +106,6 @@ class ObjectStore:
     has it; ``ATOLL_SHM=0`` turns it off).
     """
 
-    # how long reserve() waits for room before it raises StoreFull
-    wait_s = float(os.environ.get("ATOLL_STORE_WAIT_S", "60"))
-
     def __init__(
         self,
         name: str,
@@ -122,6 +119,8 @@ class ObjectStore:
         # it was made (a simulated device's time may jump while a thread works)
         self.clock = clock if clock is not None else current_clock()
         self.capacity_bytes = capacity_bytes
+        # how long reserve() waits for room before it raises StoreFull
+        self.wait_s = settings().store_wait_s  # ATOLL_STORE_WAIT_S
         self.shared = shared and shm.enabled()
         self.used_bytes = 0
         self.peak_bytes = 0  # the most used at once since the last reset_peak

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._system import running_cell
+from .config import settings
 
 __all__ = ["FORMAT", "ActorFilter", "add_sink", "configure", "level_of", "set_prefix"]
 
@@ -67,7 +68,7 @@ def configure(prefix: str = "", stream: Any = None) -> logging.Logger:
     (warnings and above by default). Idempotent."""
     _state["prefix"] = prefix
     logger = logging.getLogger("atoll")
-    wanted = os.environ.get("ATOLL_LOG")
+    wanted = settings().log
     # unset: leave the level to the root logger (warning, unless the program says)
     logger.setLevel(level_of(wanted) if wanted else logging.NOTSET)
     handler = _Stderr(stream)
@@ -147,7 +148,7 @@ def quiet_native_logs() -> None:
     ``ATOLL_LOG=info`` or ``debug``. A threshold the user set is kept; child
     processes inherit it."""
     if "TF_CPP_MIN_LOG_LEVEL" not in os.environ:
-        level = level_of(os.environ.get("ATOLL_LOG"))
+        level = level_of(settings().log)
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = _NATIVE_LEVELS.get(level, "2")
 
 
@@ -159,7 +160,7 @@ def filter_native_stdout() -> None:
     Gloo writes with C++ streams, past Python: file descriptor 1 becomes a
     pipe, and a thread copies what comes down it, line by line, to the
     stdout the process had. For processes atoll starts (host processes)."""
-    if level_of(os.environ.get("ATOLL_LOG")) <= logging.DEBUG:
+    if level_of(settings().log) <= logging.DEBUG:
         return
     sys.stdout.flush()
     real = os.dup(1)

@@ -28,6 +28,7 @@ from .connect import connect
 
 __all__ = [
     "cluster_file_of",
+    "config_rows",
     "drain_host",
     "open_dashboard",
     "record_timeline",
@@ -46,6 +47,16 @@ async def status_rows(path: str | os.PathLike[str] | None, timeout: float = 5.0)
     async with connect(cluster_file_of(path)) as client:
         with anyio.fail_after(timeout * 4):
             return await client.status()
+
+
+async def config_rows(
+    path: str | os.PathLike[str] | None, timeout: float = 5.0
+) -> list[tuple[str, str, str, str, str]]:
+    """The settings of the cluster at ``path`` (``atoll config --cluster``)."""
+    async with connect(cluster_file_of(path)) as client:
+        with anyio.fail_after(timeout):
+            rows = await client.node.lookup("cluster").config_rows()
+    return [(a, b, c, d, e) for a, b, c, d, e in rows]
 
 
 async def record_timeline(

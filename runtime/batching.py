@@ -32,7 +32,6 @@ sends every call at once, each on its own (for A/B runs).
 
 from __future__ import annotations
 
-import os
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import numpy as np
 
 from ..devices import Aval, BufferHandle, Computation
 from ..kernel import Promise
+from ..kernel.config import settings
 from ..kernel.lowlevel import call_soon
 from .graph import Graph, GraphBuilder, SliceSpec, ValueRef
 
@@ -107,7 +107,7 @@ SendCall = Callable[[Computation, int, list[Any], list[int], str, Promise[Any]],
 
 def _batching() -> bool:
     """Whether runs wait for the end of the loop turn (``ATOLL_BATCH_RUNS``)."""
-    return os.environ.get("ATOLL_BATCH_RUNS", "1") != "0"
+    return settings().batch_runs
 
 
 class RunBatcher:

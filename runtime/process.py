@@ -45,6 +45,7 @@ import anyio
 from ..devices import Device, Host, ProcessPlane, use_plane
 from ..devices._host import on_leave
 from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint, logs
+from ..kernel.config import env_name, launched, settings
 from ..transports.capnp import (
     CapnpListener,
     CapnpTransport,
@@ -182,6 +183,7 @@ class ClusterBuilder(Actor):
             spec.cost,
             spec.store_bytes,
             name=f"host{host_id}",
+            settings=spec.settings.cluster(),
         )
         link = peer_of(node)
         if link is not None:  # a dead host's shared memory goes with it
@@ -244,6 +246,13 @@ class ClusterBuilder(Actor):
     def cluster(self) -> Promise[ClusterInfo]:
         """The cluster, once every host has joined (a promise until then)."""
         return self.ready
+
+    @endpoint
+    def config_rows(self) -> list[tuple[str, str, str, str, str]]:
+        """The settings this cluster runs with (``atoll config --cluster``):
+        the launcher's, whose cluster-scoped ones every host took when it
+        joined; (variable, value, default, scope, doc) each."""
+        return self.spec.settings.rows()
 
     @endpoint
     async def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -378,12 +387,7 @@ def host_heartbeat() -> tuple[float, float]:
     to answer. A frozen host is noticed within their sum. The timeout must
     exceed the longest time a host's event loop can be busy (a long compile
     that holds it), or a busy host is taken for a frozen one."""
-    text = os.environ.get("ATOLL_HOST_HEARTBEAT", "")
-    every, _, timeout = text.partition(",")
-    try:
-        return float(every), float(timeout)
-    except ValueError:
-        return 2.0, 8.0
+    return settings().host_heartbeat
 
 
 def _sweep(_: str) -> None:
@@ -429,8 +433,8 @@ def _die_with_parent() -> None:
     """
     with suppress(OSError):  # not Linux: the parent's own cleanup has to do
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGINT)  # PR_SET_PDEATHSIG
-    expected = os.environ.get("ATOLL_PARENT_PID")
-    if expected and os.getppid() != int(expected):
+    expected = launched("parent_pid")
+    if expected is not None and os.getppid() != expected:
         raise SystemExit("atoll host: the launcher is already gone")
 
 
@@ -448,7 +452,8 @@ def _start_hosts(
     """
     from ..devices._jax_multi import LOCAL, PROCESS_ID, coordinator_env
 
-    env = dict(os.environ, ATOLL_TOKEN=token.hex(), ATOLL_PARENT_PID=str(os.getpid()))
+    env = dict(os.environ, **settings().to_env())  # this process's settings, as they are
+    env.update({env_name("token"): token.hex(), env_name("parent_pid"): str(os.getpid())})
     env[LOCAL] = "1"  # a JaxDevice takes its host's own JAX devices
     env.update(coordinator_env(count))
     env.update(jax_env)
@@ -537,12 +542,12 @@ def _jax_runtime(spec: ClusterSpec, address: str) -> tuple[dict[str, str], Any]:
     (``devices/_jax_multi.serve_coordination``), and the environment that
     tells them so; nothing for simulated hosts, or when a coordinator was
     named (``--jax-coordinator``: JAX process 0 serves it there)."""
-    from ..devices._jax_multi import COORDINATOR, PROCESSES, serve_coordination
+    from ..devices._jax_multi import COORDINATOR, serve_coordination
 
     if spec.device_cls.host_cls is None or COORDINATOR in os.environ:
         return {}, None
     host = address.split("://", 1)[-1].rpartition(":")[0] or "127.0.0.1"
-    processes = int(os.environ.get(PROCESSES, spec.local_hosts))
+    processes = launched("jax_processes") or spec.local_hosts
     return serve_coordination(processes, host)
 
 
@@ -630,7 +635,7 @@ def drain_grace_s() -> float:
     """How long a host asked to stop (SIGTERM) spends draining first:
     ``ATOLL_DRAIN_GRACE_S``, 20 s by default (SLURM and Kubernetes kill
     30 s after their SIGTERM)."""
-    return float(os.environ.get("ATOLL_DRAIN_GRACE_S", "20"))
+    return settings().drain_grace_s
 
 
 async def _drain_on(term: asyncio.Event, stop: asyncio.Event, builder: Any, host_id: int) -> None:

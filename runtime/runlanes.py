@@ -33,7 +33,6 @@ import asyncio
 import functools
 import itertools
 import logging
-import os
 import secrets
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +41,7 @@ from typing import Any
 from ..devices import Host
 from ..devices import _runlane as wire
 from ..kernel import ActorRef, AtollError, HostLost, Promise, as_promise, failed, forward, then
+from ..kernel.config import settings
 from ..kernel.lowlevel import counts
 from ..transports import oneway
 
@@ -116,7 +116,7 @@ class RunLanes:
 
 def lanes_on() -> bool:
     """Whether runs go by lane (``ATOLL_RUN_LANES=0``: all by call, for A/B runs)."""
-    return os.environ.get("ATOLL_RUN_LANES", "1") != "0"
+    return settings().run_lanes
 
 
 def host_lane(

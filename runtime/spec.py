@@ -16,6 +16,8 @@ from typing import Any
 
 from ..devices import CostModel, Device, SimDevice
 from ..kernel import AtollError, Clock
+from ..kernel.config import Settings
+from ..kernel.config import settings as current_settings
 from ..schedulers import DEFAULT_POLICY, check_scheduler
 from .topology import Topology
 
@@ -39,6 +41,9 @@ class ClusterSpec:
     (a modelled RPC hop) only make sense in one process.
     ``spares``: the last hosts of every island are kept out of allocation
     for slices that must leave a host (lost, or drained; ``runtime/elastic.py``).
+    ``settings`` (``atoll.kernel.config``): the cluster-scoped ones go to every
+    host process when it joins, so that each runs the dispatch path as the
+    controller does; by default the settings in force where the spec is made.
     """
 
     islands: int = 1
@@ -53,6 +58,7 @@ class ClusterSpec:
     clock: Clock | None = None
     remote_hosts: int = 0
     spares: int = 0  # spare hosts per island
+    settings: Settings = field(default_factory=current_settings)
 
     def __post_init__(self) -> None:
         for label in ("islands", "hosts_per_island", "devices_per_host"):

@@ -17,14 +17,28 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return backend
 
 
+@pytest.fixture(autouse=True)
+def _settings_per_test() -> Iterator[None]:
+    """Each test reads the settings (``atoll.kernel.config``) from the
+    environment as it finds it, once, as a process does at its start."""
+    from atoll.kernel import config
+
+    config.reset()
+    yield
+    config.reset()
+
+
 @pytest.fixture
 def other_machines(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Every process (this one and the hosts started from here) a machine of its
     own: large arrays between them take the bulk byte stream, not shared memory."""
+    from atoll.kernel import config
     from atoll.transports.dataplane import shm
 
     monkeypatch.setenv("ATOLL_MACHINE_ID", "per-process")
+    config.reset()
     shm.machine_id.cache_clear()
     yield
     monkeypatch.delenv("ATOLL_MACHINE_ID")
+    config.reset()
     shm.machine_id.cache_clear()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from atoll.kernel import VirtualClock
+from atoll.kernel.config import settings
 from atoll.transports.dataplane import lane
 from atoll.transports.testing import eventually
 
@@ -153,7 +154,7 @@ async def test_an_acknowledgement_waits_its_delay_on_the_listeners_clock() -> No
         await eventually(lambda: len(got) == 1, "the frame delivered")
         link = lane._links[address]
         assert link.unacked  # the acknowledgement waits for its delay
-        clock.advance(lane.ACK_DELAY_S)
+        clock.advance(settings().lane_ack_s)
         await eventually(lambda: not link.unacked, "the frame acknowledged")
     finally:
         lane.register(7, None)

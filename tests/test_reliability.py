@@ -16,7 +16,6 @@ import pytest
 
 import atoll
 from atoll.devices import Aval, Computation, CostModel
-from atoll.devices._store import ObjectStore
 from atoll.kernel import (
     Actor,
     ActorStopped,
@@ -24,6 +23,7 @@ from atoll.kernel import (
     AtollError,
     Promise,
     VirtualClock,
+    config,
     endpoint,
     flatten,
     then,
@@ -186,10 +186,10 @@ async def test_pushes_into_bounded_stores_never_deadlock(
     """Every program settles, right or failed for want of room (never a
     wrong value, never a hang), and nothing is left in the stores; most
     programs still succeed."""
-    monkeypatch.setattr(ObjectStore, "wait_s", 0.5)
     total: Counter[str] = Counter()
-    for seed in range(ORDER_TRIALS):
-        total += await store_trial(seed)
+    with config.overridden(store_wait_s=0.5):
+        for seed in range(ORDER_TRIALS):
+            total += await store_trial(seed)
     assert total["hang"] == total["wrong"] == total["other"] == total["leak"] == 0, total
     assert total["right"] + total["full"] == ORDER_TRIALS * PROGRAMS
     assert 0 < total["full"] < total["right"], total  # some orders did reach the bound
@@ -202,9 +202,9 @@ async def test_unbounded_waits_for_room_deadlock_in_some_orders(
     """The same trials with the store waiting for ever (as it did): they hang
     (with these stores, in every order tried), so the test above does show
     something."""
-    monkeypatch.setattr(ObjectStore, "wait_s", float("inf"))
     monkeypatch.setattr(sys.modules[__name__], "BOUND_S", 2.0)
-    hung = [(await store_trial(seed))["hang"] for seed in range(ORDER_TRIALS)]
+    with config.overridden(store_wait_s=float("inf")):
+        hung = [(await store_trial(seed))["hang"] for seed in range(ORDER_TRIALS)]
     assert any(hung)
 
 

@@ -25,6 +25,7 @@ import atoll
 from atoll.devices import Computation
 from atoll.devices._inflight import InFlight
 from atoll.devices.jax_device import JaxDevice
+from atoll.kernel import config
 
 pytestmark = pytest.mark.anyio
 
@@ -258,6 +259,7 @@ async def test_consecutive_gangs_fuse_and_give_what_they_give_one_by_one(
     results = []
     for fuse in ("1", "0"):
         monkeypatch.setenv("ATOLL_FUSE", fuse)
+        config.reset()  # a process reads its settings once
         async with atoll.local_cluster(1, 1, 1, device_cls=JaxDevice) as cluster:
             devices = await cluster.devices(1)
             f = devices.jit(step, name="step")

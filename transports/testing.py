@@ -24,6 +24,7 @@ from typing import IO, Any
 import anyio
 
 from ..kernel import TransportError
+from ..kernel.config import env_name
 from .capnp._process import READY_PREFIX
 from .processes import KILL_WAIT_S, stop_processes
 
@@ -51,7 +52,7 @@ class NodeProcess:
         --listen LISTEN EXTRA_ARGS`` (a wrapper, another entry point); it must
         print the ``READY_PREFIX`` line like the node does.
         """
-        env = dict(os.environ, ATOLL_TOKEN=token.hex())
+        env = dict(os.environ, **{env_name("token"): token.hex()})
         if command is None:
             node = [sys.executable, "-m", "atoll.transports.capnp.node"]
             command = [*node, "--listen", listen, *extra_args]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
-import os
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -30,6 +29,7 @@ from typing import Any
 import capnp
 
 from ...kernel import ActorRef, ActorSystem, NodeActor, TransportError
+from ...kernel.config import launched, settings
 from .. import oneway
 from ..dataplane import bulk, lane
 from ._peer import GateServer, Peer, heartbeat
@@ -91,18 +91,15 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 def default_max_calls() -> int | None:
-    """``ATOLL_CONNECTION_CALLS`` (0: no bound), else :data:`MAX_CALLS`."""
-    text = os.environ.get("ATOLL_CONNECTION_CALLS", "").strip()
-    if not text:
-        return MAX_CALLS
-    if not text.isdigit():
-        raise TransportError(f"ATOLL_CONNECTION_CALLS={text!r}: expected a whole number")
-    return int(text) or None
+    """The settings' ``connection_calls`` (``ATOLL_CONNECTION_CALLS``; 0: no
+    bound), else :data:`MAX_CALLS`."""
+    calls = settings().connection_calls
+    return MAX_CALLS if calls is None else calls or None
 
 
 def default_token() -> bytes:
     """The cluster token from ``ATOLL_TOKEN`` (hex), or a fresh random one."""
-    text = os.environ.get("ATOLL_TOKEN")
+    text: str = launched("token")
     return bytes.fromhex(text) if text else secrets.token_bytes(32)
 
 

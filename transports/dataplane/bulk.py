@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import secrets
 import socket
 import struct
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from ...kernel import Timer, TransportError, current_clock
+from ...kernel.config import settings
 
 __all__ = [
     "RELAY_ENV",
@@ -195,7 +195,7 @@ async def receive(address: str, ticket: bytes, nbytes: int) -> np.ndarray:
     ``OSError`` if it cannot be reached, ``TimeoutError`` if it stalls.
     """
     loop = asyncio.get_running_loop()
-    relay = os.environ.get(RELAY_ENV, "")
+    relay = settings().bulk_relay
     host, port = _split(relay or address)
     out = np.empty(nbytes, dtype=np.uint8)
     with socket.socket(_family(host), socket.SOCK_STREAM) as sock:

@@ -5,7 +5,7 @@ messages, three wake-ups and the codec on both sides, for a value of a few
 bytes. On a pipeline's critical path only the first one matters. A *lane* is
 a plain TCP connection from one host process to another that carries just
 that: one frame per pushed value, and nothing back but a cumulative count of
-frames delivered, written ``ACK_DELAY_S`` after the first frame it counts (or
+frames delivered, written ``lane_ack_s`` (``ATOLL_LANE_ACK_S``) after the first frame it counts (or
 at once after ``ACK_EVERY`` frames): on a pipeline's critical path every
 acknowledgement written wakes the sender's process, so several frames share
 one (``ATOLL_LANE_ACK_S`` sets the delay; 0: at the end of the loop turn).
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import pickle
 import struct
 from collections import deque
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...kernel import Clock, Timer, current_clock
+from ...kernel.config import settings
 from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
 from ..oneway import hello, take_hello
 
@@ -63,7 +63,6 @@ MAGIC = b"ALN1"
 MAX_HEADER = 1 << 16
 MAX_BODY = 1 << 14  # lanes are for small values; larger ones take the data plane
 HELLO_TIMEOUT_S = 5.0  # a connection that has not shown the token by then is closed
-ACK_DELAY_S = float(os.environ.get("ATOLL_LANE_ACK_S", "0.005"))
 ACK_EVERY = 256  # frames delivered that are acknowledged at once, whatever the delay
 _FRAME = struct.Struct("!IQ")  # header bytes, body bytes
 _ACK = struct.Struct("!Q")  # frames delivered so far on this connection
@@ -314,7 +313,7 @@ class _Receiver(asyncio.Protocol):
         if self.delivered - self.acked >= ACK_EVERY:
             self._ack()
         elif self._ack_timer is None:
-            self._ack_timer = self.clock.call_later(ACK_DELAY_S, self._ack)
+            self._ack_timer = self.clock.call_later(settings().lane_ack_s, self._ack)
 
     def _ack(self) -> None:
         """Write back the count of frames delivered (once for all since the last)."""

@@ -22,10 +22,11 @@ Making a segment costs more than copying into it: the kernel allocates and
 clears its pages, and the first write to each faults it in (about 40 ms for
 64 MiB here, against 5 ms for the copy). So after a segment of some size is
 taken, a worker thread makes a *spare* of that size with its pages already
-in place (up to two per size, :data:`SPARE_BYTES` in all); the next buffer of
-that size only pays the copy. A spare's name is fresh and was never handed
-out, so nobody can read it (readers may have its file mapped, see below). The
-same worker unmaps mappings that are no longer used, off the event loop.
+in place (up to two per size, ``shm_spare_bytes`` in all, from
+``ATOLL_SHM_SPARE_BYTES``); the next buffer of that size only pays the
+copy. A spare's name is fresh and was never handed out, so nobody can
+read it (readers may have its file mapped, see below). The same worker
+unmaps mappings that are no longer used, off the event loop.
 
 Mapping a segment costs a reader too: the kernel fills in 16,384 page-table
 entries for 64 MiB (about 5.5 ms here, and 2.5 ms more to unmap them). So
@@ -35,14 +36,15 @@ mappings of them:
 * a freed segment is not removed but renamed to a fresh name that nobody
   was told (so a late reader of the old name finds nothing); once its
   creator's last view went, it is kept (:func:`_recycle`; up to two per
-  size, :data:`SPARE_BYTES` in all, else it is removed), and the next
+  size, ``shm_spare_bytes`` in all, else it is removed), and the next
   buffer of its size goes into it (:func:`_reusable`, preferred to a spare;
   counted in ``counts["recycled"]``);
 * a reader holds a shared ``flock`` on a segment while any view of its
   mapping lives, and the creator reuses a segment only while it can take
   an exclusive one: it never rewrites memory that a reader is looking at;
 * a reader keeps a mapping without views for :data:`KEEP_S` (at most
-  :data:`KEEP_BYTES` of them), by the file's identity (device and inode).
+  ``shm_keep_bytes`` of them, from ``ATOLL_SHM_KEEP_BYTES``), by the file's
+  identity (device and inode).
   A segment handed out again under a new name is then read through the
   mapping it already has, pages in place (:func:`_reused`, counted in
   ``counts["maps_reused"]``). It checks, holding the shared lock, that the
@@ -80,6 +82,7 @@ from typing import Any
 import numpy as np
 
 from ...kernel import Clock, current_clock
+from ...kernel.config import settings
 from ..dtypes import dtype_from_wire
 
 __all__ = [
@@ -112,7 +115,7 @@ def machine_id() -> str:
     ``ATOLL_MACHINE_ID`` overrides it; its value ``per-process`` makes every
     process a machine of its own (to force the cross-machine path in tests).
     """
-    override = os.environ.get("ATOLL_MACHINE_ID", "")
+    override = settings().machine_id
     if override == "per-process":
         return f"process-{os.getpid()}-{_TAG}"
     if override:
@@ -127,7 +130,7 @@ def machine_id() -> str:
 
 def enabled() -> bool:
     """Whether this process may make segments (``ATOLL_SHM=0`` turns it off)."""
-    return os.environ.get("ATOLL_SHM", "1") != "0" and os.access(DIRECTORY, os.W_OK)
+    return settings().shm and os.access(DIRECTORY, os.W_OK)
 
 
 class Segment:
@@ -267,7 +270,6 @@ def _fault_in(memory: mmap.mmap) -> None:
 
 
 # -- spares: segments made ahead, in a worker thread ------------------------------
-SPARE_BYTES = int(os.environ.get("ATOLL_SHM_SPARE_BYTES", 256 << 20))
 SPARES_PER_SIZE = 2
 _lock = threading.Lock()
 _spares: dict[int, list[tuple[str, mmap.mmap]]] = {}  # by size, ready to take
@@ -277,13 +279,13 @@ _making: Counter[int] = Counter()  # by size, being made
 
 def _make_spare_soon(nbytes: int) -> None:
     """Have a worker make a spare of ``nbytes`` if there are too few and the
-    budget (:data:`SPARE_BYTES`, ``ATOLL_SHM_SPARE_BYTES``) allows."""
+    budget (``shm_spare_bytes``, ``ATOLL_SHM_SPARE_BYTES``) allows."""
     with _lock:
         if len(_spares.get(nbytes, ())) + _making[nbytes] >= SPARES_PER_SIZE:
             return
         held = sum(size * len(ready) for size, ready in _spares.items())
         held += sum(size * count for size, count in _making.items())
-        if held + nbytes > SPARE_BYTES:
+        if held + nbytes > settings().shm_spare_bytes:
             return
         _making[nbytes] += 1
     with contextlib.suppress(RuntimeError):  # shutting down: no more spares
@@ -292,13 +294,13 @@ def _make_spare_soon(nbytes: int) -> None:
 
 def _recycle(segment: Segment, memory: mmap.mmap) -> bool:
     """Keep ``segment`` (no longer named, no views here), pages in place, for
-    :func:`_reusable`: up to two per size, :data:`SPARE_BYTES` in all."""
+    :func:`_reusable`: up to two per size, ``shm_spare_bytes`` in all."""
     with _lock:
         returned = _returned.setdefault(segment.nbytes, [])
         held = sum(n * len(kept) for n, kept in _returned.items())
         if segment.hidden is None or len(returned) >= SPARES_PER_SIZE:
             return False
-        if held + segment.nbytes > SPARE_BYTES:
+        if held + segment.nbytes > settings().shm_spare_bytes:
             return False
         returned.append((segment.hidden, memory))
     segment.hidden = None  # kept under that name now
@@ -422,7 +424,6 @@ def _unmap(memory: mmap.mmap) -> None:
 
 # -- readers: mappings of other processes' segments, kept for reuse ------------------
 KEEP_S = 1.0  # how long a reader keeps a mapping without views
-KEEP_BYTES = int(os.environ.get("ATOLL_SHM_KEEP_BYTES", 512 << 20))
 
 
 @dataclass(eq=False)
@@ -524,13 +525,13 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 def _keep(read: _Read) -> None:
     """Remember ``read`` for reuse; drop kept mappings without views beyond
-    :data:`KEEP_BYTES` (the oldest first), whose file is gone, or whose loop
+    ``shm_keep_bytes`` (the oldest first), whose file is gone, or whose loop
     (which would have dropped them after :data:`KEEP_S`) is closed."""
     with _lock:
         replaced = _reads.get(read.key)
         _reads[read.key] = read
         idle = sorted((r for r in _reads.values() if not r.views), key=lambda r: -r.idle_since)
-        room, doomed = KEEP_BYTES, []
+        room, doomed = settings().shm_keep_bytes, []
         for kept in idle:
             if len(kept.memory) > room or _stale(kept):
                 doomed.append(_reads.pop(kept.key))
