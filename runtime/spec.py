@@ -126,6 +126,11 @@ class ClusterSpec:
             if self.remote_hosts:
                 raise BadClusterSpec("remote_hosts needs host processes (transport='capnp')")
             self._check_devices()  # one process: its devices are all there are
+            if self.settings.cluster() != current_settings().cluster():
+                raise BadClusterSpec(
+                    "settings= other than this process's: one process has one set of settings "
+                    "(put them in force with atoll.kernel.config.use, or overridden)"
+                )
             return
         if transport != "capnp":
             raise BadClusterSpec(f"transport must be 'inproc' or 'capnp', got {transport!r}")

@@ -14,7 +14,7 @@ import pytest
 from atoll.cli import main
 from atoll.kernel import config
 from atoll.kernel.config import BadSetting, Settings, settings
-from atoll.runtime import ClusterSpec, process_cluster
+from atoll.runtime import BadClusterSpec, ClusterSpec, process_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_DIRS = ("kernel", "transports", "devices", "schedulers", "runtime", "partition")
@@ -120,6 +120,14 @@ def test_the_cli_refuses_a_bad_value_and_shows_the_settings(
     monkeypatch.setenv("ATOLL_FUSE", "maybe")
     with pytest.raises(SystemExit, match="ATOLL_FUSE='maybe': expected 1 or 0"):
         main(["config"])
+
+
+def test_one_process_has_one_set_of_settings() -> None:
+    spec = ClusterSpec(1, 1, 1, settings=Settings().replace(fuse=False))
+    with pytest.raises(BadClusterSpec, match="one process has one set of settings"):
+        spec.check_for("inproc")
+    with config.overridden(fuse=False):
+        spec.check_for("inproc")  # the same as in force: fine
 
 
 @pytest.mark.slow
