@@ -38,7 +38,7 @@ surviving host store must be empty; when the cluster has stopped, no process
 of it may be left, and no shared-memory segment of its processes. Each
 failure that breaks one of these is printed on stderr, with its error.
 
-The CI version is ``tests/test_faults.py`` (a short run of this module).
+The CI version is ``tests/processes/test_faults.py`` (a short run of this module).
 """
 
 from __future__ import annotations

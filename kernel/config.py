@@ -470,8 +470,8 @@ def markdown() -> str:
         "`docs/deploy.md` reads `ATOLL_PORT`, `ATOLL_DEVICE`, `ATOLL_DEVICES_PER_HOST`",
         "and `ATOLL_PROGRAM` (its own shell variables); `./dev` reads",
         "`ATOLL_INSTALL_BROWSER` and `ATOLL_INSTALL_PROMETHEUS`; the tests read",
-        "`ATOLL_STOP_RUNS` (`tests/test_reliability.py`) and `ATOLL_FUZZ_EXAMPLES`",
-        "(`tests/test_security.py`).",
+        "`ATOLL_STOP_RUNS` (`tests/runtime/test_reliability.py`) and `ATOLL_FUZZ_EXAMPLES`",
+        "(`tests/transports/test_security.py`).",
         "",
     ]
     return "\n".join([*head, *rows, *tail])

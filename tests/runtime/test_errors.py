@@ -21,7 +21,7 @@ from atoll.runtime.connect import connect
 from atoll.transports.testing import READY_PREFIX
 
 pytestmark = pytest.mark.anyio
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -84,7 +84,8 @@ def test_a_host_with_a_wrong_token_exits_saying_so() -> None:
 
 
 def test_a_missing_extra_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "ortools", None)  # as if not installed
+    for name in ["ortools", *(m for m in sys.modules if m.startswith("ortools."))]:
+        monkeypatch.setitem(sys.modules, name, None)  # as if not installed (nor imported)
     with pytest.raises(MissingExtra, match=r"pip install 'atoll\[partition\]'"):
         require("ortools.sat.python.cp_model", "the CP-SAT repair")
     with pytest.raises(SystemExit, match=r"pip install 'atoll\[partition\]'"):

@@ -23,47 +23,20 @@ import numpy as np
 import pytest
 
 from atoll.benchmarks import dispatch as bench
-from atoll.devices import BufferHandle, Computation, CostModel, SimDevice
-from atoll.kernel import ActorSystem, AtollError, Promise
-from atoll.runtime import Cluster, ClusterSpec
+from atoll.devices import BufferHandle, Computation
+from atoll.kernel import AtollError, Promise
+from atoll.runtime import Cluster
 from atoll.runtime.connect import Client, connect
-from atoll.runtime.process import ClusterBuilder, ClusterInfo
 from atoll.runtime.tenancy import STALL_FACTOR
-from atoll.transports.capnp import CapnpTransport, ClusterFile, capnp_runtime
+from atoll.transports.capnp import ClusterFile
 from atoll.transports.testing import eventually
+
+from .clusters import REPOSITORY, served_cluster
 
 pytestmark = pytest.mark.anyio
 TOKEN = b"tenancy-test-token"
 DEVICES = 2
 BIG = np.arange(8192, dtype=np.float32)  # 32 KiB: too large to ride in its handle
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # pycapnp is asyncio-only
-
-
-@asynccontextmanager
-async def served_cluster(
-    store_bytes: int | None = None,
-) -> AsyncIterator[tuple[str, ClusterInfo, ActorSystem]]:
-    """A controller served on 127.0.0.1, its one host joined in-process."""
-    spec = ClusterSpec(1, 1, DEVICES, cost=CostModel(), device_cls=SimDevice)
-    if store_bytes is not None:
-        spec = ClusterSpec(
-            1, 1, DEVICES, cost=CostModel(), device_cls=SimDevice, store_bytes=store_bytes
-        )
-    async with capnp_runtime(), ActorSystem("controller") as system:
-        listener = await CapnpTransport(TOKEN).serve(system)
-        try:
-            builder = await listener.node.spawn(
-                f"{ClusterBuilder.__module__}:ClusterBuilder", spec, name="cluster"
-            )
-            await builder.join(listener.node, "in the test process")
-            info: ClusterInfo = await builder.cluster()
-            yield listener.address, info, system
-        finally:
-            await listener.aclose()
 
 
 @asynccontextmanager
@@ -85,7 +58,7 @@ async def cluster_and_clients(
 ) -> AsyncIterator[list[tuple[Client, Cluster]]]:
     """A served cluster and one connected session per ``(name, weight)``."""
     async with (
-        served_cluster(store_bytes) as (address, _, _),
+        served_cluster(TOKEN, DEVICES, store_bytes) as (address, _, _),
         clients(address, *names_weights) as pairs,
     ):
         yield pairs
@@ -277,16 +250,17 @@ def _waiting_for_room(cluster: Cluster) -> Callable[[], Awaitable[bool]]:
 
 async def test_a_killed_client_releases_only_what_it_owned(tmp_path: Path) -> None:
     cluster_file = tmp_path / "cluster.json"
-    async with served_cluster() as (address, info, _):
+    async with served_cluster(TOKEN, DEVICES) as (address, info, _):
         ClusterFile(address, TOKEN).write(cluster_file)
         async with clients(address, ("stays", 1)) as [(client, stays)]:
             kept = await stays.put(BIG, 0)
             mine = await stays.devices(1)
             process = subprocess.Popen(
-                [sys.executable, __file__, str(cluster_file)],
+                [sys.executable, "-m", __name__, str(cluster_file)],
                 stdout=subprocess.PIPE,
                 text=True,
                 close_fds=False,
+                cwd=REPOSITORY,
             )
             try:
                 assert process.stdout is not None

@@ -26,11 +26,6 @@ from atoll.runtime import ClusterSpec, process_cluster
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # capnp runs on asyncio
-
-
 def layer(x: Any, w: Any) -> Any:
     """A matmul contracting over a sharded axis: XLA reduces across devices."""
     return jnp.tanh(x @ w)

@@ -40,6 +40,7 @@ async def _atoll(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess
     return await anyio.to_thread.run_sync(run)
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # trio: through the bridge
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 async def test_status_connect_and_down_find_the_last_cluster_up(
@@ -123,6 +124,7 @@ async def test_status_connect_and_down_find_the_last_cluster_up(
         up.stdout.close()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # trio: through the bridge
 async def test_connect_without_a_cluster_says_how_to_start_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -32,14 +32,9 @@ from atoll.runtime import Cluster
 from atoll.runtime.graph import GraphBuilder, SliceSpec
 from atoll.transports.testing import eventually
 
-from .test_elastic import Hook, train
+from ..runtime.test_elastic import Hook, train
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # Cap'n Proto paths
 
 
 def _add_one(v: np.ndarray) -> np.ndarray:

@@ -57,11 +57,6 @@ def same(x: np.ndarray) -> np.ndarray:
 SAME = Computation("same", same, 1.0)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # host processes: pycapnp is asyncio-only
-
-
 def sample(dtype: np.dtype, nbytes: int, seed: int = 0) -> np.ndarray:
     """``nbytes`` of ``dtype``, every bit pattern possible (bools: 0 or 1)."""
     rng = np.random.default_rng(seed)

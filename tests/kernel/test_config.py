@@ -16,7 +16,7 @@ from atoll.kernel import config
 from atoll.kernel.config import BadSetting, Settings, settings
 from atoll.runtime import BadClusterSpec, ClusterSpec, process_cluster
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = ("kernel", "transports", "devices", "schedulers", "runtime", "partition")
 DECLARED = {env for env, *_ in Settings().rows()}
 NOT_SETTINGS = {"ATOLL_PORT", "ATOLL_DEVICE", "ATOLL_DEVICES_PER_HOST", "ATOLL_PROGRAM"}

@@ -22,11 +22,6 @@ from atoll.transports.capnp._stream import wire_stats
 ADD1 = Computation("add1", functools.partial(np.add, np.float32(1)))
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # pycapnp is asyncio-only
-
-
 pytestmark = pytest.mark.anyio
 
 

@@ -45,11 +45,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # the client reaches the cluster over Cap'n Proto
-
-
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -155,7 +150,9 @@ async def test_prometheus_scrapes_the_cluster_with_the_token_and_agrees_with_it(
 
     await eventually(refused, "the scrape without the token refused (401)", timeout=30)
     assert _value(prometheus, 'up{job="atoll"}') == 1
-    grafana = json.loads((Path(__file__).parent.parent / "docs/grafana/atoll.json").read_text())
+    grafana = json.loads(
+        (Path(__file__).resolve().parents[2] / "docs/grafana/atoll.json").read_text()
+    )
     for panel in grafana["panels"]:  # the dashboard's queries are valid PromQL, and answer
         for target in panel["targets"]:
             _api(prometheus, "/api/v1/query", query=target["expr"])  # raises on a bad query

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.anyio
 CONF = "atoll.transports.conformance"
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # trio: through the bridge
 async def test_a_second_process_reaches_a_node_through_its_cluster_file(tmp_path: Path) -> None:
     cluster_file = tmp_path / "cluster.json"
     env = dict(os.environ, ATOLL_TOKEN="ab" * 16)

@@ -68,11 +68,6 @@ def chatty(x: np.ndarray) -> np.ndarray:
     return x
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 @pytest.mark.timeout(120)
 async def test_host_logs_reach_the_controller_terminal_prefixed_by_host(tmp_path: Path) -> None:
     """Host 0 is started by ``atoll up`` (it shares the terminal); host 1 joins

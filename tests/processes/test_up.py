@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -25,39 +22,10 @@ from atoll.runtime.connect import connect
 from atoll.transports.capnp import HostLost
 from atoll.transports.testing import line_with, pid_alive
 
+from .clusters import atoll_child, atoll_up
+
 pytestmark = pytest.mark.anyio
 STEP = Computation("affine", affine, flops=1e6)
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-def _atoll(args: list[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[Any]:
-    """``python -m atoll.cli ARGS`` as a child (posix_spawn: no fork of this process)."""
-    command = [sys.executable, "-m", "atoll.cli", *args]
-    return subprocess.Popen(command, env=env, close_fds=False, **popen)
-
-
-@contextlib.contextmanager
-def _up(
-    args: list[str], cluster_file: Path | None, token: str, **env: str
-) -> Iterator[subprocess.Popen[str]]:
-    """``atoll up ARGS`` (with ``env`` added); on the way out SIGTERM it, and it must exit cleanly.
-
-    Without ``cluster_file``, ``atoll up`` picks its default.
-    """
-    where = ["--cluster-file", str(cluster_file)] if cluster_file else []
-    environment = dict(os.environ, ATOLL_TOKEN=token, **env)
-    up = _atoll(["up", *args, *where], environment, stdout=subprocess.PIPE, text=True)
-    assert up.stdout is not None
-    try:
-        yield up
-    finally:
-        up.send_signal(signal.SIGTERM)
-        assert up.wait(60) == 0
-        up.stdout.close()
 
 
 def make_big(x: np.ndarray) -> np.ndarray:
@@ -90,13 +58,13 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
     cluster_file = tmp_path / "cluster.json"
     host_pids: list[int] = []
     up_args = ["--hosts", "1", "--remote-hosts", "1", "--devices-per-host", "2"]
-    with _up(up_args, cluster_file, "42" * 16) as up:
+    with atoll_up(up_args, cluster_file, "42" * 16) as up:
         # the controller listens and has written its cluster file; then a host
         # "from another machine" joins with only the address and that file
         line = line_with(up, "listening at")
         address = line.split("listening at ")[1].split(";")[0]
         no_token = {k: v for k, v in os.environ.items() if k != "ATOLL_TOKEN"}
-        joiner = _atoll(
+        joiner = atoll_child(
             ["host", "--join", address, "--cluster-file", str(cluster_file)],
             no_token,
             stdout=subprocess.DEVNULL,
@@ -132,7 +100,7 @@ async def test_up_runs_a_chain_across_host_processes_and_sees_a_host_die(tmp_pat
 @pytest.mark.timeout(120)
 def test_up_keeps_its_cluster_file_in_a_private_directory_by_default(tmp_path: Path) -> None:
     expected = tmp_path / "atoll" / "cluster.json"
-    with _up(
+    with atoll_up(
         ["--hosts", "1", "--devices-per-host", "1"], None, "33" * 16, XDG_RUNTIME_DIR=str(tmp_path)
     ) as up:
         listening = line_with(up, "listening at")
@@ -169,7 +137,7 @@ async def test_jax_devices_in_host_processes() -> None:
 @pytest.mark.timeout(120)
 async def test_bulk_data_between_hosts_skips_the_controller(tmp_path: Path) -> None:
     cluster_file = tmp_path / "cluster.json"
-    with _up(["--hosts", "2", "--devices-per-host", "1"], cluster_file, "24" * 16) as up:
+    with atoll_up(["--hosts", "2", "--devices-per-host", "1"], cluster_file, "24" * 16) as up:
         line_with(up, "cluster up")
         async with connect(cluster_file) as client:
             cluster = await client.cluster()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,8 +26,10 @@ from atoll.devices import Computation
 from atoll.examples.demo import affine
 from atoll.kernel import RemoteActorError
 
+from .clusters import atoll_up
+
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 STEP = Computation("affine", affine, flops=1e6)
 
 
@@ -50,21 +51,15 @@ def up_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dic
 
 def _up(factory: pytest.TempPathFactory, device: str) -> Iterator[tuple[Path, dict[str, str]]]:
     runtime = factory.mktemp("xdg")
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime))
-    command = [sys.executable, "-m", "atoll.cli", "up", "--hosts", "2", "--device", device]
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, close_fds=False)
-    assert process.stdout is not None
-    try:
+    with atoll_up(["--hosts", "2", "--device", device], XDG_RUNTIME_DIR=str(runtime)) as process:
+        assert process.stdout is not None
         for line in process.stdout:
             if "cluster up" in line:
                 break
-        yield runtime / "atoll" / "cluster.json", env
-    finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(60) == 0
-        process.stdout.close()
+        yield runtime / "atoll" / "cluster.json", dict(os.environ, XDG_RUNTIME_DIR=str(runtime))
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # trio: through the bridge
 @pytest.mark.slow
 async def test_chain_fetch_status_and_errors(up: tuple[Path, dict[str, str]]) -> None:
     cluster_file, _ = up
@@ -87,6 +82,7 @@ async def test_chain_fetch_status_and_errors(up: tuple[Path, dict[str, str]]) ->
         assert sum(s.computations for s in stats) >= 4
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # trio: through the bridge
 async def test_programs_and_chained_outputs(up: tuple[Path, dict[str, str]]) -> None:
     cluster_file, _ = up
     async with atoll.connect(cluster_file) as client:

@@ -4,7 +4,7 @@ A block is a whole program (run in a fresh interpreter, in an empty folder,
 and must exit 0) unless its first line is ``# fragment: ...``, which says
 where it belongs: a fragment (a few lines of a larger program, awaits
 included) must at least compile, as the body of an async function.
-``README.md``'s blocks have ``tests/test_readme.py``.
+``README.md``'s blocks have ``tests/top/test_readme.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 BLOCKS = [
     (page.name, index, code)
     for page in sorted(DOCS.glob("*.md"))

@@ -44,11 +44,6 @@ from atoll.transports.capnp import HostLost, capnp_runtime
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # Cap'n Proto paths
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(240)  # past the harness's own bound: 60 s, then 4 x 30 s per client to end
 async def test_random_faults_lose_nothing_and_leave_nothing_behind() -> None:

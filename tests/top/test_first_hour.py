@@ -15,7 +15,7 @@ import pytest
 
 from atoll.schedulers import Dispatch, Event, Submit
 
-DOCS = Path(__file__).parent.parent / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def _python(code: str, **env: str | None) -> subprocess.CompletedProcess[str]:

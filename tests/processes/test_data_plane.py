@@ -38,11 +38,6 @@ TWO = Aval((2,), "float64")
 FREE = CostModel(link_bytes_per_s=float("inf"), link_latency_s=0.0)
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # pycapnp is asyncio-only
-
-
 def make(seed: np.ndarray) -> np.ndarray:
     """8 MiB on a host (host processes import this module by name)."""
     out: np.ndarray = np.arange(N, dtype=np.float32) + seed[0]

@@ -36,7 +36,7 @@ import pytest
 
 from atoll.transports.testing import eventually_blocking
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DAEMONS = ("slurmctld", "slurmd", "munged")
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SLURM runs on Linux")

@@ -212,7 +212,7 @@ async def test_atoll_top_draws_one_frame_of_devices_and_sessions(up: Up) -> None
     assert "top-test" in drawn
 
 
-GRAFANA = Path(__file__).parent.parent / "docs" / "grafana" / "atoll.json"
+GRAFANA = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "atoll.json"
 
 
 def grafana_queries() -> list[str]:

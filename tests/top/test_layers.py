@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LAYERS = ["kernel", "transports", "devices", "schedulers", "runtime"]
 TOP = len(LAYERS)  # cli, examples, benchmarks, the facade
 SIDE = {"partition": {"kernel"}}  # beside the stack: the layers each may import

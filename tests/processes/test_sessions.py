@@ -16,8 +16,7 @@ import asyncio
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,42 +24,19 @@ import anyio
 import numpy as np
 import pytest
 
-from atoll.devices import CostModel, SimDevice
-from atoll.kernel import ActorSystem, AtollError
-from atoll.runtime import ClusterSpec
+from atoll.kernel import AtollError
 from atoll.runtime.connect import connect
-from atoll.runtime.process import ClusterBuilder, ClusterInfo
+from atoll.runtime.process import ClusterInfo
 from atoll.runtime.sessions import SessionAnchor
-from atoll.transports.capnp import CapnpTransport, ClusterFile, capnp_runtime
+from atoll.transports.capnp import ClusterFile
 from atoll.transports.capnp._peer import Peer
 from atoll.transports.testing import eventually
+
+from .clusters import REPOSITORY, served_cluster
 
 pytestmark = pytest.mark.anyio
 TOKEN = b"session-test-token"
 DEVICES = 2
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"  # pycapnp is asyncio-only
-
-
-@asynccontextmanager
-async def served_cluster() -> AsyncIterator[tuple[str, ClusterInfo, ActorSystem]]:
-    """A controller served on 127.0.0.1, its one host joined in-process."""
-    async with capnp_runtime(), ActorSystem("controller") as system:
-        listener = await CapnpTransport(TOKEN).serve(system)
-        try:
-            builder = await listener.node.spawn(
-                f"{ClusterBuilder.__module__}:ClusterBuilder",
-                ClusterSpec(1, 1, DEVICES, cost=CostModel(), device_cls=SimDevice),
-                name="cluster",
-            )
-            await builder.join(listener.node, "in the test process")
-            info: ClusterInfo = await builder.cluster()
-            yield listener.address, info, system
-        finally:
-            await listener.aclose()
 
 
 async def buffers(info: ClusterInfo) -> int:
@@ -70,7 +46,7 @@ async def buffers(info: ClusterInfo) -> int:
 
 async def test_a_killed_client_frees_its_buffers_and_slices_not_anothers(tmp_path: Path) -> None:
     cluster_file = tmp_path / "cluster.json"
-    async with served_cluster() as (address, info, _):
+    async with served_cluster(TOKEN, DEVICES) as (address, info, _):
         ClusterFile(address, TOKEN).write(cluster_file)
         async with connect(cluster_file) as alice:
             mine = await alice.cluster("alice")
@@ -97,7 +73,7 @@ async def test_a_killed_client_frees_its_buffers_and_slices_not_anothers(tmp_pat
 
 
 async def test_a_reconnecting_client_gets_a_fresh_owner_and_keeps_new_buffers() -> None:
-    async with served_cluster() as (address, info, _):
+    async with served_cluster(TOKEN, DEVICES) as (address, info, _):
         async with connect(address, token=TOKEN) as first:
             before = await first.cluster("bob")
             held = [await before.put(np.ones(8, dtype=np.float32), d) for d in (0, 1)]
@@ -119,7 +95,7 @@ async def test_a_reconnecting_client_gets_a_fresh_owner_and_keeps_new_buffers() 
 
 
 async def test_a_dropped_tcp_link_frees_what_the_client_owned() -> None:
-    async with served_cluster() as (address, info, _):
+    async with served_cluster(TOKEN, DEVICES) as (address, info, _):
         proxy = await _CuttableProxy.start(address)
         try:
             async with connect(proxy.address, token=TOKEN) as client:
@@ -134,7 +110,7 @@ async def test_a_dropped_tcp_link_frees_what_the_client_owned() -> None:
 
 
 async def test_an_in_process_session_ends_only_when_asked() -> None:
-    async with served_cluster() as (_, info, system):
+    async with served_cluster(TOKEN, DEVICES) as (_, info, system):
         anchor = system.spawn(SessionAnchor)
         owner = await info.sessions.open(anchor, "local")
         await info.devices[0].put(np.ones(2, dtype=np.float32), owner)
@@ -166,10 +142,12 @@ def _empty(info: ClusterInfo) -> Callable[[], Awaitable[bool]]:
 
 # -- the client in another process ------------------------------------------------
 def _start_client(cluster_file: Path) -> subprocess.Popen[str]:
-    """This file as a script: a client that connects, holds things, and waits."""
-    command = [sys.executable, __file__, str(cluster_file)]
+    """This module as a script: a client that connects, holds things, and waits."""
+    command = [sys.executable, "-m", __name__, str(cluster_file)]
     # close_fds=False: posix_spawn, no fork of this (threaded) process
-    return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, close_fds=False)
+    return subprocess.Popen(
+        command, stdout=subprocess.PIPE, text=True, close_fds=False, cwd=REPOSITORY
+    )
 
 
 async def _ready(process: subprocess.Popen[str]) -> str:
@@ -264,7 +242,10 @@ async def test_a_connected_client_runs_a_program_in_parallel() -> None:
     values; parallel dispatch must take them as they come."""
     from atoll.benchmarks import dispatch as bench
 
-    async with served_cluster() as (address, _, _), connect(address, token=TOKEN) as client:
+    async with (
+        served_cluster(TOKEN, DEVICES) as (address, _, _),
+        connect(address, token=TOKEN) as client,
+    ):
         cluster = await client.cluster()
         slices = [await cluster.devices(1) for _ in range(DEVICES)]
         graph = bench.chain_graph(slices, bench.step(0.0))

@@ -63,6 +63,7 @@ class LostDevice(Actor):
         return failed(HostLost(f"the host of a device of {task.gang_id} is lost"))
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # trio: through the bridge
 async def test_a_gang_over_a_lost_device_frees_its_partners_at_the_barrier() -> None:
     """Device 0 waits at the gang's barrier for device 1, whose host is lost:
     the island abandons the gang, so device 0 fails and is free again."""
@@ -168,7 +169,6 @@ def double(a: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # capnp runs on asyncio
 @pytest.mark.timeout(180)
 async def test_a_lost_jax_host_fails_its_gangs_and_spares_the_rest(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path

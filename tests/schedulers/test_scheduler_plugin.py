@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-PLUGIN = Path(__file__).parent.parent / "examples" / "scheduler_plugin"
+PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "scheduler_plugin"
 
 CHECK = """
 import anyio, numpy as np, atoll

@@ -226,7 +226,6 @@ def spread_sum(x: Any) -> Any:
 
 @pytest.mark.slow
 @pytest.mark.anyio
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])
 @pytest.mark.timeout(180)
 async def test_a_joining_host_gets_the_jax_runtime_from_the_controller(tmp_path: Path) -> None:
     """``atoll host --join`` with no JAX flags still joins the hosts' JAX

@@ -15,7 +15,7 @@ import pytest
 
 mypy_api = pytest.importorskip("mypy.api", reason="mypy is a dev dependency")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 HEADER = """\
 from __future__ import annotations
