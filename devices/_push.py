@@ -1,7 +1,7 @@
 """The sending half of a push: a producer's outputs to the hosts that read them.
 
 Parallel dispatch tells a gang's leader where its outputs go (its
-:class:`~atoll.devices.PushTarget` list). A :class:`Pusher` makes those
+:class:`~atoll.devices._gang.PushTarget` list). A :class:`Pusher` makes those
 pushes for one device: a reader on the same host gets the buffer itself
 (one more reference, delivered to its inbox key); a reader's host in
 another process gets the bytes, by lane when small (one way, no answer),

@@ -21,17 +21,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import numpy as np
 
-from ..devices import (
-    INLINE_VALUE_BYTES,
-    Aval,
-    BufferHandle,
-    Computation,
-    Device,
-    DeviceStats,
-    Host,
-)
+from ..devices import Aval, BufferHandle, Computation, Device, DeviceStats, Host
 from ..devices import timeline as _timelines
 from ..devices._runlane import ENDPOINTS, FREE, RUN_CALL, RUN_CALL_DIRECT, RUN_GRAPH
+from ..devices._values import INLINE_VALUE_BYTES
 from ..kernel import (
     Actor,
     ActorRef,

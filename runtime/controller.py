@@ -22,21 +22,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..devices import (
-    BufferHandle,
-    Computation,
-    Device,
-    Earlier,
-    GangTask,
-    Host,
-    PushTarget,
-    RunReport,
-    portable,
-    run_key,
-    timeline,
-)
+from ..devices import BufferHandle, Computation, Device, Host, RunReport, timeline
 from ..devices import _runlane as runlane
 from ..devices._device import Reply
+from ..devices._gang import GangTask, PushTarget
+from ..devices._plan import Earlier, portable, run_key
 from ..kernel import (
     Actor,
     ActorRef,

@@ -43,7 +43,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..devices import BufferHandle, StoredBuffer
+from ..devices import BufferHandle
+from ..devices._store import StoredBuffer
 from ..kernel import AtollError, Promise, all_settled, forward, log_failure, then
 from .tenancy import check_slice
 

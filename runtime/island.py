@@ -25,19 +25,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..devices import (
-    BufferHandle,
-    Device,
-    DeviceProgram,
-    GangTask,
-    Host,
-    Rendezvous,
-    RunReport,
-    run_key,
-    timeline,
-)
+from ..devices import BufferHandle, Device, Host, RunReport, timeline
 from ..devices import _runlane as runlane
 from ..devices._device import Reply
+from ..devices._gang import GangTask, Rendezvous
+from ..devices._plan import DeviceProgram, run_key
 from ..kernel import (
     Actor,
     ActorRef,

@@ -22,7 +22,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..devices import MADE_HERE, PUSHED_IN, DeviceProgram, GangTask, PlannedGang, PushTarget
+from ..devices._gang import GangTask, PushTarget
+from ..devices._plan import MADE_HERE, PUSHED_IN, DeviceProgram, PlannedGang
 from ..kernel import AtollError
 from .graph import Graph, Node, ValueRef
 from .resources import Allocation

@@ -42,8 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..devices import Device, Host, ProcessPlane, use_plane
+from ..devices import Device, Host
 from ..devices._host import on_leave
+from ..devices._plane import ProcessPlane, use_plane
 from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint, logs
 from ..kernel.config import env_name, launched, settings
 from ..transports.capnp import (

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll.devices import MADE_HERE, PUSHED_IN, Aval, Computation
+from atoll.devices import Aval, Computation
 from atoll.devices._device import _release_points
+from atoll.devices._plan import MADE_HERE, PUSHED_IN
 from atoll.kernel import AtollError, VirtualClock
 from atoll.runtime import Allocation, GraphBuilder, SliceSpec, Topology
 from atoll.runtime.graph import Graph
