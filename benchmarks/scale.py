@@ -30,7 +30,7 @@ another pauses the outer one, so no second is counted twice. The frames:
   tasks (mailbox, argument promises, answers: the machinery around the entry
   points), any other actor's to "other actors";
 * the host-side callbacks that run when a promise settles, possibly in
-  another actor's task (``HOST_SIDE``: ``Device._planned``, ``Pusher._pushed``,
+  another actor's task (``HOST_SIDE``: ``Device._gang_settled``, ``Pusher._pushed``,
   ``Host._accept``...), to the host of the object they belong to.
 
 What no frame covers (the client's own task, the event loop, callbacks
@@ -94,7 +94,7 @@ CONTROL_PLANE: dict[type[Any], tuple[str, ...]] = {
 }
 # synchronous host-side methods that promise callbacks call, maybe in another actor's task
 HOST_SIDE: dict[type[Any], tuple[str, ...]] = {
-    Device: ("_planned",),
+    Device: ("_gang_settled",),
     Pusher: ("_pushed", "drop"),
     Host: ("_unhold", "_accept", "_land", "_from_lane"),
 }

@@ -50,7 +50,7 @@ from . import _runlane as runlane
 from . import timeline
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask, PushTarget
-from ._plan import DeviceProgram, Earlier, PlannedGang, RunReport, portable, run_key
+from ._plan import DeviceProgram, PlannedGang, PriorOutput, RunReport, portable, run_key
 from ._plane import IN_PROCESS, DataPlane
 from ._push import Pusher
 from ._store import BufferMissing, ObjectStore, StoredBuffer
@@ -59,7 +59,7 @@ from ._values import Arrival, BufferHandle, Computation, CostModel, DeviceStats
 if TYPE_CHECKING:
     from ._host import Host
 
-__all__ = ["PLANS_KEPT", "Device", "Made", "live_stats"]
+__all__ = ["PLANS_KEPT", "Device", "GangOutputs", "live_stats"]
 
 T = TypeVar("T")
 # a client's call a device answers itself: the client's lanes' name, the
@@ -72,7 +72,7 @@ PLANS_KEPT = 256  # compiled plans a device keeps (the controller's plan cache s
 # this process's devices, by (their host's store, device id): their host reads
 # their figures without waiting behind their mailboxes (live_stats)
 _LIVE: weakref.WeakValueDictionary[tuple[ObjectStore, int], Device] = weakref.WeakValueDictionary()
-EARLIER_KEPT = 1024  # recent runs whose outputs a device keeps for later runs (Earlier)
+EARLIER_KEPT = 1024  # recent runs whose outputs a device keeps for later runs (PriorOutput)
 
 
 class Device(Actor):
@@ -125,7 +125,7 @@ class Device(Actor):
         self._release_points: dict[int, list[list[int]]] = {}  # by plan (_release_points)
         self._fused: dict[int, dict[int, Any]] = {}  # by plan: see fused_segments
         # outputs of compiled runs' gangs led here, by (run, node, output): a
-        # handle, or the error the gang failed with (see Earlier)
+        # handle, or the error the gang failed with (see PriorOutput)
         self._earlier: dict[int, dict[tuple[int, int], BufferHandle | BaseException]] = {}
         self._failed_runs: dict[int, AtollError] = {}  # runs that never ran here, by epoch
 
@@ -398,7 +398,7 @@ class Device(Actor):
                 step = segment.end
                 continue
             gang = program.gangs[step]
-            ran[step] = await self._planned_step(gang, epoch, prefix, values, made, owner)
+            ran[step] = await self._run_program_gang(gang, epoch, prefix, values, made, owner)
             self._release([step], release, ran, report, passed, program)
             step += 1
         ended = functools.partial(self._run_ended, report, reply)
@@ -427,7 +427,7 @@ class Device(Actor):
             values = [report.outputs[node, index] for node, index in outputs]
             report.answered = runlane.answer(client, request, self.host_id, values)
 
-    async def _planned_step(
+    async def _run_program_gang(
         self,
         gang: PlannedGang,
         epoch: int,
@@ -446,11 +446,11 @@ class Device(Actor):
         else:
             task = gang.task(epoch, self.host_id, self.device_id)
             gang_id = task.gang_id
-            out = await self._planned_gang(task, given, owner, held)
+            out = await self._run_gang_task(task, given, owner, held)
             early = out.exception() if out.done() else None
             if early is not None:  # failed before pushing
                 await self.pusher.fail(task.push, portable(early, gang_id))
-        if isinstance(out, Made):
+        if isinstance(out, GangOutputs):
             made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
             if any(gang.keep):  # outputs of the program: later runs may read them
                 self._keep_earlier(epoch, gang.node, out.outputs)
@@ -474,7 +474,9 @@ class Device(Actor):
             for done in release[step]:
                 if done in ran:
                     gang, gang_id, held, out = ran[done]
-                    report_and_free = functools.partial(self._planned, gang, gang_id, held, report)
+                    report_and_free = functools.partial(
+                        self._gang_settled, gang, gang_id, held, report
+                    )
                     out.add_done_callback(report_and_free)
                 for buffer_id in passed.pop(program.gangs[done].node, ()):
                     with suppress(BufferMissing):
@@ -522,8 +524,8 @@ class Device(Actor):
         else:  # copies: in one process the client counts the handles it holds
             kept.update(((node, o), copy.copy(h)) for o, h in enumerate(outputs, offset))
 
-    def earlier(self, value: Earlier) -> BufferHandle | Promise[BufferHandle]:
-        """The output an ``Earlier`` names, as this device kept it (raising the
+    def earlier(self, value: PriorOutput) -> BufferHandle | Promise[BufferHandle]:
+        """The output a ``PriorOutput`` names, as this device kept it (raising the
         error its gang failed with); else its promise."""
         found = self._earlier.get(value.run, {}).get((value.node, value.index))
         if found is None and value.value is not None:
@@ -547,14 +549,14 @@ class Device(Actor):
         self, gang: PlannedGang, gang_id: str, inputs: Sequence[Any], owner: str
     ) -> Promise[list[BufferHandle]]:
         """A planned gang on this device alone, with no barrier, inbox or push
-        (:meth:`runs_alone`): its outputs (a ``Made``), or its error."""
+        (:meth:`runs_alone`): its outputs (a ``GangOutputs``), or its error."""
         raise NotImplementedError
 
-    async def _planned_gang(
+    async def _run_gang_task(
         self, task: GangTask, inputs: Sequence[Any], owner: str, held: list[str]
     ) -> Promise[Any]:
         """One gang of a compiled run: the promise of its outputs once pushed
-        (a :class:`Made` when they exist already)."""
+        (a :class:`GangOutputs` when they exist already)."""
         try:
             outputs = await self._run_here(task, inputs, owner)
         except _InputFailed as failure:
@@ -564,7 +566,7 @@ class Device(Actor):
         if self.device_id != task.leader:
             return as_promise(outputs)
         later = self.answer_after(outputs)
-        made = Made(outputs, pushed=bool(task.push) or later is not None)
+        made = GangOutputs(outputs, pushed=bool(task.push) or later is not None)
         if task.push:
             try:
                 forward(
@@ -584,7 +586,7 @@ class Device(Actor):
         for the bytes where they need them."""
         return None
 
-    def _planned(
+    def _gang_settled(
         self,
         gang: PlannedGang,
         gang_id: str,
@@ -642,7 +644,7 @@ class Device(Actor):
         controller fails the inbox when the producer fails.
         """
         if key is None:
-            if isinstance(value, Earlier):
+            if isinstance(value, PriorOutput):
                 value = self.earlier(value)
             return await value_of(value)
         arrival = self.store.arrival(key)
@@ -806,7 +808,7 @@ class _InputFailed(Exception):
         self.error = error
 
 
-class Made(Promise[list[BufferHandle]]):
+class GangOutputs(Promise[list[BufferHandle]]):
     """A leader's gang in a compiled run: its output handles at once (for
     later gangs of the run on this device), and the promise that they were
     pushed to their readers."""

@@ -26,7 +26,7 @@ from ..kernel import AtollError, RemoteActorError
 from ._aval import Aval
 from ._gang import GangTask, PushTarget
 
-__all__ = ["DeviceProgram", "Earlier", "PlannedGang", "RunReport", "portable", "run_key"]
+__all__ = ["DeviceProgram", "PlannedGang", "PriorOutput", "RunReport", "portable", "run_key"]
 
 
 PUSHED_IN = -1  # PlannedGang.inputs: the producer pushes it to the leader's inbox
@@ -39,7 +39,7 @@ def run_key(epoch: int) -> str:
 
 
 @dataclass(frozen=True)
-class Earlier:
+class PriorOutput:
     """An input that an earlier run made on the device that reads it: output
     ``index`` of node ``node`` in run ``run``, still on its way back to the
     controller when this run was sent. The device takes it from what it

@@ -60,13 +60,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..kernel import Promise, endpoint, failed
 from . import _jax_multi, timeline
-from ._device import Device, Made
+from ._device import Device, GangOutputs
 from ._gang import GangTask
 from ._host import Host
 from ._inflight import WINDOW, InFlight
 from ._jax_fused import FusedSegment, SegmentCache, fusing, segments
 from ._jax_kernel import JaxKernel, fn_key
-from ._plan import PUSHED_IN, DeviceProgram, Earlier, PlannedGang, RunReport, portable, run_key
+from ._plan import PUSHED_IN, DeviceProgram, PlannedGang, PriorOutput, RunReport, portable, run_key
 from ._store import BufferMissing
 from ._values import BufferHandle, Computation
 
@@ -268,7 +268,7 @@ class JaxDevice(Device):
                 value = values[where] if kind == "input" else made[where]
                 arrays.append(self._on_device(await self._alone_input(value, owner), sharding))
             executable = self._segments.executable(segment, arrays, self._compiled_once)
-            ran = _Ran(f"{run_key(epoch)}/{segment.gangs[0].node}+", segment.kernel)
+            ran = _LeanGangRecord(f"{run_key(epoch)}/{segment.gangs[0].node}+", segment.kernel)
             handles = await self._enqueue(executable, arrays, owner, segment.name, ran)
         except Exception as exc:  # gang by gang, each failing on its own (or not at all)
             _log.debug("%s run gang by gang: %s", segment.name, exc)
@@ -312,18 +312,18 @@ class JaxDevice(Device):
             else:
                 arrays = [self._on_device(value, self._single) for value in values]
                 executable = self._for_computation(kernel, arrays)
-            ran = _Ran(gang_id, kernel)
+            ran = _LeanGangRecord(gang_id, kernel)
             outputs = await self._enqueue(executable, arrays, owner, kernel.name, ran)
         except Exception as exc:
             out: Promise[list[BufferHandle]] = failed(exc)
             return out
         self.computations += 1
-        return Made(outputs)
+        return GangOutputs(outputs)
 
     async def _alone_input(self, value: Any, owner: str) -> Any:
         """An input of the lean path: an array here, a value, or what a handle,
-        a promise of one, or an ``Earlier`` names."""
-        if isinstance(value, Earlier):
+        a promise of one, or a ``PriorOutput`` names."""
+        if isinstance(value, PriorOutput):
             value = self.earlier(value)
         if isinstance(value, Promise):
             value = await value
@@ -419,7 +419,7 @@ class JaxDevice(Device):
         arrays: Sequence[Any],
         owner: str,
         name: str,
-        task: GangTask | _Ran | None = None,
+        task: GangTask | _LeanGangRecord | None = None,
     ) -> list[BufferHandle]:
         """Enqueue ``compiled(*arrays)`` and store its outputs as futures.
 
@@ -478,7 +478,7 @@ class JaxDevice(Device):
         owner: str,
         enqueued: float,
         began_us: float,
-        task: GangTask | _Ran | None,
+        task: GangTask | _LeanGangRecord | None,
         upstream: Sequence[Promise[None]],
         outs: Sequence[Any] | None,
         error: BaseException | None,
@@ -612,7 +612,7 @@ class JaxDevice(Device):
 
 
 @dataclass(frozen=True, slots=True)
-class _Ran:
+class _LeanGangRecord:
     """What a timeline needs of a gang that ran without a task (the lean path)."""
 
     gang_id: str

@@ -455,7 +455,9 @@ class Cluster:
         values: dict[ValueRef, Any] = {ValueRef(-1, i): v for i, v in enumerate(inputs)}
         for node in graph.nodes:
             node_inputs = [await value_of(values[ref]) for ref in node.inputs]
-            handles = await self._reply(self._now().run_node(node, node_inputs, self.owner))
+            handles = await self._reply(
+                self._flushed_controller().run_node(node, node_inputs, self.owner)
+            )
             for i, handle in enumerate(handles):
                 values[ValueRef(node.id, i)] = handle
         for ref in graph.freeable(temporary):
@@ -481,11 +483,13 @@ class Cluster:
                 readers = graph.consumers() if readers is None else readers
                 first = readers.get(ValueRef(-1, i))
                 slice_id = graph.nodes[first[0]].slice.slice_id if first else None
-                inputs.append(self._now().put(np.asarray(leaf), slice_id, self.owner))
+                inputs.append(
+                    self._flushed_controller().put(np.asarray(leaf), slice_id, self.owner)
+                )
                 temporary.append(i)  # freed by the plan once read
         return inputs, temporary
 
-    def _now(self) -> ActorRef[Controller]:
+    def _flushed_controller(self) -> ActorRef[Controller]:
         """The controller, over the modelled RPC link if there is one, once
         the ``run`` calls collected before are sent."""
         self.flush()

@@ -26,7 +26,7 @@ from ..devices import BufferHandle, Computation, Device, Host, RunReport, timeli
 from ..devices import _runlane as runlane
 from ..devices._device import Reply
 from ..devices._gang import GangTask, PushTarget
-from ..devices._plan import Earlier, portable, run_key
+from ..devices._plan import PriorOutput, portable, run_key
 from ..kernel import (
     Actor,
     ActorRef,
@@ -100,7 +100,7 @@ class Controller(Actor):
         self._lane = lane  # (the cluster token, the interface) to take clients' call lanes on
         self.lane_address: tuple[str, int] = ("", 0)  # where, and this controller's id there
         self.host_addresses = [""] * len(hosts)
-        self.topology_ = topology
+        self.cluster_topology = topology
         self.schedulers = schedulers
         self.device_refs = list(devices)
         self.host_refs = list(hosts)
@@ -185,7 +185,7 @@ class Controller(Actor):
         plan is dropped; the islands swap the references too; sessions' byte
         quotas are set on it again. Asynchronous: waits for the host's
         address and for the islands and the host to answer."""
-        replaced = dict(zip(self.topology_.on_host(host_id), devices, strict=True))
+        replaced = dict(zip(self.cluster_topology.on_host(host_id), devices, strict=True))
         self.resources.restore_host(host_id)
         self.elastic.lost.discard(host_id)
         self.host_refs[host_id] = host
@@ -208,7 +208,7 @@ class Controller(Actor):
 
     @endpoint
     def topology(self) -> Topology:
-        return self.topology_
+        return self.cluster_topology
 
     @endpoint
     async def policies(self) -> dict[int, str]:
@@ -279,25 +279,25 @@ class Controller(Actor):
         go with it. What moved (buffers, bytes, seconds). Asynchronous: waits
         for the slice's runs, then for the copies; runs for it wait meanwhile."""
         avoid = self.resources.hosts_of(slice_id) if devices is None and host is None else []
-        return self._beside(self.elastic.move, slice_id, devices, host, owner, avoid)
+        return self._in_background(self.elastic.move, slice_id, devices, host, owner, avoid)
 
     @endpoint
     def suspend_slice(self, slice_id: int, owner: str = "") -> Promise[dict[str, Any]]:
         """Park a slice's buffers in host memory and give its devices back
         (runs for it wait until it is resumed)."""
-        return self._beside(self.elastic.suspend, slice_id, owner)
+        return self._in_background(self.elastic.suspend, slice_id, owner)
 
     @endpoint
     def resume_slice(self, slice_id: int, owner: str = "") -> Promise[dict[str, Any]]:
         """Devices again for a suspended slice, and its buffers on them."""
-        return self._beside(self.elastic.resume, slice_id, owner)
+        return self._in_background(self.elastic.resume, slice_id, owner)
 
     @endpoint
     def drain_host(self, host_id: int) -> Promise[dict[str, Any]]:
         """Move every slice and buffer off host ``host_id``, which then holds
         nothing and gets no new slice; a host process then leaves."""
-        self.topology_.on_host(host_id)  # raises for an unknown host
-        return self._beside(self._drain, host_id)
+        self.cluster_topology.on_host(host_id)  # raises for an unknown host
+        return self._in_background(self._drain, host_id)
 
     async def _drain(self, host_id: int) -> dict[str, Any]:
         report = await self.elastic.drain(host_id)
@@ -311,9 +311,9 @@ class Controller(Actor):
         be). The slices re-placed; the buffers it held are lost."""
         for island in self.schedulers.values():  # its run lanes go: calls fail, not wait
             island.host_lost(host_id).add_done_callback(_log_failed_notice)
-        return self._beside(self.elastic.host_lost, host_id)
+        return self._in_background(self.elastic.host_lost, host_id)
 
-    def _beside(self, op: Callable[..., Awaitable[T]], *args: Any) -> Promise[T]:
+    def _in_background(self, op: Callable[..., Awaitable[T]], *args: Any) -> Promise[T]:
         """The promise of ``op(*args)``, run as a task beside the message loop."""
         answer: Promise[T] = Promise(getattr(op, "__name__", "elastic"))
 
@@ -392,7 +392,7 @@ class Controller(Actor):
         ``tag`` names this run for the client, and ``sources`` says, per
         input, which earlier run's output it is (``(tag, output index)``):
         an input still on its way from an earlier compiled run on the very
-        device that reads it goes to that device as an ``Earlier``, which it
+        device that reads it goes to that device as a ``PriorOutput``, which it
         takes from what it kept of that run, with no round trip.
 
         ``reply`` (a client's call by its call lane: the name of its lanes,
@@ -447,19 +447,19 @@ class Controller(Actor):
 
     def _earlier_inputs(
         self, owner: str, inputs: Sequence[Any], sources: Sequence[tuple[str, int] | None]
-    ) -> dict[int, tuple[int, Earlier]]:
+    ) -> dict[int, tuple[int, PriorOutput]]:
         """Per input made by a compiled run still under way: the device that
-        made it, and the ``Earlier`` that names it there."""
-        earlier: dict[int, tuple[int, Earlier]] = {}
+        made it, and the ``PriorOutput`` that names it there."""
+        earlier: dict[int, tuple[int, PriorOutput]] = {}
         for i, source in enumerate(sources):
             producer = self._pending.get((owner, source[0])) if source else None
             if source is None or producer is None:
                 continue
             node, index, device = producer.compiled.outputs[source[1]]
-            if node >= 0:  # a device in a process of its own gets no promise (see Earlier)
-                here = not self.host_addresses[self.topology_.device(device).host]
+            if node >= 0:  # a device in a process of its own gets no promise (see PriorOutput)
+                here = not self.host_addresses[self.cluster_topology.device(device).host]
                 value = inputs[i] if here else None
-                earlier[i] = (device, Earlier(producer.epoch, node, index, value))
+                earlier[i] = (device, PriorOutput(producer.epoch, node, index, value))
         return earlier
 
     def _dispatch(
@@ -507,7 +507,7 @@ class Controller(Actor):
         inputs: Sequence[Any],
         owner: str,
         tag: str = "",
-        earlier: dict[int, tuple[int, Earlier]] | None = None,
+        earlier: dict[int, tuple[int, PriorOutput]] | None = None,
         reply: tuple[str, int] | None = None,
     ) -> _CompiledRun:
         """One run of a compiled plan: the island sends each device one
@@ -585,7 +585,7 @@ class Controller(Actor):
         by_host: dict[int, list[str]] = {}
         for device, report in reports.items():
             if report.exception() is None and report.result().held:
-                host_id = self.topology_.device(device).host
+                host_id = self.cluster_topology.device(device).host
                 by_host.setdefault(host_id, []).extend(report.result().held)
         for host_id, buffer_ids in by_host.items():
             freed = self.host_refs[host_id].free_many(buffer_ids)
@@ -639,7 +639,7 @@ class Controller(Actor):
         slices = {n.slice.slice_id for n in graph.nodes}
         placement = {s: self._placed(s, owner) for s in slices}
         made = plan(
-            graph, placement, self.topology_, self.host_addresses, bool(self.push), temporary
+            graph, placement, self.cluster_topology, self.host_addresses, bool(self.push), temporary
         )
         self.plans.put(graph, options, made)
         return made
@@ -650,7 +650,7 @@ class Controller(Actor):
         device = device_of_slice(slice_id)
         if device is None:
             return check_slice(self.resources.get(slice_id), owner)
-        return Allocation(slice_id, (device,), self.topology_.device(device).island, owner)
+        return Allocation(slice_id, (device,), self.cluster_topology.device(device).island, owner)
 
     @endpoint
     def timeline(self, record: bool) -> list[dict[str, Any]]:
@@ -745,7 +745,10 @@ class Controller(Actor):
         """One node as a gang of its own, with no dispatch wiring (sequential runs)."""
         slice_id = node.slice.slice_id
         alloc = place(
-            node, {slice_id: self.resources.get(slice_id)}, self.topology_, self.hosts_in_processes
+            node,
+            {slice_id: self.resources.get(slice_id)},
+            self.cluster_topology,
+            self.hosts_in_processes,
         )
         gang_id = f"gang{next(self._gangs)}"
         shape, axes = node.slice.shape, node.slice.axis_names
@@ -766,7 +769,7 @@ class _CompiledRun:
     epoch: int
     outs: list[Promise[BufferHandle]]
     done: Promise[None]  # every device's report settled (its gangs took their inputs)
-    earlier: dict[int, tuple[int, Earlier]]  # inputs the device that made them keeps
+    earlier: dict[int, tuple[int, PriorOutput]]  # inputs the device that made them keeps
     reply: Reply | None = None  # a client's call its one device answers
     answered: bool = False  # ... and did (its report said so)
 

@@ -174,7 +174,7 @@ class Elastic:
             began = time.perf_counter()
             self.gates[slice_id] = _Gate("suspended")
             await self._quiet(slice_id)
-            topology = self.c.topology_
+            topology = self.c.cluster_topology
             copies = [
                 _Copy(topology.device(d).host, d, topology.device(d).host, d, _label(slice_id, i))
                 for i, d in enumerate(alloc.devices)
@@ -206,7 +206,7 @@ class Elastic:
                 devices = []
             devices = devices or resources.targets(slice_id)  # (not spares)
             resources.reassign(slice_id, devices)
-            topology = self.c.topology_
+            topology = self.c.cluster_topology
             copies = [
                 _Copy(parked[i], _label(slice_id, i), topology.device(d).host, d, d)
                 for i, d in enumerate(devices)
@@ -280,7 +280,7 @@ class Elastic:
         self, slice_id: int, old: Sequence[int], new: Sequence[int], op: str
     ) -> dict[str, Any]:
         began = time.perf_counter()
-        resources, topology = self.c.resources, self.c.topology_
+        resources, topology = self.c.resources, self.c.cluster_topology
         before = resources.get(slice_id)
         resources.reassign(slice_id, new, give_back=False)  # reserved from now on
         self.gates[slice_id] = _Gate("moving")
@@ -322,7 +322,7 @@ class Elastic:
         for copy in copies:
             on_device = isinstance(copy.place, int) and copy.place >= 0
             # a parked buffer's copy is done by any device of the host it was on
-            device = copy.place if on_device else self.c.topology_.on_host(copy.src)[0]
+            device = copy.place if on_device else self.c.cluster_topology.on_host(copy.src)[0]
             back = _Copy(copy.dst, copy.to_place, copy.src, int(device), copy.place)
             try:
                 await self._copy_one(back)
@@ -368,7 +368,7 @@ class Elastic:
             stored.shape,
             stored.dtype,
             stored.nbytes,
-            c.topology_.island_of_host(host_id),
+            c.cluster_topology.island_of_host(host_id),
             c.host_addresses[host_id],
         )
 
@@ -412,7 +412,7 @@ class Elastic:
 
     def _landing(self, leaving: int) -> tuple[int, int]:
         """A host (and one of its devices) to take a leaving host's buffers."""
-        topology, resources = self.c.topology_, self.c.resources
+        topology, resources = self.c.cluster_topology, self.c.resources
         island = topology.island_of_host(leaving)
         gone = set(resources.gone_hosts) | self.lost | self.drained | {leaving}
         for device in topology.devices:

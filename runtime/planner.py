@@ -279,7 +279,7 @@ def compile_plan(
     reads: dict[int, dict[int, None]] = {}
     for gang in plan_.gangs:
         node = graph.nodes[gang.node]
-        planned = _planned_gang(gang, node, kept, leaders, addresses, host_refs)
+        planned = _compiled_gang(gang, node, kept, leaders, addresses, host_refs)
         for device in gang.devices:
             gangs.setdefault(device, []).append(planned)
             reads.setdefault(device, {}).update(dict.fromkeys(i for i in planned.inputs if i >= 0))
@@ -302,7 +302,7 @@ def _compiles(gang: GangPlan, node: Node) -> bool:
     return all(local or not m for local, m in zip(gang.resident, made, strict=True))
 
 
-def _planned_gang(
+def _compiled_gang(
     gang: GangPlan,
     node: Node,
     kept: set[ValueRef],

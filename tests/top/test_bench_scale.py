@@ -85,11 +85,11 @@ def test_a_cancellation_reaches_the_stepped_coroutine(backend: str) -> None:
 
 
 def test_metering_puts_every_method_back() -> None:
-    before = (message_handler(), Device._planned, Host._accept, Controller.run_graph)
+    before = (message_handler(), Device._gang_settled, Host._accept, Controller.run_graph)
     with scale.metering(per_host=True):
         assert message_handler() is not before[0]
-        assert Device._planned is not before[1]
-    assert (message_handler(), Device._planned, Host._accept, Controller.run_graph) == before
+        assert Device._gang_settled is not before[1]
+    assert (message_handler(), Device._gang_settled, Host._accept, Controller.run_graph) == before
 
 
 def run_quick(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> list[dict[str, Any]]:
