@@ -56,7 +56,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,22 +69,30 @@ from ..examples.demo import affine
 from ..kernel import ActorStopped, AtollError, HostLost, RemoteActorError
 from ..runtime.connect import connect
 from ..transports.capnp import ClusterFile, peer_of
-from ..transports.dataplane import bulk
-from ..transports.processes import reap
-from ..transports.testing import line_with, pid_alive
+from ..transports.testing import pid_alive
+from ._testbed import (
+    HEARTBEAT,
+    STORE_WAIT_S,
+    Proxy,
+    Relay,
+    Testbed,
+    rejoin_host,
+    spawn_module,
+    stopped_hosts,
+    until_lost,
+    up_cluster,
+    wait_exit,
+)
 
 __all__ = ["FAULT_KINDS", "Report", "main", "run_faults"]
 
 FAULT_KINDS = ("kill9", "freeze", "cut", "client", "bulk_cut", "store_full", "rejoin")
-HEARTBEAT = (0.5, 2.0)  # the controller's host heartbeat in these runs: lost within 2.5 s
 STEP = Computation("affine", affine, flops=2e10)  # 20 ms on a simulated device
 BIG = (2 << 20) // 4  # float32 elements of a 2 MiB array: beyond the inline limit
 DEPENDENT = (HostLost, ActorStopped, RemoteActorError)
 STORE_BYTES = 64 << 20  # each host's store: far above what the programs hold at once
-STORE_WAIT_S = 3.0  # how long work waits for room before StoreFull (ATOLL_STORE_WAIT_S)
 FILL_CHUNK = 2 << 20  # what the filler puts at a time (bytes)
 FILL_HOLD_S = 4.0  # how long the filler keeps a store full
-CUT_AFTER = 1 << 20  # a cut bulk transfer is aborted after this many bytes reached its reader
 GAP_S = 2.0  # at least this long between faults: a fault's survival is judged in between
 
 
@@ -288,215 +296,6 @@ def _client_main(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- a TCP proxy whose links can be cut -------------------------------------------------
-class Proxy:
-    """Forwards TCP connections to ``target``; :meth:`cut` drops every live one."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.writers: set[asyncio.StreamWriter] = set()
-        self.server: asyncio.base_events.Server | None = None
-        self.port = 0
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
-        except OSError:
-            writer.close()
-            return
-        self.writers |= {writer, up_writer}
-        await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
-        self.writers -= {writer, up_writer}
-
-    def cut(self) -> int:
-        """Drop every link (an RST, as a cable pulled); returns how many."""
-        cut = len(self.writers) // 2
-        for writer in list(self.writers):
-            writer.transport.abort()
-        self.writers.clear()
-        return cut
-
-    async def aclose(self) -> None:
-        self.cut()
-        if self.server is not None:
-            self.server.close()
-
-
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    with contextlib.suppress(OSError, asyncio.IncompleteReadError):
-        while data := await reader.read(1 << 16):
-            writer.write(data)
-            await writer.drain()
-    writer.transport.abort()
-
-
-class Relay:
-    """The bulk relay the hosts read arrays through (``ATOLL_BULK_RELAY``, see
-    ``transports/dataplane/bulk.py``); :meth:`cut_next` cuts the next transfer midway."""
-
-    def __init__(self) -> None:
-        self.server: asyncio.base_events.Server | None = None
-        self.port = 0
-        self.streams = 0  # transfers relayed
-        self._armed: asyncio.Event | None = None  # set once the armed cut was made
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    def arm(self) -> asyncio.Event:
-        """From now on, abort the next transfer after ``CUT_AFTER`` bytes
-        reached its reader (both sockets reset); the event is set once done."""
-        self._armed = asyncio.Event()
-        return self._armed
-
-    async def cut_next(self, timeout: float) -> bool:
-        """:meth:`arm`, and wait for the cut; False if no transfer got that
-        far within ``timeout`` (then disarmed)."""
-        armed = self.arm()
-        with anyio.move_on_after(timeout):
-            await armed.wait()
-        self._armed = None
-        return armed.is_set()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One transfer: the holder's address, then the stream both ways."""
-        try:
-            hello = await reader.readexactly(bulk.RELAY_HELLO.size)
-            where = await reader.readexactly(bulk.RELAY_HELLO.unpack(hello)[0])
-            host, _, port = where.decode().rpartition(":")
-            up_reader, up_writer = await asyncio.open_connection(host.strip("[]"), int(port))
-        except (OSError, ValueError, asyncio.IncompleteReadError):
-            writer.transport.abort()
-            return
-        self.streams += 1
-        await asyncio.gather(_pump(reader, up_writer), self._down(up_reader, writer, up_writer))
-
-    async def _down(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, upstream: Any
-    ) -> None:
-        """Holder to reader, closed in order at its end, or reset midway when armed."""
-        sent = 0
-        with contextlib.suppress(OSError):
-            while data := await reader.read(1 << 16):
-                writer.write(data)
-                await writer.drain()
-                sent += len(data)
-                armed = self._armed
-                if armed is not None and not armed.is_set() and sent >= CUT_AFTER:
-                    armed.set()
-                    writer.transport.abort()
-                    upstream.transport.abort()
-                    return
-            writer.close()
-            await writer.wait_closed()
-        upstream.transport.abort()
-
-    async def aclose(self) -> None:
-        if self.server is not None:
-            self.server.close()
-
-
-# -- the cluster -----------------------------------------------------------------------------
-def _spawn(args: Sequence[str], env: dict[str, str], **popen: Any) -> subprocess.Popen[str]:
-    """``python -m ARGS`` as a child (posix_spawn: no fork of this process)."""
-    command = [sys.executable, "-m", *args]
-    return subprocess.Popen(command, env=env, close_fds=False, text=True, **popen)
-
-
-@dataclass
-class Cluster:
-    """An ``atoll up`` cluster, its host pids, and its files."""
-
-    up: subprocess.Popen[str]
-    cluster_file: Path
-    proxied_file: Path
-    host_pids: list[int]
-    env: dict[str, str]  # for clients
-    host_env: dict[str, str]  # for hosts
-
-
-@contextlib.asynccontextmanager
-async def up_cluster(
-    hosts: int, workdir: Path, token: str, relay: str = "", store_bytes: int | None = None
-) -> AsyncIterator[Cluster]:
-    """``atoll up --hosts HOSTS`` with a fast host heartbeat; stopped on the way out.
-
-    ``relay``: the hosts are machines of their own to one another, and read
-    arrays through this bulk relay. ``store_bytes``: each host's store limit
-    (work waits ``STORE_WAIT_S`` for room)."""
-    env = dict(os.environ, ATOLL_TOKEN=token, ATOLL_HOST_HEARTBEAT="{},{}".format(*HEARTBEAT))
-    env["ATOLL_STORE_WAIT_S"] = str(STORE_WAIT_S)
-    cluster_file = workdir / "cluster.json"
-    args = ["up", "--hosts", str(hosts), "--devices-per-host", "1"]
-    if store_bytes is not None:
-        args += ["--store-bytes", str(store_bytes)]
-    host_env = dict(env)
-    if relay:
-        host_env.update({"ATOLL_MACHINE_ID": "per-process", bulk.RELAY_ENV: relay})
-        env["ATOLL_MACHINE_ID"] = "per-process"  # clients too, without the relay
-    up = _spawn(
-        ["atoll.cli", *args, "--cluster-file", str(cluster_file)], host_env, stdout=subprocess.PIPE
-    )
-    try:
-        await anyio.to_thread.run_sync(line_with, up, "cluster up")
-        async with connect(cluster_file) as client:
-            rows = await client.status()
-        pids = [row["pid"] for row in rows if row["kind"] == "host"]
-        yield Cluster(up, cluster_file, workdir / "proxied.json", pids, env, host_env)
-    finally:
-        for pid in _stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-        up.send_signal(signal.SIGTERM)
-        await anyio.to_thread.run_sync(_wait_exit, up, 60.0)
-
-
-_stopped: set[int] = set()  # hosts frozen now: woken before the cluster stops
-
-
-async def rejoin_host(cluster: Cluster) -> tuple[subprocess.Popen[str], int]:
-    """``atoll host --join`` of a new host process, which takes the place of
-    a lost host (the cluster is full otherwise); it and the host id it got,
-    once it has joined. Its stdout is a pipe, for ``_close`` to close."""
-    address = ClusterFile.read(cluster.cluster_file).address
-    args = ["atoll.cli", "host", "--join", address]
-    joiner = _spawn(args, cluster.host_env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        line = await anyio.to_thread.run_sync(line_with, joiner, " joined ")
-    except BaseException:
-        joiner.kill()
-        await anyio.to_thread.run_sync(_wait_exit, joiner, 10.0)
-        raise
-    return joiner, int(line.split()[2])  # "atoll host N joined ADDRESS, serving ..."
-
-
-async def until_lost(cluster: Cluster, host_id: int, timeout: float = 15.0) -> None:
-    """Wait until the controller counts host ``host_id`` as lost (``status``)."""
-    async with connect(cluster.cluster_file) as client:
-        with anyio.fail_after(timeout):
-            while True:
-                rows = await client.status()
-                if any(
-                    r["kind"] == "host" and r["host"] == host_id and not r["alive"] for r in rows
-                ):
-                    return
-                await anyio.sleep(0.2)
-
-
-def _wait_exit(process: subprocess.Popen[Any], timeout: float) -> None:
-    """Wait for a process that is leaving by itself; kill it after ``timeout`` s."""
-    reap([process], time.monotonic() + timeout)
-
-
 def _segments_of(pids: set[int]) -> int:
     """Bytes in ``/dev/shm`` segments made by any of ``pids``."""
     total = 0
@@ -514,7 +313,7 @@ def _segments_of(pids: set[int]) -> int:
 class _Run:
     """One run: the clients, the proxy, the relay, the faults and the tally."""
 
-    def __init__(self, cluster: Cluster, report: Report, bound: float, relay: Relay) -> None:
+    def __init__(self, cluster: Testbed, report: Report, bound: float, relay: Relay) -> None:
         self.cluster = cluster
         self.report = report
         self.bound = bound
@@ -541,7 +340,7 @@ class _Run:
         args += ["--bound", str(self.bound)]
         errors = self.cluster.cluster_file.parent / f"client-{len(self.clients)}.err"
         with errors.open("w") as stderr:  # the child keeps its own copy of the file
-            client = _spawn(args, self.cluster.env, stdout=subprocess.PIPE, stderr=stderr)
+            client = spawn_module(args, self.cluster.env, stdout=subprocess.PIPE, stderr=stderr)
         self.errors[client.pid] = errors
         self.clients.append(client)
         self.proxied[client.pid] = proxied
@@ -614,10 +413,10 @@ class _Run:
             os.kill(pid, signal.SIGKILL)
             return True
         os.kill(pid, signal.SIGSTOP)
-        _stopped.add(pid)
+        stopped_hosts.add(pid)
         await anyio.sleep(sum(HEARTBEAT) + 1.5)  # past the heartbeat bound
         os.kill(pid, signal.SIGCONT)
-        _stopped.discard(pid)
+        stopped_hosts.discard(pid)
         return True
 
     async def _rejoin(self, rng: random.Random) -> bool:
@@ -677,7 +476,7 @@ async def _fill_until_full(cluster: Any, device: int, bound: float, held: list[A
     return False
 
 
-async def _owner_bytes(cluster: Cluster, host: int, owner: str, timeout: float = 10.0) -> int:
+async def _owner_bytes(cluster: Testbed, host: int, owner: str, timeout: float = 10.0) -> int:
     """Bytes ``owner`` still holds on ``host`` once its session has had
     ``timeout`` to end (0 as soon as it holds none; 0 if the host is gone)."""
     async with connect(cluster.cluster_file) as client:
@@ -748,7 +547,7 @@ async def _epoch(
     report.orphans = sum(pid_alive(pid) for pid in run.pids)
     report.bytes_leaked += _segments_of(run.pids)
     for joiner in run.joiners:  # reaped (after the count: one left running is an orphan)
-        await anyio.to_thread.run_sync(_wait_exit, joiner, 5.0)
+        await anyio.to_thread.run_sync(wait_exit, joiner, 5.0)
     return report
 
 
@@ -806,7 +605,7 @@ async def _drive(
             _close(client)
 
 
-async def _store_bytes(cluster: Cluster, lost: set[int]) -> int:
+async def _store_bytes(cluster: Testbed, lost: set[int]) -> int:
     """Bytes still held by the stores of surviving hosts (every client has left)."""
     async with connect(cluster.cluster_file) as client:
         handle = await client.cluster("faults-check")

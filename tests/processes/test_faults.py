@@ -22,19 +22,15 @@ import anyio
 import numpy as np
 import pytest
 
-from atoll.benchmarks.faults import (
-    BIG,
-    FAULT_KINDS,
+from atoll.benchmarks._testbed import (
     HEARTBEAT,
-    STEP,
     STORE_WAIT_S,
     Relay,
-    expected,
     rejoin_host,
-    run_faults,
     until_lost,
     up_cluster,
 )
+from atoll.benchmarks.faults import BIG, FAULT_KINDS, STEP, expected, run_faults
 from atoll.devices import BufferHandle
 from atoll.examples.demo import affine
 from atoll.kernel import AtollError, Promise

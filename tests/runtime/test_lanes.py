@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atoll.benchmarks.faults import up_cluster
+from atoll.benchmarks._testbed import up_cluster
 from atoll.devices import Aval, BufferHandle, Computation
 from atoll.devices import _runlane as wire
 from atoll.kernel import HostLost, Promise, failed, process_counters

@@ -30,7 +30,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from atoll.benchmarks.faults import up_cluster
+from atoll.benchmarks._testbed import up_cluster
 from atoll.kernel import ActorRef, ActorSystem, NodeActor, TransportError
 from atoll.kernel.lowlevel import channel_of
 from atoll.runtime.connect import connect
