@@ -55,7 +55,7 @@ def connect(target: str | os.PathLike[str] | None = None, *, token: bytes | None
     up``; without it, the cluster ``atoll up`` started last on this machine.
     (Imported on first use, so ``import atoll`` does not load pycapnp.)
     """
-    from .runtime.connect import connect as _connect
+    from .runtime.client.connect import connect as _connect
 
     return _connect(target, token=token)
 

@@ -225,8 +225,8 @@ def _up(args: argparse.Namespace) -> int:
 
     from .devices import Device, SimDevice
     from .kernel import AtollError
-    from .runtime.process import run_up
-    from .runtime.spec import ClusterSpec
+    from .runtime.deploy.process import run_up
+    from .runtime.deploy.spec import ClusterSpec
     from .transports.capnp.clusterfile import default_cluster_file
 
     if args.hosts < 0 or args.remote_hosts < 0 or args.hosts + args.remote_hosts < 1:
@@ -295,8 +295,8 @@ def _status(args: argparse.Namespace) -> int:
     import json
 
     from .kernel import AtollError
-    from .runtime.admin import status_rows
-    from .runtime.status import render
+    from .runtime.tools.admin import status_rows
+    from .runtime.tools.status import render
 
     try:
         rows = asyncio.run(status_rows(args.cluster_file))
@@ -321,7 +321,7 @@ def _config(args: argparse.Namespace) -> int:
 
     from .kernel import AtollError
     from .kernel.config import markdown, settings
-    from .runtime.admin import config_rows
+    from .runtime.tools.admin import config_rows
 
     if args.markdown:
         print(markdown(), end="")
@@ -352,7 +352,7 @@ def _timeline(args: argparse.Namespace) -> int:
     import asyncio
 
     from .kernel import AtollError
-    from .runtime.admin import record_timeline
+    from .runtime.tools.admin import record_timeline
 
     try:
         print(asyncio.run(record_timeline(args.cluster_file, args.output, args.seconds)))
@@ -365,7 +365,7 @@ def _dashboard(args: argparse.Namespace) -> int:
     import asyncio
 
     from .kernel import AtollError
-    from .runtime.admin import open_dashboard
+    from .runtime.tools.admin import open_dashboard
 
     try:
         url = asyncio.run(open_dashboard(args.cluster_file, args.host, args.port))
@@ -381,7 +381,7 @@ def _top(args: argparse.Namespace) -> int:
     import contextlib
 
     from .kernel import AtollError
-    from .runtime.top import top
+    from .runtime.tools.top import top
 
     try:
         with contextlib.suppress(KeyboardInterrupt):
@@ -396,7 +396,7 @@ def _drain(args: argparse.Namespace) -> int:
     import asyncio
 
     from .kernel import AtollError
-    from .runtime.admin import drain_host
+    from .runtime.tools.admin import drain_host
 
     try:
         print(asyncio.run(drain_host(args.cluster_file, args.host, args.timeout)), flush=True)
@@ -409,7 +409,7 @@ def _down(args: argparse.Namespace) -> int:
     import asyncio
 
     from .kernel import AtollError
-    from .runtime.admin import shut_down
+    from .runtime.tools.admin import shut_down
 
     try:
         print(asyncio.run(shut_down(args.cluster_file)), flush=True)
@@ -423,7 +423,7 @@ def _host(args: argparse.Namespace) -> int:
     import os
 
     from .kernel import AtollError, logs
-    from .runtime.process import run_host
+    from .runtime.deploy.process import run_host
     from .transports.capnp import ClusterFile, default_token
 
     token = ClusterFile.read(args.cluster_file).token if args.cluster_file else default_token()
@@ -530,7 +530,7 @@ def _demo(args: argparse.Namespace) -> int:
         import json
         from pathlib import Path
 
-        from .runtime.dashboard import timeline_page
+        from .runtime.tools.dashboard import timeline_page
 
         document = json.loads(Path(args.timeline).read_text())
         title = f"atoll demo: a chain of {args.steps} steps"

@@ -27,7 +27,7 @@ from typing import Any
 import anyio
 
 from ..kernel.config import Settings, env_name
-from ..runtime.connect import connect
+from ..runtime.client.connect import connect
 from ..transports.capnp import ClusterFile
 from ..transports.dataplane import bulk
 from ..transports.processes import reap

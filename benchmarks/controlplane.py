@@ -54,7 +54,7 @@ from atoll.benchmarks._common import Column, Row, emit, system_column, table, wa
 from atoll.devices import BufferHandle, Computation, CostModel
 from atoll.kernel import AtollError, Promise, process_counters
 from atoll.runtime import Cluster, local_cluster
-from atoll.runtime.connect import connect
+from atoll.runtime.client.connect import connect
 from atoll.transports.capnp import ClusterFile
 from atoll.transports.processes import stop_processes
 

@@ -34,9 +34,9 @@ import numpy as np
 
 from atoll.devices import Aval, Computation
 from atoll.runtime import Cluster, VirtualSlice
+from atoll.runtime.deploy.process import process_cluster
+from atoll.runtime.deploy.spec import ClusterSpec
 from atoll.runtime.graph import Graph, GraphBuilder
-from atoll.runtime.process import process_cluster
-from atoll.runtime.spec import ClusterSpec
 
 from ._common import Row, emit, p99, system_column, table, unit_column
 

@@ -67,7 +67,7 @@ import numpy as np
 from ..devices import Computation, StoreFull
 from ..examples.demo import affine
 from ..kernel import ActorStopped, AtollError, HostLost, RemoteActorError
-from ..runtime.connect import connect
+from ..runtime.client.connect import connect
 from ..transports.capnp import ClusterFile, peer_of
 from ..transports.testing import pid_alive
 from ._testbed import (

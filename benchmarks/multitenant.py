@@ -50,7 +50,7 @@ import numpy as np
 from atoll.benchmarks._common import Row, system_column, table, unit_column, wait_for_line
 from atoll.devices import BufferHandle, Computation
 from atoll.kernel import AtollError, Promise
-from atoll.runtime.connect import Client, connect
+from atoll.runtime.client.connect import Client, connect
 from atoll.transports.processes import stop_processes
 
 __all__ = ["PROGRAM_S", "WEIGHTS", "main", "run"]

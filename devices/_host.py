@@ -88,7 +88,7 @@ class Host(Actor):
         shared = bool(self.plane.address)
         # a host process's buffer ids carry a token of its own: one that takes
         # the place of a lost host (same host id) never reuses an id of the
-        # old one, which may have moved elsewhere (runtime/elastic.py)
+        # old one, which may have moved elsewhere (runtime/control/elastic.py)
         name = f"host{host_id}.{secrets.token_hex(3)}" if shared else f"host{host_id}"
         self.store = ObjectStore(name, store_bytes, shared=shared)
         self.device_refs: list[ActorRef[Device]] = []
@@ -358,7 +358,7 @@ class Host(Actor):
                 freed += self.store.decref(buffer_id)
         return freed
 
-    # -- elastic slices (runtime/elastic.py) ----------------------------------
+    # -- elastic slices (runtime/control/elastic.py) ----------------------------------
     @endpoint
     def buffers(
         self, places: list[int | str] | None = None, copy: bool = False

@@ -1,7 +1,7 @@
 """Compiled plans as a device keeps them: its gangs of a program, installed once.
 
 Parallel dispatch of a program plans everything before anything runs (see
-``atoll.runtime.planner``). When hosts are processes of their own, the
+``atoll.runtime.control.planner``). When hosts are processes of their own, the
 control plane *installs* each device's part of a plan on that device once: a
 :class:`DeviceProgram`, the device's gangs in the island's order, each with
 where its inputs come from and where its outputs go. From then on a run of

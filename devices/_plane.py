@@ -8,7 +8,7 @@ is what a :class:`~atoll.devices.Host` is given to do that; its devices use
 their host's. In one process (:data:`IN_PROCESS`) there is nothing to reach:
 the address is empty and every reference stays the one the caller holds.
 
-The process that serves (``atoll host``, see ``runtime/process.py``) makes
+The process that serves (``atoll host``, see ``runtime/deploy/process.py``) makes
 its plane with :class:`ProcessPlane` and hands it to :func:`use_plane`,
 once, before it spawns hosts; a host built without a plane takes that one.
 Everything runs on the event loop's thread (Cap'n Proto's rule).

@@ -94,7 +94,7 @@ class _Entry:
     segment: shm.Segment | None = None  # the shared memory it lives in, if its own
     ready: Promise[None] | None = None  # a device's future: settles once it exists
     # the device it belongs to (-1: host memory, a landed push), or where a
-    # suspended slice parked it (a label; ``runtime/elastic.py``)
+    # suspended slice parked it (a label; ``runtime/control/elastic.py``)
     place: int | str = -1
 
 
@@ -137,7 +137,7 @@ class ObjectStore:
         # buffers dropped because their computation failed, oldest first: a
         # reader that comes later gets that error, not BufferMissing
         self._failed: dict[str, Promise[None]] = {}
-        # buffers that moved to another host (runtime/elastic.py), oldest
+        # buffers that moved to another host (runtime/control/elastic.py), oldest
         # first, with the host actor they went to: a stale handle's reads and
         # frees are sent on there (until one comes back)
         self.moved_out: dict[str, Any] = {}
@@ -266,7 +266,7 @@ class ObjectStore:
         ``place``: the device it belongs to (-1: none, host memory), or a
         suspended slice's label for it.
         ``buffer_id``: the id it keeps, when it moved here from another host
-        (``runtime/elastic.py``); else a new one. ``segment``: the segment of
+        (``runtime/control/elastic.py``); else a new one. ``segment``: the segment of
         this process the array was copied into already.
         """
         if segment is None and isinstance(array, np.ndarray):

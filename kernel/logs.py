@@ -10,7 +10,7 @@ running when it was logged (``controller/island0``), or ``-`` outside actors.
 A process can carry a ``prefix`` before each line (a host process uses
 ``host 3 | ``), and may send its records elsewhere as well: a host forwards
 them to the controller, whose terminal then shows every host's log
-(``runtime/process.py``). :func:`add_sink` registers such a destination.
+(``runtime/deploy/process.py``). :func:`add_sink` registers such a destination.
 """
 
 from __future__ import annotations

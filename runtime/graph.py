@@ -5,7 +5,7 @@ either by tracing a ``@program`` (JAX, :mod:`atoll.runtime.tracing`) or by hand
 with :class:`GraphBuilder` (simulated kernels in benchmarks). Every value has a
 known shape and dtype (an :class:`~atoll.devices.Aval`) before anything runs,
 which is what lets the controller dispatch a whole graph ahead of its data.
-Nothing here is asynchronous: a graph is planned by :mod:`atoll.runtime.planner`
+Nothing here is asynchronous: a graph is planned by :mod:`atoll.runtime.control.planner`
 and dispatched by the controller.
 """
 

@@ -3,7 +3,7 @@
 A ``JaxDevice`` enqueues a gang and moves on: its outputs are futures in the
 store, and the next gang reading them is enqueued behind it with no host
 wait (``devices/jax_device.py``). A client's buffers are freed when its last
-reference to them goes (``runtime/ownership.py``). These tests hold both to
+reference to them goes (``runtime/client/ownership.py``). These tests hold both to
 what a training loop needs: thousands of steps that drop their references
 end with a handful of buffers, on both transports, and never stall in a
 store bounded to a few outputs.

@@ -125,7 +125,7 @@ def test_a_second_copy_on_a_settled_untaken_inbox_is_freed(settle: str) -> None:
 
 
 def test_a_buffer_that_comes_back_before_its_old_copy_went_replaces_it() -> None:
-    """A moved buffer (``runtime/elastic.py``) handed over from this store
+    """A moved buffer (``runtime/control/elastic.py``) handed over from this store
     and moved back here before its old copy was dropped: the new copy takes
     its place, and what was handed over no longer points away."""
     store = ObjectStore("h")

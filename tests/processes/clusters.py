@@ -15,7 +15,7 @@ from typing import Any
 from atoll.devices import CostModel, SimDevice
 from atoll.kernel import ActorSystem
 from atoll.runtime import ClusterSpec
-from atoll.runtime.process import ClusterBuilder, ClusterInfo
+from atoll.runtime.deploy.process import ClusterBuilder, ClusterInfo
 from atoll.transports.capnp import CapnpTransport, capnp_runtime
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # where "-m tests.<group>.<module>" runs

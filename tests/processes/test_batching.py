@@ -1,5 +1,5 @@
 """Implicit batching: ``cluster.run`` calls made in one loop turn go as one
-graph when some read others (``runtime/batching.py``); here over host processes.
+graph when some read others (``runtime/client/batching.py``); here over host processes.
 
 Each test checks the values, what ran compiled (the controller's
 ``plan_stats``), and what the hosts' stores hold afterwards: only what the

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from atoll.kernel import AtollError, TransportError
-from atoll.runtime.connect import connect
+from atoll.runtime.client.connect import connect
 from atoll.transports.capnp import ClusterFile
 from atoll.transports.capnp.clusterfile import default_cluster_file
 from atoll.transports.testing import READY_PREFIX

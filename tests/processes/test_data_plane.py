@@ -24,8 +24,8 @@ import atoll
 from atoll.devices import Aval, Computation, CostModel
 from atoll.kernel import ActorSystem, VirtualClock, use_clock
 from atoll.runtime import Cluster, ClusterSpec, GraphBuilder
-from atoll.runtime.connect import connect
-from atoll.runtime.process import _controller
+from atoll.runtime.client.connect import connect
+from atoll.runtime.deploy.process import _controller
 from atoll.transports.capnp import CapnpTransport, capnp_runtime
 from atoll.transports.dataplane import bulk, shm
 from atoll.transports.testing import eventually

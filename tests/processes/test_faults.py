@@ -34,7 +34,7 @@ from atoll.benchmarks.faults import BIG, FAULT_KINDS, STEP, expected, run_faults
 from atoll.devices import BufferHandle
 from atoll.examples.demo import affine
 from atoll.kernel import AtollError, Promise
-from atoll.runtime.connect import connect
+from atoll.runtime.client.connect import connect
 from atoll.transports.capnp import HostLost, capnp_runtime
 
 pytestmark = pytest.mark.anyio

@@ -43,7 +43,7 @@ from atoll.devices._gang import GangTask
 from atoll.devices.jax_device import JaxDevice
 from atoll.kernel import Actor, HostLost, Promise, endpoint, failed
 from atoll.runtime import ClusterSpec, IslandScheduler, process_cluster
-from atoll.runtime.process import _collect_garbage_on_loop
+from atoll.runtime.deploy.process import _collect_garbage_on_loop
 from atoll.transports.testing import eventually, pid_alive
 
 pytestmark = pytest.mark.anyio

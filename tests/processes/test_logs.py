@@ -17,7 +17,7 @@ import pytest
 import atoll
 from atoll.devices import Computation
 from atoll.kernel import logs
-from atoll.runtime.connect import connect
+from atoll.runtime.client.connect import connect
 
 pytestmark = pytest.mark.anyio
 

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from atoll.benchmarks.controlplane import _computations
-from atoll.runtime.admin import status_rows
-from atoll.runtime.connect import connect
+from atoll.runtime.client.connect import connect
+from atoll.runtime.tools.admin import status_rows
 from atoll.transports.capnp import ClusterFile
 from atoll.transports.testing import atoll_up, eventually
 

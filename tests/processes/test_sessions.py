@@ -25,9 +25,9 @@ import numpy as np
 import pytest
 
 from atoll.kernel import AtollError
-from atoll.runtime.connect import connect
-from atoll.runtime.process import ClusterInfo
-from atoll.runtime.sessions import SessionAnchor
+from atoll.runtime.client.anchor import SessionAnchor
+from atoll.runtime.client.connect import connect
+from atoll.runtime.deploy.process import ClusterInfo
 from atoll.transports.capnp import ClusterFile
 from atoll.transports.capnp._peer import Peer
 from atoll.transports.testing import eventually

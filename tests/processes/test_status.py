@@ -20,7 +20,7 @@ import atoll
 from atoll.devices import Computation
 from atoll.kernel import AtollError, Promise
 from atoll.runtime import Topology
-from atoll.runtime.status import host_rows, kind_of, render
+from atoll.runtime.tools.status import host_rows, kind_of, render
 from atoll.transports.testing import line_with, pid_alive
 
 pytestmark = pytest.mark.anyio

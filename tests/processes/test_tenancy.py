@@ -26,8 +26,8 @@ from atoll.benchmarks import dispatch as bench
 from atoll.devices import BufferHandle, Computation
 from atoll.kernel import AtollError, Promise
 from atoll.runtime import Cluster
-from atoll.runtime.connect import Client, connect
-from atoll.runtime.tenancy import STALL_FACTOR
+from atoll.runtime.client.connect import Client, connect
+from atoll.runtime.control.tenancy import STALL_FACTOR
 from atoll.transports.capnp import ClusterFile
 from atoll.transports.testing import eventually
 
@@ -314,7 +314,7 @@ if __name__ == "__main__":
 
 # -- the plain parts, without actors ----------------------------------------------
 def test_admission_stalls_in_order_then_refuses_and_an_ended_session_fails_its_stalled() -> None:
-    from atoll.runtime.tenancy import STALL_FACTOR, Tenants
+    from atoll.runtime.control.tenancy import STALL_FACTOR, Tenants
 
     tenants = Tenants()
     tenants.set_quotas("t", max_gangs=1, max_bytes=None)
@@ -338,8 +338,8 @@ def test_admission_stalls_in_order_then_refuses_and_an_ended_session_fails_its_s
 
 
 def test_a_slice_is_its_owners_and_anyone_elses_use_is_refused() -> None:
-    from atoll.runtime.resources import Allocation
-    from atoll.runtime.tenancy import NotYourSlice, check_slice
+    from atoll.runtime.control.resources import Allocation
+    from atoll.runtime.control.tenancy import NotYourSlice, check_slice
 
     alloc = Allocation(7, (0,), 0, "alice#1.abc")
     assert check_slice(alloc, "alice#1.abc") is alloc

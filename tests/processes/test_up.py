@@ -18,7 +18,7 @@ import atoll
 from atoll.devices import BufferHandle, Computation
 from atoll.examples.demo import affine
 from atoll.kernel import Promise
-from atoll.runtime.connect import connect
+from atoll.runtime.client.connect import connect
 from atoll.transports.capnp import HostLost
 from atoll.transports.testing import line_with, pid_alive
 
@@ -151,7 +151,7 @@ async def test_bulk_data_between_hosts_skips_the_controller(tmp_path: Path) -> N
 
 
 async def test_stopping_hosts_leaves_the_loop_free_and_kills_the_stubborn() -> None:
-    from atoll.runtime.process import _stop_hosts
+    from atoll.runtime.deploy.process import _stop_hosts
 
     ignore_int = "import signal as s; s.signal(s.SIGINT, s.SIG_IGN); print(flush=True); s.pause()"
     stubborn = subprocess.Popen(  # close_fds=False: posix_spawn, no fork of this process

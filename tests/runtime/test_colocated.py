@@ -106,7 +106,7 @@ def up(tmp_path: Path) -> Iterator[Path]:
 async def test_over_host_processes_a_class_travels_by_value_and_a_lost_host_says_so(
     up: Path,
 ) -> None:
-    from atoll.runtime.connect import connect
+    from atoll.runtime.client.connect import connect
 
     class Local(Actor):  # defined here: it travels by value (cloudpickle)
         def __init__(self) -> None:

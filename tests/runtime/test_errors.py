@@ -17,7 +17,7 @@ from atoll.cli import main
 from atoll.devices import Computation
 from atoll.kernel import AtollError, TransportError
 from atoll.kernel.extras import MissingExtra, require
-from atoll.runtime.connect import connect
+from atoll.runtime.client.connect import connect
 from atoll.transports.testing import READY_PREFIX
 
 pytestmark = pytest.mark.anyio

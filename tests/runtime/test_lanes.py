@@ -23,7 +23,7 @@ from atoll.devices import Aval, BufferHandle, Computation
 from atoll.devices import _runlane as wire
 from atoll.kernel import HostLost, Promise, failed, process_counters
 from atoll.runtime import GraphBuilder
-from atoll.runtime.connect import connect
+from atoll.runtime.client.connect import connect
 from atoll.runtime.runlanes import Caller
 from atoll.transports import oneway
 from atoll.transports.capnp import capnp_runtime

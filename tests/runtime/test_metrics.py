@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from atoll.benchmarks.controlplane import _computations
 from atoll.kernel import Promise
-from atoll.runtime.connect import connect
-from atoll.runtime.metrics import (
+from atoll.runtime.client.connect import connect
+from atoll.runtime.control.metrics import (
     MAX_SESSIONS,
     RunCounters,
     Snapshot,
@@ -169,7 +169,7 @@ def test_without_the_extra_the_error_says_what_to_install(monkeypatch: pytest.Mo
     import builtins
 
     from atoll.kernel import AtollError
-    from atoll.runtime import dashboard
+    from atoll.runtime.tools import dashboard
 
     real_import = builtins.__import__
 
@@ -192,7 +192,7 @@ async def test_atoll_top_draws_one_frame_of_devices_and_sessions(up: Up) -> None
     import anyio
     from rich.console import Console
 
-    from atoll.runtime.top import top
+    from atoll.runtime.tools.top import top
 
     source, _ = _computations(PROGRAM_S)
     out = io.StringIO()

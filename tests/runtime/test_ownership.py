@@ -1,7 +1,7 @@
 """A client's buffers are freed when its last reference to them goes.
 
 References are the promises a client hands out (``put``, ``run``, an
-``ArrayRef``'s) and the handles they settle with (``runtime/ownership.py``).
+``ArrayRef``'s) and the handles they settle with (``runtime/client/ownership.py``).
 A buffer read by a run that has not taken it yet is kept until it has.
 """
 
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 import atoll
-import atoll.runtime.ownership as ownership_module
+import atoll.runtime.client.ownership as ownership_module
 from atoll.devices import BufferHandle, Computation
 from atoll.kernel import Actor, ActorRef, ActorSystem, Promise, as_promise, endpoint
-from atoll.runtime.ownership import Ownership
+from atoll.runtime.client.ownership import Ownership
 from atoll.transports.testing import eventually
 
 pytestmark = pytest.mark.anyio
@@ -94,7 +94,7 @@ async def test_runs_reading_a_buffer_no_reference_here_holds_track_nothing() -> 
     """A temporary input (put for one run and freed by it) is not this
     client's to free: however many runs read it, nothing is kept for it."""
     from atoll.devices import BufferHandle
-    from atoll.runtime.ownership import Ownership
+    from atoll.runtime.client.ownership import Ownership
 
     ownership = Ownership("session")
     handle = BufferHandle("h0:1", None, 0, 0, (4,), "float64", 32)  # type: ignore[arg-type]

@@ -18,8 +18,8 @@ from atoll.devices._device import _release_points
 from atoll.devices._plan import MADE_HERE, PUSHED_IN
 from atoll.kernel import AtollError, VirtualClock
 from atoll.runtime import Allocation, GraphBuilder, SliceSpec, Topology
+from atoll.runtime.control.planner import PlanCache, compile_plan, instantiate, plan
 from atoll.runtime.graph import Graph
-from atoll.runtime.planner import PlanCache, compile_plan, instantiate, plan
 
 AVAL = Aval((4,), "float32")
 TOPOLOGY = Topology.even(islands=1, hosts_per_island=2, devices_per_host=4)

@@ -252,7 +252,7 @@ async def test_a_call_after_atoll_down_says_the_cluster_was_stopped(tmp_path: Pa
     import anyio
 
     from atoll.kernel import HostLost
-    from atoll.runtime.connect import connect
+    from atoll.runtime.client.connect import connect
     from atoll.transports.testing import atoll_up
 
     cluster_file = tmp_path / "cluster.json"

@@ -127,7 +127,7 @@ MODULES = dict(modules())
 def test_the_walk_sees_every_layer() -> None:
     for name in [*LAYERS, *SIDE]:
         assert f"atoll.{name}" in MODULES
-    assert "atoll.cli" in MODULES and "atoll.runtime.planner" in MODULES
+    assert "atoll.cli" in MODULES and "atoll.runtime.control.planner" in MODULES
 
 
 def package(module: str) -> str:
@@ -229,28 +229,52 @@ def test_an_import_by_name_counts_as_an_import(tmp_path: Path) -> None:
     assert found == ["atoll.devices", "atoll.kernel.mod.sub"]
 
 
-CONTROL_PLANE = {
-    "graph", "tracing", "resources", "topology", "latency", "planner", "island",
-    "controller", "sessions", "tenancy", "client", "batching", "ownership",
-    "checkpoints", "elastic", "runlanes",
-}  # fmt: skip
-# the runtime's other modules: deployment (spec, local, process, connect) and
-# tools (status, timelines, admin, dashboard); see docs/architecture.md
-CONTROL_PLANE_MAY = {
-    ("client", "timelines"),  # Cluster.recording starts the recorder
-    ("controller", "metrics"),  # its run counters, which /metrics reads
+# The runtime's rooms, by where their code runs (docs/architecture.md): the
+# modules directly under runtime/ are shared by every room; a room may import
+# (at run time: type-only imports do not count) the shared modules, its own,
+# and the rooms it stands on. The client's and the controller's rooms stand
+# side by side: neither needs the other to run.
+ROOMS_MAY = {
+    "client": set(),
+    "control": set(),
+    "tools": {"client", "control"},
+    "deploy": {"client", "control", "tools"},
 }
 
 
-def test_the_runtime_control_plane_imports_no_deployment_or_tool() -> None:
-    runtime = {m.split(".")[2] for m in MODULES if m.startswith("atoll.runtime.")}
-    assert runtime > CONTROL_PLANE
+def room(module: str) -> str | None:
+    """A runtime module's room ("" for a shared one), None outside the runtime."""
+    parts = module.split(".")
+    if parts[:2] != ["atoll", "runtime"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in ROOMS_MAY else ""
+
+
+def test_every_runtime_module_is_in_a_room_or_shared() -> None:
+    rooms = {room(m) for m in MODULES if m.startswith("atoll.runtime.")}
+    assert rooms == {"", *ROOMS_MAY}, rooms
+    shared = sorted(m for m in MODULES if room(m) == "")
+    assert "atoll.runtime.graph" in shared and "atoll.runtime.runlanes" in shared
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if room(m)))
+def test_rooms_import_only_the_rooms_they_stand_on(module: str) -> None:
+    mine = room(module)
+    assert mine
     wrong = []
-    for name in sorted(CONTROL_PLANE):
-        module = f"atoll.runtime.{name}"
-        for line, target in imported(module, MODULES[module]):
-            found = known(target, set(MODULES)) or ""
-            other = found.split(".")[2] if found.startswith("atoll.runtime.") else None
-            if other in runtime - CONTROL_PLANE and (name, other) not in CONTROL_PLANE_MAY:
-                wrong.append(f"{module} line {line}: {found}")
-    assert not wrong, "\n".join(dict.fromkeys(wrong))
+    for line, target in imported(module, MODULES[module], typing=False):
+        found = known(target, set(MODULES)) or ""
+        theirs = room(found)
+        if theirs and theirs != mine and theirs not in ROOMS_MAY[mine]:
+            wrong.append(f"line {line}: {found} (the {mine} room does not stand on {theirs})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_shared_runtime_modules_import_no_room() -> None:
+    wrong = [
+        f"{module} line {line}: {target}"
+        for module in sorted(m for m in MODULES if room(m) == "" and m != "atoll.runtime")
+        for line, target in imported(module, MODULES[module], typing=False)
+        if room(known(target, set(MODULES)) or "")
+    ]
+    assert not wrong, "\n".join(wrong)

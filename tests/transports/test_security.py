@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from atoll.benchmarks._testbed import up_cluster
 from atoll.kernel import ActorRef, ActorSystem, NodeActor, TransportError
 from atoll.kernel.lowlevel import channel_of
-from atoll.runtime.connect import connect
+from atoll.runtime.client.connect import connect
 from atoll.transports.capnp import CapnpTransport, ClusterFile, capnp_runtime, parse_address
 from atoll.transports.capnp._schema import schema
 from atoll.transports.conformance import Task

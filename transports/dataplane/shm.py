@@ -650,7 +650,7 @@ def take_over(array: np.ndarray) -> Segment | None:
     and readers find it under that name. Returns the segment, to
     :func:`release` when the buffer is freed; None when ``array`` is not a
     whole segment mapped here, or its maker took its name away meanwhile
-    (then copy it). For a buffer that moved here (``runtime/elastic.py``):
+    (then copy it). For a buffer that moved here (``runtime/control/elastic.py``):
     no byte is copied."""
     if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
         return None

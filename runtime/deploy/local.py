@@ -5,7 +5,7 @@ scheduler per island, the controller) inside one
 :class:`~atoll.kernel.ActorSystem`, and yields the same client
 (:class:`~atoll.runtime.Cluster`) a remote user gets. With
 ``transport="capnp"`` it starts the same actors with each host in a process
-of its own instead (:mod:`atoll.runtime.process`). Both read one validated
+of its own instead (:mod:`atoll.runtime.deploy.process`). Both read one validated
 :class:`~atoll.runtime.ClusterSpec`.
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-from ..devices import CostModel, Device, Host, SimDevice
-from ..kernel import ActorSystem, Clock
-from ..schedulers import DEFAULT_POLICY
-from .client import Cluster
-from .controller import spawn_control
-from .latency import DelayLine, Wire
+from ...devices import CostModel, Device, Host, SimDevice
+from ...kernel import ActorSystem, Clock
+from ...schedulers import DEFAULT_POLICY
+from ..client.client import Cluster
+from ..control.controller import spawn_control
+from ..latency import DelayLine, Wire
 from .spec import ClusterSpec
 
 __all__ = ["local_cluster", "start_local"]

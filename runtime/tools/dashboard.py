@@ -13,7 +13,7 @@
 * ``/api/timeline``: the last timeline ``atoll timeline`` recorded (Chrome
   trace JSON);
 * ``/metrics``: the cluster's metrics in Prometheus' text format
-  (``runtime/metrics.py``), gathered from every part at each scrape.
+  (``runtime/control/metrics.py``), gathered from every part at each scrape.
 
 Every request must show the cluster token: header ``Authorization: Bearer
 HEX`` (what Prometheus sends), header ``X-Atoll-Token: HEX`` or cookie
@@ -38,9 +38,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
-from ..devices import Host
-from ..kernel import ActorRef, AtollError
-from .metrics import LoopLag, collect, render, within
+from ...devices import Host
+from ...kernel import ActorRef, AtollError
+from ..control.metrics import LoopLag, collect, render, within
 
 if TYPE_CHECKING:
     from starlette.requests import Request

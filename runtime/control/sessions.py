@@ -17,7 +17,7 @@ Nothing polls: the drop is learnt from the transport. A reference that did
 not come over a connection (an in-process client) opens a session that only
 :meth:`SessionWatcher.end` closes.
 
-Sessions are the cluster's tenants (``runtime/tenancy.py``). Each has a
+Sessions are the cluster's tenants (``runtime/control/tenancy.py``). Each has a
 *weight*, its proportional share of device time on every island whose policy
 keeps shares (the default, ``"share"``), given at ``open`` and changed later
 by :meth:`SessionWatcher.set_weight`; and quotas of queued gangs and of
@@ -37,24 +37,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..kernel import Actor, ActorRef, AtollError, Promise, endpoint
-from ..transports.capnp import peer_of
+from ...kernel import Actor, ActorRef, AtollError, Promise, endpoint
+from ...transports.capnp import peer_of
 from .tenancy import DEFAULT_MAX_GANGS, public_name
 
 if TYPE_CHECKING:
     from .controller import Controller
 
-__all__ = ["SessionAnchor", "SessionWatcher"]
+__all__ = ["SessionWatcher"]
 
 _log = logging.getLogger("atoll.sessions")
-
-
-class SessionAnchor(Actor):
-    """A client's stand-in, passed to :meth:`SessionWatcher.open`.
-
-    It has no endpoints: only its reference matters, since on the controller's
-    side it is bound to the connection that carried it.
-    """
 
 
 @dataclass

@@ -4,7 +4,7 @@ Dispatch runs ahead of the data. ``cluster.run(...)`` returns promises at
 once; the controller and the island schedulers forward promise-carrying calls
 without waiting for their inputs (their endpoints take promises as they are),
 and only the devices, which must have the bytes, wait for them. What each
-gang needs to know is planned without I/O by :mod:`atoll.runtime.planner`
+gang needs to know is planned without I/O by :mod:`atoll.runtime.control.planner`
 and cached per graph; the controller stamps each run with gang ids and
 submits the gangs. Clients reach it through :class:`~atoll.runtime.Cluster`.
 """
@@ -22,12 +22,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..devices import BufferHandle, Computation, Device, Host, RunReport, timeline
-from ..devices import _runlane as runlane
-from ..devices._device import Reply
-from ..devices._gang import GangTask, PushTarget
-from ..devices._plan import PriorOutput, portable, run_key
-from ..kernel import (
+from ...devices import BufferHandle, Computation, Device, Host, RunReport, timeline
+from ...devices import _runlane as runlane
+from ...devices._device import Reply
+from ...devices._gang import GangTask, PushTarget
+from ...devices._plan import PriorOutput, portable, run_key
+from ...kernel import (
     Actor,
     ActorRef,
     ActorStopped,
@@ -42,11 +42,14 @@ from ..kernel import (
     process_counters,
     then,
 )
-from .batching import call_graph, device_of_slice
+from ..calls import call_graph, device_of_slice
+from ..graph import Graph, Node, ValueRef
+from ..latency import Wire, over
+from ..runlanes import lanes_on
+from ..topology import Topology
+from ..tracing import VirtualSlice
 from .elastic import Elastic
-from .graph import Graph, Node, ValueRef
 from .island import IslandScheduler
-from .latency import Wire, over
 from .metrics import RunCounters, controller_metrics
 from .planner import (
     CompiledPlan,
@@ -58,10 +61,7 @@ from .planner import (
     plan,
 )
 from .resources import Allocation, ResourceManager
-from .runlanes import lanes_on
 from .tenancy import DEFAULT_MAX_GANGS, Tenants, check_slice, merge_usage
-from .topology import Topology
-from .tracing import VirtualSlice
 
 __all__ = ["Controller", "spawn_control"]
 
@@ -107,10 +107,10 @@ class Controller(Actor):
         self.resources = ResourceManager(
             [(d.id, d.host, d.island) for d in topology.devices], spare_hosts
         )
-        self.elastic = Elastic(self)  # moves, suspends, drains (runtime/elastic.py)
+        self.elastic = Elastic(self)  # moves, suspends, drains (runtime/control/elastic.py)
         self.plans = PlanCache(on_drop=self._plan_dropped)
-        self.tenants = Tenants()  # sessions' weights and quotas (runtime/tenancy.py)
-        self.runs = RunCounters()  # for /metrics (runtime/metrics.py)
+        self.tenants = Tenants()  # sessions' weights and quotas (runtime/control/tenancy.py)
+        self.runs = RunCounters()  # for /metrics (runtime/control/metrics.py)
         self.compile: bool | None = None  # None: when hosts are processes (see set_compile)
         self._compiled: dict[int, CompiledPlan | None] = {}  # by id(plan); None: not compilable
         self._plan_ids = itertools.count(1)
@@ -180,7 +180,7 @@ class Controller(Actor):
         self, host_id: int, host: ActorRef[Host], devices: Sequence[ActorRef[Device]]
     ) -> None:
         """A new host process took the place of lost host ``host_id`` (same
-        device ids, an empty store; ``runtime/process.py``): use its
+        device ids, an empty store; ``runtime/deploy/process.py``): use its
         references from now on. Plans name hosts' addresses, so every cached
         plan is dropped; the islands swap the references too; sessions' byte
         quotas are set on it again. Asynchronous: waits for the host's
@@ -263,7 +263,7 @@ class Controller(Actor):
         freed = [host.free_owner(owner) for host in self.host_refs]
         return sum([await _unless_lost(each) or 0 for each in freed])
 
-    # -- elastic slices (runtime/elastic.py) ----------------------------------
+    # -- elastic slices (runtime/control/elastic.py) ----------------------------------
     # Each change runs as a task beside the message loop and answers when it
     # is over: the controller goes on dispatching meanwhile.
     @endpoint
@@ -629,7 +629,7 @@ class Controller(Actor):
             notice.add_done_callback(_log_failed_notice)
 
     def plan_for(self, graph: Graph, temporary: Sequence[int] = (), owner: str = "") -> Plan:
-        """The dispatch plan of ``graph`` (cached; see :mod:`atoll.runtime.planner`),
+        """The dispatch plan of ``graph`` (cached; see :mod:`atoll.runtime.control.planner`),
         for session ``owner``, which must own its slices (checked when planned:
         a released slice drops its plans)."""
         options = (tuple(temporary), bool(self.push), owner)
@@ -646,7 +646,7 @@ class Controller(Actor):
 
     def _placed(self, slice_id: int, owner: str) -> Allocation:
         """A slice's allocation, if ``owner`` may use it; a negative id pins a
-        batch's call to one physical device, as ``run`` does (runtime/batching.py)."""
+        batch's call to one physical device, as ``run`` does (runtime/client/batching.py)."""
         device = device_of_slice(slice_id)
         if device is None:
             return check_slice(self.resources.get(slice_id), owner)
@@ -697,7 +697,7 @@ class Controller(Actor):
         owner: str,
         result: Promise[list[BufferHandle]],
     ) -> None:
-        """Submit a session's admitted gang, with its weight (runtime/tenancy.py)."""
+        """Submit a session's admitted gang, with its weight (runtime/control/tenancy.py)."""
         weight = self.tenants.weight(owner)
         to_island = over(self.wire, self.schedulers[island])
         ran: Promise[list[BufferHandle]] = to_island.submit_gang(task, inputs, owner, weight)
@@ -728,7 +728,7 @@ class Controller(Actor):
     @endpoint
     def metrics(self) -> dict[str, Any]:
         """Runs submitted and taken, their dispatch times and failures, and
-        this process's message counters (``runtime/metrics.py``)."""
+        this process's message counters (``runtime/control/metrics.py``)."""
         return controller_metrics(self.runs)
 
     @endpoint

@@ -1,7 +1,7 @@
 """Checkpoints of values on the cluster, written and read by the hosts that hold them.
 
 ``await cluster.save(tree, directory)`` takes a pytree whose leaves are
-:class:`~atoll.runtime.client.ArrayRef` (or handles, or plain values). Each
+:class:`~atoll.runtime.client.client.ArrayRef` (or handles, or plain values). Each
 host writes the buffers it holds into ``directory/host<N>`` with
 orbax-checkpoint (``Host.save_arrays``): the bytes go from the hosts'
 memory to the filesystem, not through the client. The client writes only
@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import BufferHandle, Device
-from ..devices._checkpoint import CheckpointError
-from ..kernel import ActorRef, Promise, value_of
+from ...devices import BufferHandle, Device
+from ...devices._checkpoint import CheckpointError
+from ...kernel import ActorRef, Promise, value_of
 
 __all__ = ["CheckpointError", "restore", "save"]
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import anyio
 
-from ..kernel import AtollError
-from ..transports.capnp import ClusterFile
-from ..transports.capnp.clusterfile import find_cluster_file
-from .connect import connect
+from ...kernel import AtollError
+from ...transports.capnp import ClusterFile
+from ...transports.capnp.clusterfile import find_cluster_file
+from ..client.connect import connect
 
 __all__ = [
     "cluster_file_of",
@@ -64,7 +64,7 @@ async def record_timeline(
 ) -> str:
     """``atoll timeline``: record the cluster's timeline for ``seconds`` (or until
     SIGINT/SIGTERM) and write it to ``output``; what was written, in words."""
-    from ..transports.capnp import stop_on_signals
+    from ...transports.capnp import stop_on_signals
 
     stop = stop_on_signals()
     async with connect(cluster_file_of(path)) as client:

@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..devices import Device, Host
-from ..devices._host import on_leave
-from ..devices._plane import ProcessPlane, use_plane
-from ..kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint, logs
-from ..kernel.config import env_name, launched, settings
-from ..transports.capnp import (
+from ...devices import Device, Host
+from ...devices._host import on_leave
+from ...devices._plane import ProcessPlane, use_plane
+from ...kernel import Actor, ActorRef, ActorSystem, AtollError, NodeActor, Promise, endpoint, logs
+from ...kernel.config import env_name, launched, settings
+from ...transports.capnp import (
     CapnpListener,
     CapnpTransport,
     ClusterFile,
@@ -57,20 +57,20 @@ from ..transports.capnp import (
     peer_of,
     stop_on_signals,
 )
-from ..transports.dataplane import shm
-from ..transports.processes import reap
-from .controller import Controller, spawn_control
-from .dashboard import Dashboard
-from .island import IslandScheduler
-from .metrics import Snapshot, collect
-from .sessions import SessionWatcher
+from ...transports.dataplane import shm
+from ...transports.processes import reap
+from ..control.controller import Controller, spawn_control
+from ..control.island import IslandScheduler
+from ..control.metrics import Snapshot, collect
+from ..control.sessions import SessionWatcher
+from ..tools.dashboard import Dashboard
+from ..tools.status import cluster_status
+from ..topology import Topology
 from .spec import ClusterSpec
-from .status import cluster_status
-from .topology import Topology
 
 if TYPE_CHECKING:
-    from .client import Cluster, HostLinks
-    from .runlanes import Caller
+    from ..client.client import Cluster, HostLinks
+    from ..runlanes import Caller
 
 _log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class ClusterInfo:
         """A :class:`Cluster` handle on this cluster, for ``owner``, in
         ``system``; ``direct``: host processes over the client's own links;
         ``lane``: its call lane to the controller."""
-        from .client import Cluster
+        from ..client.client import Cluster
 
         return Cluster(
             system,
@@ -257,10 +257,10 @@ class ClusterBuilder(Actor):
 
     @endpoint
     async def status(self, timeout: float = 5.0) -> list[dict[str, Any]]:
-        """Rows for ``atoll status`` (see ``runtime/status.py``): every joined
+        """Rows for ``atoll status`` (see ``runtime/tools/status.py``): every joined
         host (lost if it did not answer within ``timeout``), every island's
         queued and running gangs, every open session, what changed lately
-        (moves, drains: ``runtime/elastic.py``)."""
+        (moves, drains: ``runtime/control/elastic.py``)."""
         return await self._status(timeout)
 
     @endpoint
@@ -276,7 +276,7 @@ class ClusterBuilder(Actor):
         """What a host joining from elsewhere needs to join the hosts' JAX
         runtime (``atoll up --device jax``): the coordinator, the number of
         processes and an id of its own. Empty when there is no such runtime."""
-        from ..devices._jax_multi import COORDINATOR, LOCAL, PROCESS_ID, PROCESSES
+        from ...devices._jax_multi import COORDINATOR, LOCAL, PROCESS_ID, PROCESSES
 
         runtime = self.jax_env or {
             k: os.environ[k] for k in (COORDINATOR, PROCESSES) if k in os.environ
@@ -288,7 +288,7 @@ class ClusterBuilder(Actor):
     @endpoint
     async def dashboard(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve the dashboard from this process (once); its URL
-        (``runtime/dashboard.py``). It asks for the cluster token."""
+        (``runtime/tools/dashboard.py``). It asks for the cluster token."""
         if not self.token:
             raise AtollError("this cluster has no token to protect a dashboard with")
         if self.web is None:
@@ -299,7 +299,7 @@ class ClusterBuilder(Actor):
 
     @endpoint
     def metrics(self) -> Promise[Snapshot]:
-        """What ``/metrics`` shows, as values (``runtime/metrics.py``): for
+        """What ``/metrics`` shows, as values (``runtime/control/metrics.py``): for
         ``atoll top``, which needs no web server. Gathered beside the message
         loop (a host's ``join`` does not wait behind a slow scrape)."""
         answer: Promise[Snapshot] = Promise("metrics")
@@ -363,7 +363,7 @@ class ClusterBuilder(Actor):
 async def _take_jax_runtime(builder: Any) -> None:
     """A joining host takes the JAX runtime's parameters from the controller,
     unless it was given them (``--jax-coordinator``, or started by ``atoll up``)."""
-    from ..devices._jax_multi import COORDINATOR
+    from ...devices._jax_multi import COORDINATOR
 
     if COORDINATOR not in os.environ:
         os.environ.update(await builder.jax_runtime())
@@ -451,7 +451,7 @@ def _start_hosts(
     simulated hosts ignore it. Each gets its start index as its JAX process id.
     ``jax_env``: the runtime this process serves (:func:`_jax_runtime`), if any.
     """
-    from ..devices._jax_multi import LOCAL, PROCESS_ID, coordinator_env
+    from ...devices._jax_multi import LOCAL, PROCESS_ID, coordinator_env
 
     env = dict(os.environ, **settings().to_env())  # this process's settings, as they are
     env.update({env_name("token"): token.hex(), env_name("parent_pid"): str(os.getpid())})
@@ -543,7 +543,7 @@ def _jax_runtime(spec: ClusterSpec, address: str) -> tuple[dict[str, str], Any]:
     (``devices/_jax_multi.serve_coordination``), and the environment that
     tells them so; nothing for simulated hosts, or when a coordinator was
     named (``--jax-coordinator``: JAX process 0 serves it there)."""
-    from ..devices._jax_multi import COORDINATOR, serve_coordination
+    from ...devices._jax_multi import COORDINATOR, serve_coordination
 
     if spec.device_cls.host_cls is None or COORDINATOR in os.environ:
         return {}, None

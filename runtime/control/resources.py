@@ -8,7 +8,7 @@ it; larger slices take whole hosts, fullest-free first, so that the fewest
 hosts (and links between them) are involved. A slice never spans islands: its
 shards form one gang, and gangs are scheduled per island.
 
-Slices are elastic (``runtime/elastic.py``): one can be given other devices
+Slices are elastic (``runtime/control/elastic.py``): one can be given other devices
 (:meth:`ResourceManager.reassign`), give its devices back while suspended
 (:meth:`ResourceManager.suspend`), and lose a host that leaves or is lost
 (:meth:`ResourceManager.retire_host`). Spare hosts' devices are kept out of
@@ -23,7 +23,7 @@ import itertools
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from ..kernel import AtollError, UsageError
+from ...kernel import AtollError, UsageError
 
 __all__ = ["Allocation", "ResourceManager"]
 

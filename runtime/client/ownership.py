@@ -19,7 +19,7 @@ ownership does. Two rules make that safe and cheap:
 Explicit ``cluster.free`` and ``cluster.close`` keep working: a buffer freed
 by hand is not freed again when its references go.
 
-A buffer may move to another host (``runtime/elastic.py``): its old host
+A buffer may move to another host (``runtime/control/elastic.py``): its old host
 sends the free on while it lives; once it has left, the free fails there,
 and the buffers are looked up (``locate``) and freed where they are now.
 
@@ -39,9 +39,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..devices import BufferHandle
-from ..kernel import ActorRef, ActorStopped, HostLost, Promise, all_settled, log_failure
-from ..kernel.lowlevel import running_asyncio_loop, threadsafe_caller
+from ...devices import BufferHandle
+from ...kernel import ActorRef, ActorStopped, HostLost, Promise, all_settled, log_failure
+from ...kernel.lowlevel import running_asyncio_loop, threadsafe_caller
 
 __all__ = ["FREE_AT_ONCE", "FREE_EVERY_S", "Ownership"]
 

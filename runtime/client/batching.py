@@ -37,38 +37,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
+from ...devices import BufferHandle, Computation
+from ...kernel import Promise
+from ...kernel.config import settings
+from ...kernel.lowlevel import call_soon
+from ..calls import call_graph
+from ..graph import Graph, GraphBuilder, ValueRef
 
-from ..devices import Aval, BufferHandle, Computation
-from ..kernel import Promise
-from ..kernel.config import settings
-from ..kernel.lowlevel import call_soon
-from .graph import Graph, GraphBuilder, SliceSpec, ValueRef
-
-__all__ = ["UNKNOWN_AVAL", "RunBatcher", "call_graph", "device_of_slice", "device_slice"]
-
-# A run's output has no shape known ahead: its placeholder in a batch's graph.
-UNKNOWN_AVAL = Aval((0,), "uint8")
-
-
-def device_slice(device: int) -> SliceSpec:
-    """The one-device slice that pins a batched call to physical ``device``
-    (negative ids: never allocated, never released; see ``device_of_slice``)."""
-    return SliceSpec(-1 - device, (1,), ("x",))
-
-
-def device_of_slice(slice_id: int) -> int | None:
-    """The physical device a batch's slice id pins, or None for a real slice."""
-    return -1 - slice_id if slice_id < 0 else None
-
-
-def call_graph(computation: Computation, device: int, args: Sequence[Any]) -> Graph:
-    """A low-level call as a graph: one node on a slice pinned to ``device``,
-    reading ``args`` (values, handles or promises) as the graph's inputs."""
-    builder = GraphBuilder()
-    refs = [builder.input(_aval(arg)) for arg in args]
-    [out] = builder.add(computation, device_slice(device), refs, [UNKNOWN_AVAL], computation.name)
-    return builder.build([out])
+__all__ = ["RunBatcher"]
 
 
 @dataclass(frozen=True)
@@ -265,11 +241,3 @@ def _joined(runs: Sequence[_Run]) -> Sent:
                 kept.append(local[ref])
                 held.append(promise)
     return builder.build(kept), inputs, temporary, held
-
-
-def _aval(value: Any) -> Aval:
-    """An input's aval in a call's graph: a value's own; unknown for a handle
-    or a promise (the graph only needs its inputs' count to be planned)."""
-    if isinstance(value, np.ndarray):
-        return Aval(tuple(value.shape), str(value.dtype))
-    return UNKNOWN_AVAL

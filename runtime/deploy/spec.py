@@ -14,12 +14,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..devices import CostModel, Device, SimDevice
-from ..kernel import AtollError, Clock
-from ..kernel.config import Settings
-from ..kernel.config import settings as current_settings
-from ..schedulers import DEFAULT_POLICY, check_scheduler
-from .topology import Topology
+from ...devices import CostModel, Device, SimDevice
+from ...kernel import AtollError, Clock
+from ...kernel.config import Settings
+from ...kernel.config import settings as current_settings
+from ...schedulers import DEFAULT_POLICY, check_scheduler
+from ..topology import Topology
 
 __all__ = ["BadClusterSpec", "ClusterSpec"]
 
@@ -40,7 +40,7 @@ class ClusterSpec:
     ``clock`` (a ``VirtualClock`` for simulated time) and ``rpc_latency_s``
     (a modelled RPC hop) only make sense in one process.
     ``spares``: the last hosts of every island are kept out of allocation
-    for slices that must leave a host (lost, or drained; ``runtime/elastic.py``).
+    for slices that must leave a host (lost, or drained; ``runtime/control/elastic.py``).
     ``settings`` (``atoll.kernel.config``): the cluster-scoped ones go to every
     host process when it joins, so that each runs the dispatch path as the
     controller does; by default the settings in force where the spec is made.

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, overload
 
 import numpy as np
 
-from ..devices import Aval, BufferHandle, Computation, Device, DeviceStats, Host
-from ..devices import timeline as _timelines
-from ..devices._runlane import ENDPOINTS, FREE, RUN_CALL, RUN_CALL_DIRECT, RUN_GRAPH
-from ..devices._values import INLINE_VALUE_BYTES
-from ..kernel import (
+from ...devices import Aval, BufferHandle, Computation, Device, DeviceStats, Host
+from ...devices import timeline as _timelines
+from ...devices._runlane import ENDPOINTS, FREE, RUN_CALL, RUN_CALL_DIRECT, RUN_GRAPH
+from ...devices._values import INLINE_VALUE_BYTES
+from ...kernel import (
     Actor,
     ActorRef,
     ActorStopped,
@@ -42,17 +42,17 @@ from ..kernel import (
     then,
     value_of,
 )
-from ..transports.inproc import read_only
+from ...transports.inproc import read_only
+from ..graph import Graph, ValueRef
+from ..latency import Wire, over
+from ..runlanes import Caller
+from ..topology import DeviceInfo, Topology
+from ..tracing import NotAProgram, PlacedFunction, Program, VirtualSlice, aval_of
 from .batching import RunBatcher
-from .graph import Graph, ValueRef
-from .latency import Wire, over
 from .ownership import Ownership
-from .runlanes import Caller
-from .topology import DeviceInfo, Topology
-from .tracing import NotAProgram, PlacedFunction, Program, VirtualSlice, aval_of
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from ..control.controller import Controller
 
 __all__ = ["ArrayRef", "Cluster", "Outputs"]
 
@@ -61,7 +61,7 @@ A = TypeVar("A", bound=Actor)
 
 
 class HostLinks(Protocol):
-    """Links of a client's own to host processes (``runtime/connect.py``)."""
+    """Links of a client's own to host processes (``runtime/client/connect.py``)."""
 
     def get(self, address: str, host_id: int) -> ActorRef[Host] | None:
         """The host at ``address`` over such a link, if one is up (never waits)."""
@@ -169,9 +169,9 @@ class Cluster:
         # controller (which proxies the references it passed on)
         self._direct = direct
         self._hosts = hosts
-        # run calls made in one loop turn go as one graph (runtime/batching.py)
+        # run calls made in one loop turn go as one graph (runtime/client/batching.py)
         self._batcher = RunBatcher(self._send_graph, self._send_call)
-        # what this client's references keep alive (runtime/ownership.py)
+        # what this client's references keep alive (runtime/client/ownership.py)
         self._refs = Ownership(owner, controller.locate, self.host_of, self._free_at)
         # which run made each output promise handed out: (run tag, output index)
         self._made: weakref.WeakKeyDictionary[Promise[Any], tuple[str, int]] = (
@@ -251,7 +251,7 @@ class Cluster:
         )
         return slice_
 
-    # -- elastic slices (runtime/elastic.py) ------------------------------
+    # -- elastic slices (runtime/control/elastic.py) ------------------------------
     async def move(
         self,
         slice_: VirtualSlice,
@@ -328,7 +328,7 @@ class Cluster:
 
     def flush(self) -> None:
         """Send the ``run`` calls collected in this loop turn now (they go
-        by themselves once the caller yields; see ``runtime/batching.py``)."""
+        by themselves once the caller yields; see ``runtime/client/batching.py``)."""
         self._batcher.flush()
 
     # -- running --------------------------------------------------------
@@ -510,7 +510,7 @@ class Cluster:
         so it costs no message of its own; a larger one is put on the device
         first (a promise, so the call still leaves at once) and freed once
         the call ran. The call joins this loop turn's batch
-        (``runtime/batching.py``) and leaves when the caller yields."""
+        (``runtime/client/batching.py``) and leaves when the caller yields."""
         self.topology.device(device)
         owner = owner or self.owner
         puts: list[Promise[BufferHandle]] = []
@@ -629,7 +629,7 @@ class Cluster:
     async def save(self, tree: Any, directory: str | os.PathLike[str]) -> None:
         """Checkpoint a pytree of :class:`ArrayRef` (and values) into
         ``directory``: each host writes what it holds (orbax); the bytes do
-        not pass through this client (``runtime/checkpoints.py``)."""
+        not pass through this client (``runtime/client/checkpoints.py``)."""
         import jax
 
         from . import checkpoints

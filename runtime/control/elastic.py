@@ -43,9 +43,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..devices import BufferHandle
-from ..devices._store import StoredBuffer
-from ..kernel import AtollError, Promise, all_settled, forward, log_failure, then
+from ...devices import BufferHandle
+from ...devices._store import StoredBuffer
+from ...kernel import AtollError, Promise, all_settled, forward, log_failure, then
 from .tenancy import check_slice
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ error), ``"island"`` (scheduler, queued and running gangs) and ``"session"``
 (owner label, and whatever else the session watcher reports). With the
 controller, each host row also says whether it is a spare, draining, drained
 or lost (``"elastic"``), and the latest moves, suspends, resumes and drains
-follow as ``"change"`` rows (``runtime/elastic.py``).
+follow as ``"change"`` rows (``runtime/control/elastic.py``).
 ``Client.status`` returns these rows; the CLI renders them as tables, one per
 kind, with a column for every key it meets, so rows that other parts of the
 runtime add later show up without a change here.
@@ -23,12 +23,12 @@ from typing import Any
 
 import anyio
 
-from ..devices import Host
-from ..kernel import ActorRef, AtollError, Promise
-from .controller import Controller
-from .island import IslandScheduler
-from .sessions import SessionWatcher
-from .topology import Topology
+from ...devices import Host
+from ...kernel import ActorRef, AtollError, Promise
+from ..control.controller import Controller
+from ..control.island import IslandScheduler
+from ..control.sessions import SessionWatcher
+from ..topology import Topology
 
 __all__ = ["cluster_status", "host_rows", "kind_of", "render"]
 

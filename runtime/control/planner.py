@@ -22,12 +22,12 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..devices._gang import GangTask, PushTarget
-from ..devices._plan import MADE_HERE, PUSHED_IN, DeviceProgram, PlannedGang
-from ..kernel import AtollError
-from .graph import Graph, Node, ValueRef
+from ...devices._gang import GangTask, PushTarget
+from ...devices._plan import MADE_HERE, PUSHED_IN, DeviceProgram, PlannedGang
+from ...kernel import AtollError
+from ..graph import Graph, Node, ValueRef
+from ..topology import Topology
 from .resources import Allocation
-from .topology import Topology
 
 __all__ = [
     "CompiledPlan",

@@ -1,7 +1,7 @@
 """The controller's view of its tenants: weights, admission and slice ownership.
 
 Each client session is a *tenant*, known by its owner label (see
-``runtime/sessions.py``). :class:`Tenants` is a plain class (no I/O) that the
+``runtime/control/sessions.py``). :class:`Tenants` is a plain class (no I/O) that the
 controller owns. It keeps, per tenant:
 
 * its **weight**, sent with every gang to the island scheduler, whose
@@ -33,8 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..devices import QuotaExceeded
-from ..kernel import AtollError, Promise, UsageError
+from ...devices import QuotaExceeded
+from ...kernel import AtollError, Promise, UsageError
 from .resources import Allocation
 
 __all__ = [

@@ -7,7 +7,7 @@ written readable by its owner only, since the token is the key to the cluster;
 ``transports.capnp.clusterfile.default_cluster_file``) and prints its path.
 
 A client that asks for the cluster (:meth:`Client.cluster`) opens a session
-with the controller (see ``runtime/sessions.py``): it gets an owner label of its own,
+with the controller (see ``runtime/control/sessions.py``): it gets an owner label of its own,
 and whatever it holds under that label is freed when its connection closes,
 cleanly or not.
 """
@@ -26,17 +26,18 @@ from typing import TYPE_CHECKING, Any, cast
 import anyio
 import sniffio
 
-from ..kernel import ActorRef, ActorSystem, AtollError, NodeActor
-from ..transports.capnp import CapnpConnection, CapnpTransport, ClusterFile, capnp_runtime
-from ..transports.capnp.bridge import CapnpBridge
-from ..transports.capnp.clusterfile import find_cluster_file
-from .runlanes import Caller, call_lane, host_lane, lanes_on
-from .sessions import SessionAnchor, SessionWatcher
+from ...kernel import ActorRef, ActorSystem, AtollError, NodeActor
+from ...transports.capnp import CapnpConnection, CapnpTransport, ClusterFile, capnp_runtime
+from ...transports.capnp.bridge import CapnpBridge
+from ...transports.capnp.clusterfile import find_cluster_file
+from ..runlanes import Caller, call_lane, host_lane, lanes_on
+from .anchor import SessionAnchor
 
 if TYPE_CHECKING:
-    from ..devices import Host
+    from ...devices import Host
+    from ..control.sessions import SessionWatcher
+    from ..deploy.process import ClusterInfo
     from .client import Cluster
-    from .process import ClusterInfo
 
 __all__ = ["Client", "ClusterFile", "connect"]
 
@@ -48,7 +49,7 @@ class Client:
     node: ActorRef[NodeActor]
     system: ActorSystem
     address: str
-    weight: float = 1.0  # this client's share of device time (see runtime/sessions.py)
+    weight: float = 1.0  # this client's share of device time (see runtime/control/sessions.py)
     _anchor: ActorRef[SessionAnchor] | None = field(default=None, repr=False)
     _transport: CapnpTransport | None = field(default=None, repr=False)
     _direct: DirectHosts | None = field(default=None, repr=False)  # links to host processes
@@ -113,7 +114,7 @@ class Client:
     async def status(self) -> list[dict[str, Any]]:
         """What ``atoll status`` shows, as rows with a ``"kind"``: every host
         (alive or lost, address, pid, devices, store usage, last error), every
-        island's queued and running gangs, every session (``runtime/status.py``)."""
+        island's queued and running gangs, every session (``runtime/tools/status.py``)."""
         report: list[dict[str, Any]] = await self.node.lookup("cluster").status()
         return report
 
@@ -245,7 +246,7 @@ async def connect(
     (``transports.capnp.bridge.Bridged``). The token is ``token=`` if given,
     else the cluster file's, else the ``ATOLL_TOKEN`` environment variable.
     ``weight`` is the share of device time the client's session gets against
-    other clients' (default 1; see ``runtime/sessions.py``).
+    other clients' (default 1; see ``runtime/control/sessions.py``).
     """
     if sniffio.current_async_library() == "trio":
         again = functools.partial(connect, target, token=token, weight=weight)

@@ -16,8 +16,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..devices import timeline
-from ..kernel import Promise, all_settled
+from ...devices import timeline
+from ...kernel import Promise, all_settled
 
 if TYPE_CHECKING:
     from .client import Cluster

@@ -25,12 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..devices import BufferHandle, Device, Host, RunReport, timeline
-from ..devices import _runlane as runlane
-from ..devices._device import Reply
-from ..devices._gang import GangTask, Rendezvous
-from ..devices._plan import DeviceProgram, run_key
-from ..kernel import (
+from ...devices import BufferHandle, Device, Host, RunReport, timeline
+from ...devices import _runlane as runlane
+from ...devices._device import Reply
+from ...devices._gang import GangTask, Rendezvous
+from ...devices._plan import DeviceProgram, run_key
+from ...kernel import (
     Actor,
     ActorRef,
     ActorStopped,
@@ -41,10 +41,10 @@ from ..kernel import (
     forward,
     log_failure,
 )
-from ..schedulers import Completed, Dispatch, Event, PolicyError, Submit, get_scheduler
-from .latency import Wire, over
+from ...schedulers import Completed, Dispatch, Event, PolicyError, Submit, get_scheduler
+from ..latency import Wire, over
+from ..runlanes import RunLanes
 from .planner import CompiledPlan
-from .runlanes import RunLanes
 
 __all__ = ["IslandScheduler"]
 

@@ -1,6 +1,6 @@
 """Metrics for a monitoring stack: what a cluster did, in Prometheus' text format.
 
-The controller's process serves ``/metrics`` (``runtime/dashboard.py``).
+The controller's process serves ``/metrics`` (``runtime/tools/dashboard.py``).
 Each scrape asks the parts of the cluster for their counters at that moment
 (:func:`collect`: the devices' stats, the hosts' stores and data planes, the
 controller's runs and messages, the sessions' usage, the status rows' host
@@ -31,12 +31,12 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..kernel import AtollError, Promise, process_counters
-from ..kernel.lowlevel import counts as COUNTS
+from ...kernel import AtollError, Promise, process_counters
+from ...kernel.lowlevel import counts as COUNTS
 
 if TYPE_CHECKING:
-    from ..devices import Host
-    from ..kernel import ActorRef
+    from ...devices import Host
+    from ...kernel import ActorRef
 
 __all__ = [
     "LATENCY_BUCKETS",

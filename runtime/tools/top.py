@@ -25,9 +25,9 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ..client.connect import connect
+from ..control.metrics import Snapshot
 from .admin import cluster_file_of
-from .connect import connect
-from .metrics import Snapshot
 
 __all__ = ["frame", "top"]
 
