@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 
@@ -15,6 +16,18 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     backend: str = request.param
     return backend
+
+
+@pytest.fixture(autouse=True)
+def _collector_per_test() -> Iterator[None]:
+    """Each test starts with the collector as the process had it: a test
+    that runs mypy in-process leaves its thresholds raised (200,000), and a
+    later test whose buffers are freed by the collector would wait for ever."""
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    yield
+    gc.set_threshold(*threshold)
+    if enabled:
+        gc.enable()
 
 
 @pytest.fixture(autouse=True)
