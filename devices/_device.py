@@ -21,6 +21,7 @@ import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import anyio
@@ -59,7 +60,7 @@ from ._values import Arrival, BufferHandle, Computation, CostModel, DeviceStats
 if TYPE_CHECKING:
     from ._host import Host
 
-__all__ = ["PLANS_KEPT", "Device", "GangOutputs", "live_stats"]
+__all__ = ["PLANS_KEPT", "Device", "GangOutputs", "LeanGang", "live_stats"]
 
 T = TypeVar("T")
 # a client's call a device answers itself: the client's lanes' name, the
@@ -806,6 +807,15 @@ class _InputFailed(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class LeanGang:
+    """What a timeline needs of a gang that ran without a task (a device's
+    lean path, :meth:`Device.run_alone`): its id and what it ran."""
+
+    gang_id: str
+    kernel: Any
 
 
 class GangOutputs(Promise[list[BufferHandle]]):

@@ -60,7 +60,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ..kernel import Promise, endpoint, failed
 from . import _jax_multi, timeline
-from ._device import Device, GangOutputs
+from ._device import Device, GangOutputs, LeanGang
 from ._gang import GangTask
 from ._host import Host
 from ._inflight import WINDOW, InFlight
@@ -268,7 +268,7 @@ class JaxDevice(Device):
                 value = values[where] if kind == "input" else made[where]
                 arrays.append(self._on_device(await self._alone_input(value, owner), sharding))
             executable = self._segments.executable(segment, arrays, self._compiled_once)
-            ran = _LeanGangRecord(f"{run_key(epoch)}/{segment.gangs[0].node}+", segment.kernel)
+            ran = LeanGang(f"{run_key(epoch)}/{segment.gangs[0].node}+", segment.kernel)
             handles = await self._enqueue(executable, arrays, owner, segment.name, ran)
         except Exception as exc:  # gang by gang, each failing on its own (or not at all)
             _log.debug("%s run gang by gang: %s", segment.name, exc)
@@ -312,7 +312,7 @@ class JaxDevice(Device):
             else:
                 arrays = [self._on_device(value, self._single) for value in values]
                 executable = self._for_computation(kernel, arrays)
-            ran = _LeanGangRecord(gang_id, kernel)
+            ran = LeanGang(gang_id, kernel)
             outputs = await self._enqueue(executable, arrays, owner, kernel.name, ran)
         except Exception as exc:
             out: Promise[list[BufferHandle]] = failed(exc)
@@ -419,7 +419,7 @@ class JaxDevice(Device):
         arrays: Sequence[Any],
         owner: str,
         name: str,
-        task: GangTask | _LeanGangRecord | None = None,
+        task: GangTask | LeanGang | None = None,
     ) -> list[BufferHandle]:
         """Enqueue ``compiled(*arrays)`` and store its outputs as futures.
 
@@ -478,7 +478,7 @@ class JaxDevice(Device):
         owner: str,
         enqueued: float,
         began_us: float,
-        task: GangTask | _LeanGangRecord | None,
+        task: GangTask | LeanGang | None,
         upstream: Sequence[Promise[None]],
         outs: Sequence[Any] | None,
         error: BaseException | None,
@@ -609,14 +609,6 @@ class JaxDevice(Device):
             return await anyio.to_thread.run_sync(fn, *args)
         finally:
             self.busy_s += time.perf_counter() - started
-
-
-@dataclass(frozen=True, slots=True)
-class _LeanGangRecord:
-    """What a timeline needs of a gang that ran without a task (the lean path)."""
-
-    gang_id: str
-    kernel: JaxKernel
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,12 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import Promise, Timer
+from ..kernel import Promise, Timer, failed, forward, then
 from ..kernel.lowlevel import call_later_precisely
 from . import timeline
-from ._device import Device
+from ._device import Device, GangOutputs, LeanGang
 from ._gang import GangTask
 from ._inflight import WINDOW
+from ._plan import PUSHED_IN, PlannedGang, PriorOutput
 from ._values import BufferHandle, Computation
 
 __all__ = ["SimDevice"]
@@ -50,7 +51,7 @@ class _Gang:
     """A gang enqueued on a simulated device's stream."""
 
     ready: Promise[None]  # settles once the stream reached its end
-    task: GangTask
+    task: GangTask | LeanGang
     owner: str
     seconds: float
     end: float  # clock time the stream reaches its end
@@ -112,6 +113,54 @@ class SimDevice(Device):
             self._enqueued.discard(task.gang_id)
             raise
 
+    def runs_alone(self, gang: PlannedGang) -> bool:
+        """A one-device gang of a compiled run that neither pushes nor takes a
+        push goes on the stream with no task (:meth:`run_alone`); one of no
+        device time with nothing in flight takes the full path, which runs
+        it at once."""
+        return (
+            len(gang.devices) == 1
+            and isinstance(gang.kernel, Computation)
+            and not gang.push
+            and PUSHED_IN not in gang.inputs
+            and not (not self._flight and self._costs_nothing(gang.kernel))
+        )
+
+    async def run_alone(
+        self, gang: PlannedGang, gang_id: str, inputs: Sequence[Any], owner: str
+    ) -> Promise[list[BufferHandle]]:
+        """The lean path: the gang's inputs as they are (handles, values, or
+        what a promise or a ``PriorOutput`` names, each once it exists), its
+        computation enqueued on the stream; it answers once its output
+        exists, as :meth:`answer_after` says."""
+        computation = gang.kernel
+        try:
+            self.store.ledger.check_open(owner)
+            handles = [await self._alone_input(value) for value in inputs]
+            out = await self._enqueue(computation, handles, owner, LeanGang(gang_id, computation))
+        except Exception as exc:
+            failure: Promise[list[BufferHandle]] = failed(exc)
+            return failure
+        self.computations += 1
+        later = self.answer_after([out])
+        made = GangOutputs([out], pushed=later is not None)
+        if later is not None:
+            forward(then(later, lambda _: [out]), made)
+        return made
+
+    async def _alone_input(self, value: Any) -> Any:
+        """A lean gang's input once it exists: a ``PriorOutput`` as this
+        device kept it, a promise's value, and an output of another device
+        of this host once that device's stream made it."""
+        if isinstance(value, PriorOutput):
+            value = self.earlier(value)
+        if isinstance(value, Promise):
+            value = await value
+        waited = self._elsewhere(value)
+        if waited is not None:
+            await waited
+        return value
+
     def _costs_nothing(self, computation: Any) -> bool:
         return isinstance(computation, Computation) and not self.cost.compute_time(
             computation.flops
@@ -124,7 +173,11 @@ class SimDevice(Device):
         super().ran(task, owner, began, busy_s, leader)
 
     async def _enqueue(
-        self, computation: Computation, inputs: Sequence[BufferHandle], owner: str, task: GangTask
+        self,
+        computation: Computation,
+        inputs: Sequence[BufferHandle],
+        owner: str,
+        task: GangTask | LeanGang,
     ) -> BufferHandle:
         """Compute ``computation`` now, and store its output as a future that
         exists once this device's stream has spent its device time on it."""
