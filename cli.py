@@ -233,7 +233,7 @@ def _up(args: argparse.Namespace) -> int:
         raise SystemExit("atoll up: needs at least one host (--hosts, --remote-hosts)")
     device_cls: type[Device] = SimDevice
     if args.device == "jax":
-        from .devices.jax_device import JaxDevice
+        from .devices.jax.device import JaxDevice
 
         device_cls = JaxDevice
     spec = ClusterSpec.of_hosts(
@@ -275,7 +275,7 @@ def _share_jax_runtime(args: argparse.Namespace) -> None:
     """
     import os
 
-    from .devices._jax_multi import COORDINATOR, PROCESSES
+    from .devices.jax.multi import COORDINATOR, PROCESSES
 
     total = args.hosts + args.remote_hosts
     if args.jax_coordinator:
@@ -447,7 +447,7 @@ def _join_jax_runtime(args: argparse.Namespace) -> None:
     """``host --jax-coordinator``: this host's JAX devices join the others' runtime."""
     import os
 
-    from .devices._jax_multi import COORDINATOR, LOCAL, PROCESS_ID, PROCESSES
+    from .devices.jax.multi import COORDINATOR, LOCAL, PROCESS_ID, PROCESSES
 
     if args.jax_process_id is None or args.jax_processes is None:
         raise SystemExit("atoll host: --jax-coordinator needs --jax-process-id and --jax-processes")

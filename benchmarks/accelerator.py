@@ -26,7 +26,7 @@ the shape of the GPU's gap, on this machine. Each size runs in a process of
 its own (the XLA flags must be set before JAX starts), plain JAX first.
 
 Each form runs twice: as atoll runs by default (``fused``: consecutive
-gangs alone on the device run as one computation, ``devices/_jax_fused.py``)
+gangs alone on the device run as one computation, ``devices/jax/fused.py``)
 and ``unfused`` (``ATOLL_FUSE=0``: every gang is dispatched on its own, the
 same work as plain JAX's, so the ratio is atoll's overhead alone). Each
 variant runs in a process of its own, beside plain JAX measured there (the
@@ -129,7 +129,7 @@ async def _atoll(
 
     import atoll
     from atoll.devices import Computation
-    from atoll.devices.jax_device import JaxDevice
+    from atoll.devices.jax import JaxDevice
 
     transport = "capnp" if where == "process" else "inproc"
     out: dict[str, tuple[float, int]] = {}

@@ -4,7 +4,7 @@ Also the plain data devices work on: :class:`Aval` (an array before it
 exists), :class:`JaxKernel` (what a JAX gang runs) and the host's
 :class:`ObjectStore`.
 
-JAX devices live in :mod:`atoll.devices.jax_device` (imported on demand, as it
+JAX devices live in :mod:`atoll.devices.jax` (imported on demand, as it
 imports JAX). Only what a user of devices needs is here (who writes a device
 class, a scheduler plugin, or reads a buffer's handle); the runtime takes the
 rest (compiled plans, pushes, the data plane) from the private modules.

@@ -1,7 +1,7 @@
 """What a JAX device runs for one node: a traced function with its shardings.
 
 Tracing (:mod:`atoll.runtime.tracing`) makes one :class:`JaxKernel` per node;
-a :class:`~atoll.devices.jax_device.JaxDevice` gang runs it. It lives here,
+a :class:`~atoll.devices.jax.JaxDevice` gang runs it. It lives here,
 below the runtime, so that devices need nothing from the layer above them.
 Importing it does not import JAX.
 """
@@ -24,7 +24,7 @@ class JaxKernel:
     output, over the axes of the slice the node runs on. JAX gangs always meet
     at a barrier, because their leader runs the whole sharded program. A node
     whose slice spans host processes runs as one multi-process SPMD program
-    (``devices/_jax_multi.py``); ``single_host`` makes an in-process cluster,
+    (``devices/jax/multi.py``); ``single_host`` makes an in-process cluster,
     where hosts share one JAX runtime, refuse a slice over several hosts.
     """
 

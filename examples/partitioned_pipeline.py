@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import atoll
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.examples import use_fake_cpu_devices
 from atoll.examples.pipeline import gpipe
 

@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import atoll
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.examples import use_fake_cpu_devices
 
 __all__ = ["PipelineResult", "block", "gpipe", "init", "main", "reference", "run"]

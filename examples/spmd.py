@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import atoll
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.examples import use_fake_cpu_devices
 
 __all__ = ["SpmdResult", "init", "main", "reference", "run", "train_step"]

@@ -38,7 +38,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import atoll
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.examples import lm, lm_pipeline
 from atoll.runtime import ClusterSpec, process_cluster
 

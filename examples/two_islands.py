@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 import atoll
 from atoll.devices import CostModel
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.examples import use_fake_cpu_devices
 
 __all__ = ["COST", "IslandsResult", "main", "reference", "run"]

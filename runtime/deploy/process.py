@@ -276,7 +276,7 @@ class ClusterBuilder(Actor):
         """What a host joining from elsewhere needs to join the hosts' JAX
         runtime (``atoll up --device jax``): the coordinator, the number of
         processes and an id of its own. Empty when there is no such runtime."""
-        from ...devices._jax_multi import COORDINATOR, LOCAL, PROCESS_ID, PROCESSES
+        from ...devices.jax.multi import COORDINATOR, LOCAL, PROCESS_ID, PROCESSES
 
         runtime = self.jax_env or {
             k: os.environ[k] for k in (COORDINATOR, PROCESSES) if k in os.environ
@@ -363,7 +363,7 @@ class ClusterBuilder(Actor):
 async def _take_jax_runtime(builder: Any) -> None:
     """A joining host takes the JAX runtime's parameters from the controller,
     unless it was given them (``--jax-coordinator``, or started by ``atoll up``)."""
-    from ...devices._jax_multi import COORDINATOR
+    from ...devices.jax.multi import COORDINATOR
 
     if COORDINATOR not in os.environ:
         os.environ.update(await builder.jax_runtime())
@@ -445,13 +445,13 @@ def _start_hosts(
     """Start ``count`` host processes here that join the controller at ``address``.
 
     They also get the parameters of one ``jax.distributed`` runtime (see
-    ``devices/_jax_multi``; ``atoll up`` with remote hosts sets them in this
+    ``devices/jax/multi.py``; ``atoll up`` with remote hosts sets them in this
     process's environment first): JAX hosts join it when their devices
     start, so that a gang over several hosts runs as one SPMD program;
     simulated hosts ignore it. Each gets its start index as its JAX process id.
     ``jax_env``: the runtime this process serves (:func:`_jax_runtime`), if any.
     """
-    from ...devices._jax_multi import LOCAL, PROCESS_ID, coordinator_env
+    from ...devices.jax.multi import LOCAL, PROCESS_ID, coordinator_env
 
     env = dict(os.environ, **settings().to_env())  # this process's settings, as they are
     env.update({env_name("token"): token.hex(), env_name("parent_pid"): str(os.getpid())})
@@ -543,7 +543,7 @@ def _jax_runtime(spec: ClusterSpec, address: str) -> tuple[dict[str, str], Any]:
     (``devices/_jax_multi.serve_coordination``), and the environment that
     tells them so; nothing for simulated hosts, or when a coordinator was
     named (``--jax-coordinator``: JAX process 0 serves it there)."""
-    from ...devices._jax_multi import COORDINATOR, serve_coordination
+    from ...devices.jax.multi import COORDINATOR, serve_coordination
 
     if spec.device_cls.host_cls is None or COORDINATOR in os.environ:
         return {}, None

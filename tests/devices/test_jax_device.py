@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 import atoll
 from atoll.devices import Computation
-from atoll.devices.jax_device import JaxDevice, JaxHost
+from atoll.devices.jax import JaxDevice, JaxHost
 from atoll.kernel import ActorRef, wait_idle
 
 pytestmark = pytest.mark.anyio

@@ -2,7 +2,7 @@
 
 A ``JaxDevice`` enqueues a gang and moves on: its outputs are futures in the
 store, and the next gang reading them is enqueued behind it with no host
-wait (``devices/jax_device.py``). A client's buffers are freed when its last
+wait (``devices/jax/device.py``). A client's buffers are freed when its last
 reference to them goes (``runtime/client/ownership.py``). These tests hold both to
 what a training loop needs: thousands of steps that drop their references
 end with a handful of buffers, on both transports, and never stall in a
@@ -24,7 +24,7 @@ import pytest
 import atoll
 from atoll.devices import Computation
 from atoll.devices._inflight import InFlight
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.kernel import config
 
 pytestmark = pytest.mark.anyio
@@ -319,7 +319,7 @@ def _chain_program(nodes: Sequence[int], keep: int, kernel: _Kernel) -> Any:
 def test_fused_segments_that_keep_different_gangs_never_share_an_executable() -> None:
     """Two chains of the same kernel, one with gaps in its node numbers: the
     one keeping its middle gang's output is not the one keeping its last's."""
-    from atoll.devices._jax_fused import FusedSegment
+    from atoll.devices.jax.fused import FusedSegment
 
     kernel = _Kernel(lambda x: x + 1)
     device = jax.devices()[0]

@@ -128,7 +128,7 @@ def ident(x: np.ndarray) -> np.ndarray:
 async def test_jax_dtypes_computed_in_a_host_process_come_back_exact() -> None:
     """Arrays made by a JAX device in a host process (device arrays, not
     numpy) fetched from there: bfloat16 above 1 MiB among them."""
-    from atoll.devices.jax_device import JaxDevice
+    from atoll.devices.jax import JaxDevice
 
     kinds = [np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)]
     kinds += [np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.bool_), np.dtype(FLOAT8[0])]

@@ -26,7 +26,7 @@ import pytest
 
 import atoll
 from atoll.devices import Aval, Computation
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.kernel import HostLost
 from atoll.runtime import Cluster
 from atoll.runtime.graph import GraphBuilder, SliceSpec

@@ -40,7 +40,7 @@ from jax.sharding import PartitionSpec as P
 import atoll
 from atoll.devices import BufferHandle, Computation
 from atoll.devices._gang import GangTask
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.kernel import Actor, HostLost, Promise, endpoint, failed
 from atoll.runtime import ClusterSpec, IslandScheduler, process_cluster
 from atoll.runtime.deploy.process import _collect_garbage_on_loop

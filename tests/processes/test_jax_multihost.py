@@ -19,7 +19,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 import atoll
-from atoll.devices.jax_device import JaxDevice, JaxHost
+from atoll.devices.jax import JaxDevice, JaxHost
 from atoll.kernel import ActorRef
 from atoll.runtime import ClusterSpec, process_cluster
 

@@ -123,7 +123,7 @@ async def test_capnp_is_a_parameter_of_local_cluster() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 async def test_jax_devices_in_host_processes() -> None:
-    from atoll.devices.jax_device import JaxDevice
+    from atoll.devices.jax import JaxDevice
 
     async with atoll.local_cluster(1, 2, 2, transport="capnp", device_cls=JaxDevice) as cluster:
         x = cluster.put(np.arange(6, dtype=np.float32), 1)  # host 0

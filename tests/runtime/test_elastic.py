@@ -22,7 +22,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import atoll
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.examples import spmd
 from atoll.kernel import AtollError
 from atoll.runtime import Cluster, VirtualSlice

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 import atoll
 from atoll.devices import Aval, Computation, CostModel, JaxKernel
-from atoll.devices.jax_device import JaxDevice
+from atoll.devices.jax import JaxDevice
 from atoll.kernel import AtollError, Promise, VirtualClock, wait_idle
 from atoll.runtime import GraphBuilder, ResourceManager, SliceSpec, ValueRef, VirtualSlice
 

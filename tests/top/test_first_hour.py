@@ -57,7 +57,7 @@ def test_the_programs_page_example_runs_on_a_cpu_only_machine_as_it_is() -> None
 def test_too_few_jax_devices_says_which_flag_gives_more() -> None:
     code = (
         "import anyio, atoll\n"
-        "from atoll.devices.jax_device import JaxDevice\n"
+        "from atoll.devices.jax import JaxDevice\n"
         "async def main():\n"
         "    async with atoll.local_cluster(1, 2, 4, device_cls=JaxDevice):\n"
         "        pass\n"
@@ -309,7 +309,7 @@ async def test_a_shape_the_mesh_cannot_split_is_refused_when_traced() -> None:
         return PartitionSpec(*axes)  # type: ignore[no-untyped-call]
 
     import atoll
-    from atoll.devices.jax_device import JaxDevice
+    from atoll.devices.jax import JaxDevice
     from atoll.kernel import UsageError
 
     async with atoll.local_cluster(1, 1, 4, device_cls=JaxDevice) as cluster:

@@ -278,3 +278,16 @@ def test_shared_runtime_modules_import_no_room() -> None:
         if room(known(target, set(MODULES)) or "")
     ]
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_device_layer_reaches_jax_only_by_name() -> None:
+    """Nothing in ``devices/`` outside ``devices/jax/`` imports the JAX
+    backend at run time: simulated clusters never load it."""
+    wrong = [
+        f"{module} line {line}: {target}"
+        for module in sorted(MODULES)
+        if module.startswith("atoll.devices") and not module.startswith("atoll.devices.jax")
+        for line, target in imported(module, MODULES[module], typing=False)
+        if (known(target, set(MODULES)) or "").startswith("atoll.devices.jax")
+    ]
+    assert not wrong, "\n".join(wrong)

@@ -92,7 +92,7 @@ async def test_a_pipeline_program_recorded_with_run_record_true(tmp_path: Path) 
     """GPipe: 4 stages on 4 hosts, 4 micro-batches, 16 nodes. Each stage's
     device runs micro-batches 0..3 in order, and micro-batch m passes the
     stages in order; every gang names the program and its node."""
-    from atoll.devices.jax_device import JaxDevice
+    from atoll.devices.jax import JaxDevice
     from atoll.examples import pipeline
 
     stages_n = pipeline.STAGES

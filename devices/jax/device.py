@@ -10,7 +10,7 @@ devices in tests, real GPUs when JAX sees them). It runs three kinds of work:
   so collectives inside it are real; the other shards wait at the gang's
   barriers while it is enqueued (they take part in the same program);
 * a :class:`JaxKernel` gang whose devices span host *processes* (that joined
-  one ``jax.distributed`` runtime, see ``_jax_multi``): on every host, the
+  one ``jax.distributed`` runtime, see ``multi.py``): on every host, the
   gang's first device there (its host leader) runs the same SPMD program
   over the global mesh with that host's shards; collectives cross hosts
   (gloo on CPU). Outputs come out replicated and the gang leader keeps its
@@ -58,17 +58,18 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from ..kernel import Promise, endpoint, failed
-from . import _jax_multi, timeline
-from ._device import Device, GangOutputs, LeanGang
-from ._gang import GangTask
-from ._host import Host
-from ._inflight import WINDOW, InFlight
-from ._jax_fused import FusedSegment, SegmentCache, fusing, segments
-from ._jax_kernel import JaxKernel, fn_key
-from ._plan import PUSHED_IN, DeviceProgram, PlannedGang, PriorOutput, RunReport, portable, run_key
-from ._store import BufferMissing
-from ._values import BufferHandle, Computation
+from ...kernel import Promise, endpoint, failed
+from .. import timeline
+from .._device import Device, GangOutputs, LeanGang
+from .._gang import GangTask
+from .._host import Host
+from .._inflight import WINDOW, InFlight
+from .._jax_kernel import JaxKernel, fn_key
+from .._plan import PUSHED_IN, DeviceProgram, PlannedGang, PriorOutput, RunReport, portable, run_key
+from .._store import BufferMissing
+from .._values import BufferHandle, Computation
+from . import multi as _jax_multi
+from .fused import FusedSegment, SegmentCache, fusing, segments
 
 __all__ = ["JaxDevice", "JaxHost", "JaxKernel"]
 
@@ -260,7 +261,7 @@ class JaxDevice(Device):
         report: RunReport,
         passed: dict[int, list[str]],
     ) -> bool:
-        """Gangs of a run as one computation (``devices/_jax_fused.py``)."""
+        """Gangs of a run as one computation (``devices/jax/fused.py``)."""
         try:
             self.store.ledger.check_open(owner)
             arrays = []

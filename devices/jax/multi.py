@@ -2,7 +2,7 @@
 
 In a cluster of host processes (``atoll up --device jax``, ``process_cluster``)
 every host process joins one ``jax.distributed`` runtime when its first
-:class:`~atoll.devices.jax_device.JaxDevice` starts. CPU collectives then go
+:class:`~atoll.devices.jax.JaxDevice` starts. CPU collectives then go
 over gloo (TCP), GPU ones over NCCL, and every process sees the *global*
 device list. A gang over devices of several hosts runs as ONE SPMD
 computation: on each host, the gang's first device there (its *host leader*)
@@ -43,8 +43,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..kernel.config import env_name, launched, settings
-from ._errors import DeviceError
+from ...kernel.config import env_name, launched, settings
+from .._errors import DeviceError
 
 if TYPE_CHECKING:
     import jax

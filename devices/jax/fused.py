@@ -36,9 +36,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
 
-from ..kernel.config import settings
-from ._jax_kernel import JaxKernel
-from ._plan import DeviceProgram, PlannedGang
+from ...kernel.config import settings
+from .._jax_kernel import JaxKernel
+from .._plan import DeviceProgram, PlannedGang
 
 __all__ = ["FUSE_MAX", "FusedSegment", "SegmentCache", "fusing", "segments"]
 
