@@ -187,7 +187,7 @@ class Controller(Actor):
         address and for the islands and the host to answer."""
         replaced = dict(zip(self.cluster_topology.on_host(host_id), devices, strict=True))
         self.resources.restore_host(host_id)
-        self.elastic.lost.discard(host_id)
+        self.elastic.host_back(host_id)
         self.host_refs[host_id] = host
         self.host_addresses[host_id] = await host.address()
         for device_id, ref in replaced.items():
@@ -239,7 +239,7 @@ class Controller(Actor):
         A slice being moved (or suspended, resumed) is given back once that
         is over."""
         check_slice(self.resources.get(slice_id), owner)
-        busy = self.elastic.busy.get(slice_id)
+        busy = self.elastic.change_under_way(slice_id)
         if busy is not None:
             later: Promise[None] = Promise(f"release slice {slice_id}")
             busy.add_done_callback(lambda _: _settle_with(later, self.release, slice_id, owner))
@@ -254,8 +254,8 @@ class Controller(Actor):
         """Free every slice and buffer of ``owner`` (a client going away),
         once the changes under way on its slices are over."""
         for alloc in self.resources.slices():
-            while alloc.owner == owner and alloc.slice_id in self.elastic.busy:
-                await self.elastic.busy[alloc.slice_id]
+            while alloc.owner == owner and (busy := self.elastic.change_under_way(alloc.slice_id)):
+                await busy
         self.tenants.forget(owner)
         for slice_id in self.resources.release_owner(owner):
             self.plans.invalidate_slice(slice_id)

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...devices import BufferHandle
 from ...devices._store import StoredBuffer
@@ -49,7 +49,38 @@ from ...kernel import AtollError, Promise, all_settled, forward, log_failure, th
 from .tenancy import check_slice
 
 if TYPE_CHECKING:
-    from .controller import Controller
+    from ...devices import Device, Host
+    from ...kernel import ActorRef
+    from ..topology import Topology
+    from .planner import PlanCache
+    from .resources import ResourceManager
+
+
+class ControlView(Protocol):
+    """What :class:`Elastic` reads of its controller, and all it reads: the
+    slices and hosts it re-places (``resources``), the cluster's shape, the
+    plan cache it invalidates, and the hosts and devices it moves buffers
+    between (their references and addresses). The
+    controller is one; the controller, in turn, only calls Elastic's methods."""
+
+    @property
+    def resources(self) -> ResourceManager: ...
+
+    @property
+    def cluster_topology(self) -> Topology: ...
+
+    @property
+    def plans(self) -> PlanCache: ...
+
+    @property
+    def host_refs(self) -> Sequence[ActorRef[Host]]: ...
+
+    @property
+    def device_refs(self) -> Sequence[ActorRef[Device]]: ...
+
+    @property
+    def host_addresses(self) -> Sequence[str]: ...
+
 
 __all__ = ["Elastic", "SliceSuspended"]
 
@@ -85,7 +116,7 @@ class _Copy:
 class Elastic:
     """The controller's elastic slices (see the module docstring)."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: ControlView) -> None:
         self.c = controller
         self.gates: dict[int, _Gate] = {}
         self.located: dict[str, BufferHandle] = {}  # buffer id -> where it is now
@@ -96,6 +127,14 @@ class Elastic:
         self.drained: set[int] = set()
         self.lost: set[int] = set()
         self.log: deque[dict[str, Any]] = deque(maxlen=256)  # what changed, newest last
+
+    def change_under_way(self, slice_id: int) -> Promise[None] | None:
+        """The move, suspend or resume of ``slice_id`` under way, if any."""
+        return self.busy.get(slice_id)
+
+    def host_back(self, host_id: int) -> None:
+        """Host ``host_id`` took its place again (a new process joined)."""
+        self.lost.discard(host_id)
 
     # -- the dispatch path ---------------------------------------------------
     def hold(self, slices: Iterable[int], call: Callable[[], Promise[Any]]) -> Promise[Any] | None:
