@@ -566,18 +566,34 @@ class Device(Actor):
             return failed(exc)
         if self.device_id != task.leader:
             return as_promise(outputs)
+        if not task.push:
+            return self._made_here(outputs)
+        made = GangOutputs(outputs, pushed=True)
         later = self.answer_after(outputs)
-        made = GangOutputs(outputs, pushed=bool(task.push) or later is not None)
-        if task.push:
-            try:
-                forward(
-                    _after(later, await self.push_outputs(task.push, outputs, owner, held)), made
-                )
-            except Exception as exc:
-                made.set_exception(exc)
-        elif later is not None:
+        try:
+            forward(_after(later, await self.push_outputs(task.push, outputs, owner, held)), made)
+        except Exception as exc:
+            made.set_exception(exc)
+        return made
+
+    def _made_here(self, outputs: list[BufferHandle]) -> GangOutputs:
+        """A leader's outputs that go to no other host: there at once for the
+        run's later gangs here, settled once an answer may name them
+        (:meth:`answer_after`)."""
+        later = self.answer_after(outputs)
+        made = GangOutputs(outputs, pushed=later is not None)
+        if later is not None:
             forward(_after(later, as_promise(outputs)), made)
         return made
+
+    async def _lean_input(self, value: Any) -> Any:
+        """An input of the lean path (:meth:`run_alone`) as a handle or a
+        value: what a ``PriorOutput`` names, a promise's value once it has one."""
+        if isinstance(value, PriorOutput):
+            value = self.earlier(value)
+        if isinstance(value, Promise):
+            value = await value
+        return value
 
     def answer_after(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
         """What an answer naming ``outputs`` waits for (None: nothing, it may

@@ -32,13 +32,13 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import Promise, Timer, failed, forward, then
+from ..kernel import Promise, Timer, failed
 from ..kernel.lowlevel import call_later_precisely
 from . import timeline
-from ._device import Device, GangOutputs, LeanGang
+from ._device import Device, LeanGang
 from ._gang import GangTask
 from ._inflight import WINDOW
-from ._plan import PUSHED_IN, PlannedGang, PriorOutput
+from ._plan import PUSHED_IN, PlannedGang
 from ._values import BufferHandle, Computation
 
 __all__ = ["SimDevice"]
@@ -123,7 +123,7 @@ class SimDevice(Device):
             and isinstance(gang.kernel, Computation)
             and not gang.push
             and PUSHED_IN not in gang.inputs
-            and not (not self._flight and self._costs_nothing(gang.kernel))
+            and (bool(self._flight) or not self._costs_nothing(gang.kernel))
         )
 
     async def run_alone(
@@ -142,20 +142,13 @@ class SimDevice(Device):
             failure: Promise[list[BufferHandle]] = failed(exc)
             return failure
         self.computations += 1
-        later = self.answer_after([out])
-        made = GangOutputs([out], pushed=later is not None)
-        if later is not None:
-            forward(then(later, lambda _: [out]), made)
-        return made
+        return self._made_here([out])
 
     async def _alone_input(self, value: Any) -> Any:
-        """A lean gang's input once it exists: a ``PriorOutput`` as this
-        device kept it, a promise's value, and an output of another device
-        of this host once that device's stream made it."""
-        if isinstance(value, PriorOutput):
-            value = self.earlier(value)
-        if isinstance(value, Promise):
-            value = await value
+        """A lean gang's input once it exists (:meth:`Device._lean_input`),
+        and an output of another device of this host once that device's
+        stream made it."""
+        value = await self._lean_input(value)
         waited = self._elsewhere(value)
         if waited is not None:
             await waited

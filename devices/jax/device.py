@@ -65,7 +65,7 @@ from .._gang import GangTask
 from .._host import Host
 from .._inflight import WINDOW, InFlight
 from .._jax_kernel import JaxKernel, fn_key
-from .._plan import PUSHED_IN, DeviceProgram, PlannedGang, PriorOutput, RunReport, portable, run_key
+from .._plan import PUSHED_IN, DeviceProgram, PlannedGang, RunReport, portable, run_key
 from .._store import BufferMissing
 from .._values import BufferHandle, Computation
 from . import multi as _jax_multi
@@ -324,11 +324,7 @@ class JaxDevice(Device):
     async def _alone_input(self, value: Any, owner: str) -> Any:
         """An input of the lean path: an array here, a value, or what a handle,
         a promise of one, or a ``PriorOutput`` names."""
-        if isinstance(value, PriorOutput):
-            value = self.earlier(value)
-        if isinstance(value, Promise):
-            value = await value
-        return await self._read(value, owner)
+        return await self._read(await self._lean_input(value), owner)
 
     def _alone_mesh(self, gang: PlannedGang) -> tuple[Mesh, list[NamedSharding]]:
         """The mesh of a gang on this one device, and its input shardings (cached)."""
