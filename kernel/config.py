@@ -60,13 +60,12 @@ class BadSetting(AtollError, ValueError):
 @dataclass(frozen=True)
 class Setting:
     """What the configuration knows about one field: its variable, its
-    one-line doc, its scope, how its text parses and how its value shows."""
+    one-line doc, its scope and how its text parses."""
 
     env: str
     doc: str
     scope: Scope
     parse: Callable[[str], Any]
-    show: Callable[[Any], str]
     secret: bool = False
 
 
@@ -143,7 +142,7 @@ def _setting(
     scope: Scope = "cluster",
     secret: bool = False,
 ) -> Any:
-    meta = Setting(env, doc, scope, parse, _show, secret)
+    meta = Setting(env, doc, scope, parse, secret)
     return field(default=default, metadata={"setting": meta})
 
 
@@ -364,7 +363,7 @@ class Settings:
         at their default; launcher fields are the launcher's to set)."""
         default = Settings()
         return {
-            meta.env: meta.show(getattr(self, name))
+            meta.env: _show(getattr(self, name))
             for name, meta in _settings()
             if meta.scope != "launcher" and getattr(self, name) != getattr(default, name)
         }
@@ -374,10 +373,10 @@ class Settings:
         default = Settings()
         out = []
         for name, meta in _settings():
-            value = meta.show(getattr(self, name))
+            value = _show(getattr(self, name))
             if meta.secret and value:
                 value = "(set)"
-            out.append((meta.env, value, meta.show(getattr(default, name)), meta.scope, meta.doc))
+            out.append((meta.env, value, _show(getattr(default, name)), meta.scope, meta.doc))
         return out
 
 
