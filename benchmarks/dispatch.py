@@ -31,6 +31,7 @@ Run it as ``atoll bench dispatch``, ``python benchmarks/dispatch.py`` or
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -43,7 +44,8 @@ import numpy as np
 from atoll.benchmarks._common import Column, Row, median_time, system_column, table, unit_column
 from atoll.benchmarks.peers_ray import PeerFigure, ray_figures
 from atoll.devices import Aval, BufferHandle, Computation, CostModel
-from atoll.kernel import WallClock
+from atoll.devices._plan import DeviceProgram, PlannedGang
+from atoll.kernel import WallClock, then
 from atoll.runtime import Cluster, Graph, GraphBuilder, SliceSpec, local_cluster
 
 __all__ = [
@@ -146,13 +148,19 @@ async def multicontroller(
     for each in inputs.values():
         await each  # placed before the clock starts, as atoll's input is
 
+    epochs = itertools.count()
+    for d in c.device_infos:  # each driver installs its one-step program on its devices
+        if d.host in hosts:
+            await c.device_ref(d.id).install_plan(_one_step(computation, d.id, d.host))
+
     async def drive(host: int) -> None:
         tails = []
         for device in [d.id for d in c.device_infos if d.host == host]:
             ref = c.device_ref(device)
-            handle = inputs[device]
+            handle: Any = inputs[device]
             for _ in range(calls):
-                handle = ref.run(computation, [handle])
+                report = ref.run_plan(_ONE_STEP, next(epochs), [handle])
+                handle = then(report, lambda r: r.output(0, 0))
             tails.append(handle)
         for tail in tails:
             done = await tail
@@ -168,6 +176,19 @@ async def multicontroller(
         handle = await each
         await handle.host.free(handle.id)
     return rate
+
+
+_ONE_STEP = 1  # the multi-controller baseline's program id on each device
+
+
+def _one_step(computation: Computation, device: int, host: int) -> DeviceProgram:
+    """One computation on ``device``, its one input the program's: what a
+    multi-controller driver installs on its devices, and then runs (a run
+    reaches a device only as its part of an installed program)."""
+    entry = PlannedGang(
+        0, computation, (device,), (1,), ("x",), (SCALAR,), (0,), (False,), (), (True,), host
+    )
+    return DeviceProgram(_ONE_STEP, device, (entry,), (0,))
 
 
 async def measure_modes(hosts: int, calls: int, nodes: int, reps: int) -> list[Row]:

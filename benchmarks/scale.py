@@ -23,7 +23,7 @@ another pauses the outer one, so no second is counted twice. The frames:
 
 * the control plane's entry points (``CONTROL_PLANE``: the controller's
   ``run_graph`` and the callbacks it registers, the island's
-  ``submit_gang``, ``run_plan``, ``completed``...), wherever they run;
+  ``run_plan``, ``completed``...), wherever they run;
 * every message an actor handles, step by step (each resumption of its
   handler's coroutine): a device's or a host's to that host's account (its
   ``host_id``), the controller's and islands' to the control plane's actor
@@ -90,7 +90,7 @@ HOSTS = (4, 16, 64, 128, 512)
 QUICK_HOSTS = (4, 16, 64)
 CONTROL_PLANE: dict[type[Any], tuple[str, ...]] = {
     Controller: ("run_graph", "_send_run", "_compiled_sent", "_reported", "_free_held"),
-    IslandScheduler: ("submit_gang", "run_plan", "completed", "_report", "_send_part"),
+    IslandScheduler: ("run_plan", "completed", "_report", "_send_part"),
 }
 # synchronous host-side methods that promise callbacks call, maybe in another actor's task
 HOST_SIDE: dict[type[Any], tuple[str, ...]] = {

@@ -202,38 +202,6 @@ class Device(Actor):
             return array, taken
         return await shm.share_off_loop(array)
 
-    @endpoint
-    async def run(
-        self, computation: Computation, inputs: Sequence[BufferHandle], owner: str = ""
-    ) -> BufferHandle:
-        """Run after every input is here; returns the output's handle."""
-        handle = await self._compute(computation, inputs, owner)
-        self.computations += 1
-        return handle
-
-    @endpoint(resolve_args=False)
-    async def run_gang(
-        self, task: GangTask, inputs: Sequence[Any], owner: str = ""
-    ) -> list[BufferHandle] | Promise[list[BufferHandle]]:
-        """This device's shard of a gang, once the inputs it needs are here.
-
-        Inputs come as promises and are awaited here, in the device's own
-        order of work (see :meth:`_gather` for which shard waits for what). A
-        collective gang then waits at its barrier: the device takes no other
-        message until all shards of the gang arrived. The leader returns the
-        output handles, once it has pushed them to their readers (so the
-        handles reach anyone only after the pushes landed); the other shards
-        return an empty list.
-        """
-        try:
-            outputs = await self._run_here(task, inputs, owner)
-        except _InputFailed as failure:  # as it is, not boxed
-            return failed(failure.error)
-        later = self.answer_after(outputs) if self.device_id == task.leader else None
-        if self.device_id == task.leader and task.push:
-            return _after(later, await self.push_outputs(task.push, outputs, owner, None))
-        return outputs if later is None else _after(later, as_promise(outputs))
-
     async def _run_here(
         self, task: GangTask, inputs: Sequence[Any], owner: str
     ) -> list[BufferHandle]:
@@ -362,7 +330,7 @@ class Device(Actor):
         """Run this device's gangs of an installed plan, as run ``epoch``.
 
         One message per device per run: the gangs run in the installed order,
-        each as :meth:`run_gang` would run it (inputs awaited here, in order,
+        each as its shard of the gang (inputs awaited here, in order,
         pushed ones taken from this host's inbox, the outputs of gangs this
         device led earlier in the run taken as they are), and the answer is
         one :class:`RunReport`, once every gang settled and its pushes were

@@ -101,7 +101,7 @@ class Rendezvous(Actor):
         """Returns at once; the promise settles when all ``parties`` arrived
         (or fails, if the gang was abandoned)."""
         promise: Promise[None] = Promise(f"barrier {key}")
-        error = self._abandoned.get(key.rpartition("/")[0])
+        error = self._abandoned_for(key)
         if error is not None:
             promise.set_exception(error)
             return promise
@@ -113,16 +113,29 @@ class Rendezvous(Actor):
                 each.set_result(None)
         return promise
 
+    def _abandoned_for(self, key: str) -> BaseException | None:
+        """Why barrier ``key`` fails at once: its gang, or the run it is a
+        gang of (``"<run>/<node>"``), was abandoned; None if not."""
+        head = key
+        while "/" in head:
+            head = head.rpartition("/")[0]
+            error = self._abandoned.get(head)
+            if error is not None:
+                return error
+        return None
+
     @endpoint
     def abandon(self, gang_id: str, error: BaseException) -> int:
         """A shard of gang ``gang_id`` will never arrive: fail the gang's
         barriers with ``error``, for the shards waiting there now (returns
-        how many) and for those still to come."""
+        how many) and for those still to come. A compiled run's id abandons
+        every gang of the run."""
         self._abandoned[gang_id] = error
         while len(self._abandoned) > _ABANDONED_KEPT:
             del self._abandoned[next(iter(self._abandoned))]
         failed = 0
-        for key in [key for key in self._waiting if key.rpartition("/")[0] == gang_id]:
+        inside = f"{gang_id}/"
+        for key in [key for key in self._waiting if key.startswith(inside)]:
             for promise in self._waiting.pop(key):
                 promise.set_exception(error)
                 failed += 1

@@ -24,8 +24,10 @@ class JaxKernel:
     output, over the axes of the slice the node runs on. JAX gangs always meet
     at a barrier, because their leader runs the whole sharded program. A node
     whose slice spans host processes runs as one multi-process SPMD program
-    (``devices/jax/multi.py``); ``single_host`` makes an in-process cluster,
-    where hosts share one JAX runtime, refuse a slice over several hosts.
+    (``devices/jax/multi.py``), in which each host's leader reads the whole
+    inputs (``every_host_reads``); ``single_host`` makes an in-process
+    cluster, where hosts share one JAX runtime, refuse a slice over several
+    hosts.
     """
 
     fn: Callable[..., Any]
@@ -34,6 +36,7 @@ class JaxKernel:
     out_specs: tuple[Any, ...]
     collective: bool = True
     single_host: bool = True
+    every_host_reads: bool = True
 
 
 def fn_key(fn: Any) -> Any:

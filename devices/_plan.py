@@ -77,7 +77,9 @@ class PlannedGang:
     with inbox keys written as ``"<node>/<input>"`` (the run's prefix is
     added per run). ``keep[o]``: output ``o`` is an output of the program,
     reported and kept; the others are freed once their pushes were answered.
-    ``host``: the leader's host, where the inbox keys are.
+    ``host``: the leader's host, where the inbox keys are. ``rendezvous``:
+    the island's barriers, for a collective gang (the island sets it when
+    it installs the plan).
     """
 
     node: int
@@ -92,6 +94,12 @@ class PlannedGang:
     keep: tuple[bool, ...]
     host: int = -1  # the leader's host
     local: tuple[tuple[int, int] | None, ...] = ()  # per input: (node, output) made here
+    rendezvous: Any = None  # ActorRef[Rendezvous]: Any keeps this module plain data
+
+    @property
+    def collective(self) -> bool:
+        """Whether the gang's shards meet at a barrier (as ``GangTask.collective``)."""
+        return len(self.devices) > 1 and bool(getattr(self.kernel, "collective", False))
 
     def task(self, epoch: int, host: int, device: int) -> GangTask:
         """The gang's task in run ``epoch`` on ``device`` of host ``host``
@@ -100,7 +108,7 @@ class PlannedGang:
         gang_id = f"{run}/{self.node}"
         shape = (self.kernel, self.devices, self.mesh_shape, self.axis_names, self.outputs)
         if device != self.devices[0]:
-            return GangTask(gang_id, *shape, resident=self.resident)
+            return GangTask(gang_id, *shape, self.rendezvous, resident=self.resident)
         inbox = tuple(
             f"{gang_id}/{i}" if src == PUSHED_IN else None for i, src in enumerate(self.inputs)
         )
@@ -108,6 +116,7 @@ class PlannedGang:
         return GangTask(
             gang_id,
             *shape,
+            self.rendezvous,
             inbox=inbox,
             inbox_host=host if PUSHED_IN in self.inputs else -1,
             resident=self.resident,
@@ -185,4 +194,4 @@ def portable(error: BaseException, gang_id: str) -> AtollError:
         return error
     kind = f"{type(error).__module__}.{type(error).__qualname__}"
     text = "".join(traceback.format_exception(error))
-    return RemoteActorError(gang_id, "run_gang", kind, str(error), text)
+    return RemoteActorError(gang_id, "run_plan", kind, str(error), text)

@@ -76,7 +76,6 @@ RUN, INSTALL, DROP, FORGET = 0, 1, 2, 3  # what a message asks of a device
 RUN_GRAPH, RUN_CALL = 4, 5  # ... or of the controller
 FREE = 6  # ... or of a host (target -1 - host id): a notice, with no answer
 SYNC = 7  # answered once every call sent before it on the link was made
-RUN_GANG = 8  # a device's shard of a gang that is not part of a compiled run
 HELLO = 9  # a client names its lanes (a notice, first on each of its links)
 DONE = 10  # a host answers a client's call to the controller itself (see answer)
 RUN_CALL_DIRECT = 11  # a RUN_CALL whose answer may come from the device's host
@@ -88,7 +87,6 @@ ENDPOINTS = {
     RUN_CALL: "run_call",
     FREE: "free_many",
     SYNC: "sync",
-    RUN_GANG: "run_gang",
     RUN_CALL_DIRECT: "run_call",
 }
 DIRECT = "atoll: answered by the device's host"  # a controller's answer that is not sent

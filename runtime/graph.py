@@ -84,6 +84,14 @@ class Graph:
             return self.inputs[ref.index]
         return self.nodes[ref.node].outputs[ref.index]
 
+    def alone(self, node: Node) -> Graph:
+        """``node`` as a program of its own: its inputs are the program's, and
+        so are its outputs (sequential dispatch runs a graph so, node by node)."""
+        inputs = tuple(self.aval(ref) for ref in node.inputs)
+        refs = tuple(ValueRef(-1, i) for i in range(len(node.inputs)))
+        only = Node(0, node.name, node.kernel, node.slice, refs, node.outputs)
+        return Graph(inputs, (only,), tuple(ValueRef(0, i) for i in range(len(node.outputs))))
+
     def freeable(self, temporary: Sequence[int]) -> dict[ValueRef, list[int]]:
         """The values to free once their readers ran, with those readers: every
         value that is not an output, except program inputs not listed in

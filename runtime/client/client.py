@@ -455,11 +455,11 @@ class Cluster:
         values: dict[ValueRef, Any] = {ValueRef(-1, i): v for i, v in enumerate(inputs)}
         for node in graph.nodes:
             node_inputs = [await value_of(values[ref]) for ref in node.inputs]
-            handles = await self._reply(
-                self._flushed_controller().run_node(node, node_inputs, self.owner)
+            ran = self._flushed_controller().run_graph(
+                graph.alone(node), node_inputs, [], self.owner
             )
-            for i, handle in enumerate(handles):
-                values[ValueRef(node.id, i)] = handle
+            for i, handle in enumerate(await self._reply(ran)):
+                values[ValueRef(node.id, i)] = await value_of(handle)  # raises its failure
         for ref in graph.freeable(temporary):
             handle = await value_of(values[ref])
             await self.host_of(handle).free(handle.id, self.owner)

@@ -15,7 +15,6 @@ import functools
 import itertools
 import logging
 import math
-import operator
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -25,7 +24,6 @@ import numpy as np
 from ...devices import BufferHandle, Computation, Device, Host, RunReport, timeline
 from ...devices import _runlane as runlane
 from ...devices._device import Reply
-from ...devices._gang import GangTask, PushTarget
 from ...devices._plan import PriorOutput, portable, run_key
 from ...kernel import (
     Actor,
@@ -37,13 +35,14 @@ from ...kernel import (
     all_settled,
     as_promise,
     endpoint,
+    failed,
     forward,
     log_failure,
     process_counters,
     then,
 )
 from ..calls import call_graph, device_of_slice
-from ..graph import Graph, Node, ValueRef
+from ..graph import Graph, ValueRef
 from ..latency import Wire, over
 from ..runlanes import lanes_on
 from ..topology import Topology
@@ -55,9 +54,8 @@ from .planner import (
     CompiledPlan,
     Plan,
     PlanCache,
+    compile_gangs,
     compile_plan,
-    instantiate,
-    place,
     plan,
 )
 from .resources import Allocation, ResourceManager
@@ -112,11 +110,11 @@ class Controller(Actor):
         self.tenants = Tenants()  # sessions' weights and quotas (runtime/control/tenancy.py)
         self.runs = RunCounters()  # for /metrics (runtime/control/metrics.py)
         self.compile: bool | None = None  # None: when hosts are processes (see set_compile)
-        self._compiled: dict[int, CompiledPlan | None] = {}  # by id(plan); None: not compilable
+        # by (id(plan), compiling): a plan as a whole, or gang by gang
+        self._compiled: dict[tuple[int, bool], CompiledPlan | tuple[CompiledPlan, ...]] = {}
         self._plan_ids = itertools.count(1)
         self._runs = itertools.count()
         self._compiled_runs = 0
-        self._gangs = itertools.count()
         self._pending: dict[tuple[str, str], _CompiledRun] = {}  # compiled runs under way
         self._calls: dict[tuple[Any, ...], Graph] = {}  # low-level calls' graphs, by shape
 
@@ -352,24 +350,6 @@ class Controller(Actor):
         return promise
 
     @endpoint(resolve_args=False)
-    def run_node(
-        self, node: Node, inputs: Sequence[Any], owner: str = ""
-    ) -> Promise[list[BufferHandle]]:
-        """Dispatch one node; returns the promise of its output handles."""
-        slice_id = node.slice.slice_id
-        if self.elastic.gates:
-            again = functools.partial(self.run_node, node, inputs, owner)
-            held = self.elastic.hold([slice_id], again)
-            if held is not None:
-                return held
-        check_slice(self.resources.get(slice_id), owner)
-        if self.elastic.located:
-            inputs = self.elastic.fresh(inputs)
-        ran = self._submit(self._island(node), self._task(node), inputs, owner)
-        self.elastic.track([slice_id], ran)
-        return ran
-
-    @endpoint(resolve_args=False)
     def run_graph(
         self,
         graph: Graph,
@@ -408,13 +388,14 @@ class Controller(Actor):
         if self.elastic.located:  # buffers moved: name where they are now
             inputs = self.elastic.fresh(inputs)
         plan_ = self.plan_for(graph, temporary, owner)
-        compiled = self._compiled_plan(plan_, graph) if self.compile else None
-        if compiled is not None:
+        compiled = self._compiled_plan(plan_, graph)
+        if isinstance(compiled, CompiledPlan):
             earlier = self._earlier_inputs(owner, inputs, sources)
-            run = self._run_compiled(compiled, plan_, inputs, owner, tag, earlier, reply)
+            frees = [ref.index for ref, _ in plan_.frees if ref.node < 0]
+            run = self._run_compiled(compiled, inputs, owner, frees, tag, earlier, reply)
             outs, done = run.outs, run.done
         else:
-            run, (outs, done) = None, self._dispatch(plan_, graph, inputs, owner)
+            run, (outs, done) = None, self._gang_by_gang(compiled, plan_, graph, inputs, owner)
         answer: Promise[Any] = _together(outs, done)
         if run is not None and run.reply is not None:
             answer = then(answer, functools.partial(_unless_answered, run))
@@ -462,50 +443,68 @@ class Controller(Actor):
                 earlier[i] = (device, PriorOutput(producer.epoch, node, index, value))
         return earlier
 
-    def _dispatch(
-        self, plan_: Plan, graph: Graph, inputs: Sequence[Any], owner: str
+    def _gang_by_gang(
+        self,
+        steps: Sequence[CompiledPlan],
+        plan_: Plan,
+        graph: Graph,
+        inputs: Sequence[Any],
+        owner: str,
     ) -> tuple[list[Promise[BufferHandle]], Promise[None]]:
-        """Dispatch a planned graph gang by gang (see :meth:`run_graph`)."""
-        gang_ids = [f"gang{next(self._gangs)}" for _ in graph.nodes]
-        tasks = instantiate(plan_, graph, gang_ids, self.host_addresses, self.host_refs)
+        """Run a plan that does not compile as a whole one gang at a time:
+        each gang is a compiled plan of its own (``compile_gangs``), sent at
+        once with its inputs as the promises of their producers' outputs,
+        and values the program does not keep are freed once their readers
+        ran (see :meth:`run_graph`)."""
         values: dict[ValueRef, Promise[BufferHandle]] = {
             ValueRef(-1, i): as_promise(v) for i, v in enumerate(inputs)
         }
-        ran: list[Promise[list[BufferHandle]]] = []
-        for node, gang, task in zip(graph.nodes, plan_.gangs, tasks, strict=True):
-            node_inputs = [values[ref] for ref in node.inputs]
-            ran.append(self._submit(gang.island, task, node_inputs, owner))
-            if task.push:
-                fail = functools.partial(self._fail_inboxes, task.gang_id, task.push)
-                ran[-1].add_done_callback(fail)
-            for i in range(len(node.outputs)):
-                values[ValueRef(node.id, i)] = then(ran[-1], operator.itemgetter(i))
+        ran: list[Promise[None]] = []
+        for node, step in zip(graph.nodes, steps, strict=True):
+            run = self._run_compiled(step, [values[ref] for ref in node.inputs], owner)
+            ran.append(run.done)
+            values.update((ValueRef(node.id, i), out) for i, out in enumerate(run.outs))
         for ref, readers in plan_.frees:
             _free_after(values[ref], [ran[n] for n in readers])
         return [values[ref] for ref in graph.outputs], all_settled(ran)
 
-    def _compiled_plan(self, plan_: Plan, graph: Graph) -> CompiledPlan | None:
-        """``plan_`` compiled for its devices (once per plan), or None."""
-        key = id(plan_)  # the plan cache holds the plan, so its id stays its own
-        if key not in self._compiled:
-            self._compiled[key] = compile_plan(
-                plan_, graph, next(self._plan_ids), self.host_addresses, self.host_refs
-            )
-        return self._compiled[key]
+    def _compiled_plan(self, plan_: Plan, graph: Graph) -> CompiledPlan | tuple[CompiledPlan, ...]:
+        """``plan_`` compiled for its devices (once per plan): as a whole,
+        or, when it does not compile so (or compiling is off), gang by gang."""
+        # the plan cache holds the plan, so its id stays its own
+        key = (id(plan_), bool(self.compile))
+        found = self._compiled.get(key)
+        if found is None:
+            whole = None
+            if self.compile:
+                whole = compile_plan(
+                    plan_, graph, next(self._plan_ids), self.host_addresses, self.host_refs
+                )
+            found = whole or compile_gangs(plan_, graph, self._plan_ids, self._host_of)
+            self._compiled[key] = found
+        return found
+
+    def _host_of(self, device: int) -> int:
+        return self.cluster_topology.device(device).host
 
     def _plan_dropped(self, plan_: Plan) -> None:
         """The plan cache let a plan go: so do the devices it was installed on."""
-        compiled = self._compiled.pop(id(plan_), None)
-        if compiled is not None:
-            island = self.schedulers[compiled.island]
-            island.drop_plans([compiled.plan_id]).add_done_callback(_log_failed_notice)
+        by_island: dict[int, list[int]] = {}
+        for mode in (True, False):
+            compiled = self._compiled.pop((id(plan_), mode), None)
+            parts = compiled.by_island() if isinstance(compiled, CompiledPlan) else compiled or ()
+            for part in parts:
+                by_island.setdefault(part.island, []).append(part.plan_id)
+        for island, plan_ids in by_island.items():
+            dropped = self.schedulers[island].drop_plans(plan_ids)
+            dropped.add_done_callback(_log_failed_notice)
 
     def _run_compiled(
         self,
         compiled: CompiledPlan,
-        plan_: Plan,
         inputs: Sequence[Any],
         owner: str,
+        frees: Sequence[int] = (),
         tag: str = "",
         earlier: dict[int, tuple[int, PriorOutput]] | None = None,
         reply: tuple[str, int] | None = None,
@@ -513,9 +512,9 @@ class Controller(Actor):
         """One run of a compiled plan: the island sends each device one
         ``run_plan``; each output settles from its device's report. A
         session's run goes through its gang quota as one entry (sent now,
-        after a stall, or refused), like a gang of a plan that does not compile.
-        A client's call (``reply``) is answered by the run's device when one
-        device makes every output."""
+        after a stall, or refused). ``frees``: the program inputs to free once
+        every device took them. A client's call (``reply``) is answered by
+        the run's device when one device makes every output."""
         epoch = next(self._runs)
         self._compiled_runs += 1
         outs: list[Promise[BufferHandle]] = [
@@ -523,7 +522,7 @@ class Controller(Actor):
             for node, index, _ in compiled.outputs
         ]
         run = _CompiledRun(
-            compiled, plan_, list(inputs), owner, epoch, outs, Promise("ran"), earlier or {}
+            compiled, frees, list(inputs), owner, epoch, outs, Promise("ran"), earlier or {}
         )
         made = all(node >= 0 for node, _, _ in compiled.outputs)  # none is a program input
         if reply is not None and made and len(compiled.programs) == 1:
@@ -541,18 +540,31 @@ class Controller(Actor):
         self._pending.pop(key, None)
 
     def _send_run(self, run: _CompiledRun) -> None:
-        """Send an admitted compiled run to its island."""
-        compiled, inputs, earlier = run.compiled, run.inputs, run.earlier
+        """Send an admitted compiled run to its island (each of its parts to
+        its own, when it has several: their devices' reports, together)."""
+        weight = self.tenants.weight(run.owner)  # its share, for the policy's accounting
+        parts = run.compiled.by_island()
+        sent = [self._send_part(run, part, weight) for part in parts]
+        if len(sent) == 1:
+            sent[0].add_done_callback(functools.partial(self._compiled_sent, run))
+            return
+        merged = then(all_settled(sent), lambda _: _reports_of(parts, sent))
+        merged.add_done_callback(functools.partial(self._compiled_sent, run))
+
+    def _send_part(
+        self, run: _CompiledRun, part: CompiledPlan, weight: float
+    ) -> Promise[dict[int, Promise[RunReport]]]:
+        """Send one island its part of a run: its devices' reports."""
+        inputs, earlier = run.inputs, run.earlier
         given = {
             d: [earlier[i][1] if earlier.get(i, (-1,))[0] == d else inputs[i] for i in p.inputs]
-            for d, p in compiled.programs.items()
+            for d, p in part.programs.items()
         }
-        island = self.schedulers[compiled.island]
-        weight = self.tenants.weight(run.owner)  # its share, for the policy's accounting
-        sent = over(self.wire, island).run_plan(
-            compiled, run.epoch, given, run.owner, weight, run.reply
+        island = self.schedulers[part.island]
+        sent: Promise[dict[int, Promise[RunReport]]] = over(self.wire, island).run_plan(
+            part, run.epoch, given, run.owner, weight, run.reply
         )
-        sent.add_done_callback(functools.partial(self._compiled_sent, run))
+        return sent
 
     def _compiled_sent(self, run: _CompiledRun, sent: Promise[Any], counted: bool = True) -> None:
         """The island took a compiled run (and sends each device its part
@@ -573,9 +585,8 @@ class Controller(Actor):
             every.add_done_callback(functools.partial(self._free_held, reports))
         if counted:  # its place in the session's gang quota
             every.add_done_callback(functools.partial(self.tenants.finished, run.owner))
-        for ref, _ in run.plan.frees:
-            if ref.node < 0:
-                _free_after(as_promise(run.inputs[ref.index]), list((reports or {}).values()))
+        for index in run.frees:
+            _free_after(as_promise(run.inputs[index]), list((reports or {}).values()))
 
     def _free_held(self, reports: dict[int, Promise[RunReport]], _: Promise[None]) -> None:
         """The whole run is over: free the outputs devices kept because a
@@ -598,34 +609,22 @@ class Controller(Actor):
         inbox that settled already ignores it; a gang that failed before it
         pushed did this itself)."""
         error = report.exception()
-        failed = report.result().errors if error is None else {}
+        errors = report.result().errors if error is None else {}
         run.answered = error is None and report.result().answered
         prefix = run_key(run.epoch)
         notices: dict[tuple[int, int], tuple[list[str], BaseException]] = {}  # one per host, error
         boxed_lost = portable(error, f"{prefix}/device{device}") if error is not None else None
         for gang in run.compiled.programs[device].gangs:
-            if gang.devices[0] != device or (error is None and gang.node not in failed):
+            if gang.devices[0] != device or (error is None and gang.node not in errors):
                 continue
             boxed: BaseException = boxed_lost or portable(
-                failed[gang.node], f"{prefix}/{gang.node}"
+                errors[gang.node], f"{prefix}/{gang.node}"
             )
             for target in gang.push:
                 keys, _ = notices.setdefault((target.host_id, id(boxed)), ([], boxed))
                 keys.extend(f"{prefix}/{k}" for k in target.keys)
         for (host_id, _), (keys, boxed) in notices.items():  # a lost host: one notice each
             notice = self.host_refs[host_id].fail_inbox(keys, boxed)
-            notice.add_done_callback(_log_failed_notice)
-
-    def _fail_inboxes(self, gang_id: str, targets: Sequence[PushTarget], ran: Promise[Any]) -> None:
-        """A producer (or its push) failed: its readers wait on inboxes that
-        nothing will fill now, so fail them with its error (also when its
-        host was lost). A notice for an inbox already settled is dropped."""
-        error = ran.exception()
-        if error is None:
-            return
-        boxed = portable(error, gang_id)
-        for target in targets:
-            notice = self.host_refs[target.host_id].fail_inbox(list(target.keys), boxed)
             notice.add_done_callback(_log_failed_notice)
 
     def plan_for(self, graph: Graph, temporary: Sequence[int] = (), owner: str = "") -> Plan:
@@ -667,10 +666,11 @@ class Controller(Actor):
     @endpoint
     def plan_stats(self) -> dict[str, int]:
         """Plan counters, for tests and tools: plans held, cache hits and
-        misses; ``compiled``: plans held that run compiled; ``compiled_runs``:
-        runs sent compiled (``IslandScheduler.load`` counts those its policy
-        held back before sending them)."""
-        compiled = sum(c is not None for c in self._compiled.values())
+        misses; ``compiled``: plans held that run compiled as a whole (the
+        others run one compiled plan per gang); ``compiled_runs``: compiled
+        runs sent, a plan run gang by gang counting one per gang
+        (``IslandScheduler.load`` counts those its policy held back)."""
+        compiled = sum(isinstance(c, CompiledPlan) for c in self._compiled.values())
         return {
             "plans": len(self.plans),
             "hits": self.plans.hits,
@@ -678,31 +678,6 @@ class Controller(Actor):
             "compiled": compiled,
             "compiled_runs": self._compiled_runs,
         }
-
-    def _submit(
-        self, island: int, task: GangTask, inputs: Sequence[Any], owner: str
-    ) -> Promise[list[BufferHandle]]:
-        if owner not in self.tenants:  # no session: weight 1, no quota, not counted
-            return over(self.wire, self.schedulers[island]).submit_gang(task, inputs, owner)
-        result: Promise[list[BufferHandle]] = Promise(task.gang_id)
-        send = functools.partial(self._send, island, task, inputs, owner, result)
-        self.tenants.admit(owner, send, result)  # now, after a stall, or refused
-        return result
-
-    def _send(
-        self,
-        island: int,
-        task: GangTask,
-        inputs: Sequence[Any],
-        owner: str,
-        result: Promise[list[BufferHandle]],
-    ) -> None:
-        """Submit a session's admitted gang, with its weight (runtime/control/tenancy.py)."""
-        weight = self.tenants.weight(owner)
-        to_island = over(self.wire, self.schedulers[island])
-        ran: Promise[list[BufferHandle]] = to_island.submit_gang(task, inputs, owner, weight)
-        ran.add_done_callback(functools.partial(self.tenants.finished, owner))
-        forward(ran, result)
 
     @endpoint
     async def set_tenant(
@@ -741,29 +716,13 @@ class Controller(Actor):
         live = [usage for h in hosts if (usage := await _unless_lost(h)) is not None]
         return merge_usage(self.tenants.rows(), by_island, live)
 
-    def _task(self, node: Node) -> GangTask:
-        """One node as a gang of its own, with no dispatch wiring (sequential runs)."""
-        slice_id = node.slice.slice_id
-        alloc = place(
-            node,
-            {slice_id: self.resources.get(slice_id)},
-            self.cluster_topology,
-            self.hosts_in_processes,
-        )
-        gang_id = f"gang{next(self._gangs)}"
-        shape, axes = node.slice.shape, node.slice.axis_names
-        return GangTask(gang_id, node.kernel, alloc.devices, shape, axes, node.outputs)
-
-    def _island(self, node: Node) -> int:
-        return self.resources.get(node.slice.slice_id).island
-
 
 @dataclass(eq=False)
 class _CompiledRun:
     """What the controller keeps of one run of a compiled plan while it goes."""
 
     compiled: CompiledPlan
-    plan: Plan
+    frees: Sequence[int]  # program inputs freed once every device took them
     inputs: list[Any]
     owner: str
     epoch: int
@@ -796,6 +755,21 @@ def _together(
 
     all_settled([*outs, done]).add_done_callback(settled)
     return answer
+
+
+def _reports_of(
+    parts: Sequence[CompiledPlan], sent: Sequence[Promise[dict[int, Promise[RunReport]]]]
+) -> dict[int, Promise[RunReport]]:
+    """The reports of a run sent in parts, by device: a part its island did
+    not take fails its devices' reports with why."""
+    reports: dict[int, Promise[RunReport]] = {}
+    for part, answer in zip(parts, sent, strict=True):
+        error = answer.exception()
+        if error is None:
+            reports.update(answer.result())
+        else:
+            reports.update((device, failed(error)) for device in part.programs)
+    return reports
 
 
 def _unless_answered(run: _CompiledRun, answer: Any) -> Any:

@@ -1,9 +1,11 @@
-"""The island scheduler actor: runs one island's policy and dispatches its gangs.
+"""The island scheduler actor: runs one island's policy and dispatches its runs.
 
 The policy (:mod:`atoll.schedulers`) is a pure state machine that decides the
-order; this actor owns the I/O. It forwards each gang's shards to their
-devices with the inputs still as promises, so it never waits for data, and it
-feeds shard completions back to the policy in batches.
+order; this actor owns the I/O. Work reaches it only as compiled runs (a
+program's part on this island, ``run_plan``), which the policy sees as one
+gang over the run's devices. It sends each device its part with the inputs
+still as promises, so it never waits for data, and it feeds completions
+back to the policy in batches.
 
 It checks every answer of the policy before it carries any of it out
 (``docs/schedulers.md`` has the rules): instructions are ``Dispatch``es
@@ -25,16 +27,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...devices import BufferHandle, Device, Host, RunReport, timeline
+from ...devices import Device, Host, RunReport, timeline
 from ...devices import _runlane as runlane
 from ...devices._device import Reply
-from ...devices._gang import GangTask, Rendezvous
+from ...devices._gang import Rendezvous
 from ...devices._plan import DeviceProgram, run_key
 from ...kernel import (
     Actor,
     ActorRef,
-    ActorStopped,
-    HostLost,
     Promise,
     all_settled,
     endpoint,
@@ -55,9 +55,10 @@ _log_failed = log_failure(_log, "a notice to a device or host")
 class IslandScheduler(Actor):
     """Runs one island's scheduling policy (a pure state machine) as an actor.
 
-    ``submit_gang`` takes the gang's inputs as promises and forwards them to
-    the devices unresolved, in the order the policy says: the scheduler never
-    waits for data. A child :class:`Rendezvous` serves the gangs' barriers.
+    ``run_plan`` takes a run's inputs as promises and forwards them to the
+    devices unresolved, in the order the policy says: the scheduler never
+    waits for data. A child :class:`Rendezvous` serves the barriers of
+    collective gangs (installed plans name it).
     """
 
     def __init__(
@@ -81,7 +82,6 @@ class IslandScheduler(Actor):
         self.policy = get_scheduler(policy)
         self.devices = devices
         self._events = itertools.count()
-        self._pending: dict[str, tuple[GangTask, Sequence[Any], str, Promise[Any], int]] = {}
         self.rendezvous: ActorRef[Rendezvous] | None = None
         self._completions: list[tuple[str, int, bool]] = []  # gang, device, idle
         self._positions = 0  # gangs dispatched: each gang's place in the island's order
@@ -111,25 +111,6 @@ class IslandScheduler(Actor):
             return by_call()
         return self.lanes.call(device, kind, args, by_call)
 
-    @endpoint(resolve_args=False)
-    def submit_gang(
-        self, task: GangTask, inputs: Sequence[Any], owner: str = "", weight: float = 1.0
-    ) -> Promise[list[BufferHandle]]:
-        """Order the gang; returns its leader's promise of the output handles.
-
-        ``owner`` is the sending session's label and ``weight`` its share
-        (for policies that keep shares, see ``schedulers/_share.py``)."""
-        if task.collective:  # only barriers need it: a capability costs on the wire
-            task = replace(task, rendezvous=self.rendezvous)
-        self._refuse_if_broken()
-        if task.gang_id in self._pending or task.gang_id in self._runs:
-            raise PolicyError(f"gang {task.gang_id!r} is held here already")
-        result: Promise[list[BufferHandle]] = Promise(task.gang_id)
-        self._pending[task.gang_id] = (task, inputs, owner, result, 0)
-        submit = Submit(next(self._events), task.gang_id, task.devices, owner, weight)
-        self._carry_out(self._handled(submit))
-        return result
-
     def _handled(self, event: Event) -> list[Dispatch]:
         """The policy's answer to ``event``, checked (see the module
         docstring); a broken answer breaks the island, and raises why."""
@@ -137,7 +118,6 @@ class IslandScheduler(Actor):
             instructions = self.policy.handle(event)
         except PolicyError as exc:  # an event it may refuse: that gang fails, not the island
             if isinstance(event, Submit):
-                self._pending.pop(event.gang_id, None)
                 self._runs.pop(event.gang_id, None)
                 raise
             self._break(f"it refused {event}: {exc}")
@@ -192,10 +172,9 @@ class IslandScheduler(Actor):
     def _devices_of(self, gang_id: str) -> set[int] | None:
         """The devices of a gang or run the island holds, none of them sent yet."""
         held = self._runs.get(gang_id)
-        if held is not None:
-            return set(held.reports) if held.left == len(held.reports) else None
-        pending = self._pending.get(gang_id)
-        return set(pending[0].devices) if pending is not None and pending[4] == 0 else None
+        if held is None:
+            return None
+        return set(held.reports) if held.left == len(held.reports) else None
 
     def _break(self, rule: str) -> None:
         """The policy broke its contract: fail everything held, and refuse
@@ -207,14 +186,10 @@ class IslandScheduler(Actor):
         if self.broken is None:
             _log.error("%s", error)
             self.broken = error
-        for _, _, _, result, _ in self._pending.values():
-            if not result.done():
-                result.set_exception(error)
         for held in self._runs.values():
             for report in held.reports.values():
                 if not report.done():
                     report.set_exception(error)
-        self._pending.clear()
         self._runs.clear()
         raise error
 
@@ -224,27 +199,11 @@ class IslandScheduler(Actor):
 
     def _carry_out(self, instructions: Sequence[Dispatch]) -> None:
         for instruction in instructions:
-            gang_id, device = instruction.gang_id, instruction.device
-            held = self._runs.get(gang_id)
-            if held is not None:  # a compiled run's part
-                held.left -= 1
-                if held.left == 0:
-                    del self._runs[gang_id]
-                self._send_part(held, device)
-                continue
-            task, inputs, owner, result, sent = self._pending[gang_id]
-            given = _unpushed(task, inputs) if device == task.leader else inputs
-            promise = self._call(device, runlane.RUN_GANG, task, given, owner)
-            promise.add_done_callback(functools.partial(self._report, gang_id, device))
-            self._running[gang_id] = self._running.get(gang_id, 0) + 1
-            if device == task.leader:
-                self._record_dispatch(gang_id, task.leader, owner)
-                forward(promise, result)
-            sent += 1
-            if sent == len(task.devices):
-                del self._pending[gang_id]
-            else:
-                self._pending[gang_id] = (task, inputs, owner, result, sent)
+            held = self._runs[instruction.gang_id]
+            held.left -= 1
+            if held.left == 0:
+                del self._runs[instruction.gang_id]
+            self._send_part(held, instruction.device)
 
     @endpoint(resolve_args=False)
     def run_plan(
@@ -323,6 +282,11 @@ class IslandScheduler(Actor):
         if program.plan_id in plans:
             return None
         plans.add(program.plan_id)
+        if any(gang.collective for gang in program.gangs):  # its barriers are here
+            gangs = tuple(
+                replace(g, rendezvous=self.rendezvous) if g.collective else g for g in program.gangs
+            )
+            program = replace(program, gangs=gangs)
         timeline.control("install plan", self._lane, plan=program.plan_id, device=device)
         sent: Promise[None] = self._call(device, runlane.INSTALL, program)
         sent.add_done_callback(functools.partial(_forget_failed, plans, program.plan_id))
@@ -374,7 +338,7 @@ class IslandScheduler(Actor):
         if len(self._completions) == 1:
             self.ctx.ref.completed()
         error = shard.exception()
-        if self.rendezvous is not None and isinstance(error, (HostLost, ActorStopped)):
+        if self.rendezvous is not None and error is not None:  # it never ran its gangs
             self.rendezvous.abandon(gang_id, error).add_done_callback(_log_failed)
 
     @property
@@ -405,8 +369,7 @@ class IslandScheduler(Actor):
         """For ``atoll status``: gangs and compiled runs the policy holds back
         (queued, none of their shards sent yet), those sent to devices and
         not finished, and how many compiled runs the policy held back."""
-        queued = sum(1 for entry in self._pending.values() if entry[4] == 0)
-        queued += sum(1 for held in self._runs.values() if held.left == len(held.reports))
+        queued = sum(1 for held in self._runs.values() if held.left == len(held.reports))
         return {
             "island": self.island,
             "scheduler": self.policy_name,
@@ -434,17 +397,6 @@ class IslandScheduler(Actor):
                 event = Completed(next(self._events), gang_id, device, idle)
                 self._carry_out(self._handled(event))
         return len(done)
-
-
-def _unpushed(task: GangTask, inputs: Sequence[Any]) -> Sequence[Any]:
-    """The leader's inputs without those pushed to its inbox: it waits for
-    the push, so their promises would only cost messages to resolve (a
-    failed producer's inbox is failed by the controller instead)."""
-    if not any(task.inbox):
-        return inputs
-    return [
-        None if key is not None else value for value, key in zip(inputs, task.inbox, strict=True)
-    ]
 
 
 def _unless_not_installed(

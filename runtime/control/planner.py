@@ -6,8 +6,9 @@ island each node's gang uses, which inputs are already resident on a gang's
 devices, which inputs a producer pushes straight to its reader's host (and
 under which inbox key), and which intermediate values can be freed once their
 readers ran. :func:`plan` computes that as plain data from the graph, the
-placement of its slices and the topology; the controller then stamps each run
-with fresh gang ids (:func:`instantiate`) and submits the gangs.
+placement of its slices and the topology; :func:`compile_plan` then makes
+each device's part of it, which the device keeps, so that a run is one
+message per device (``devices/_plan.py``).
 
 A plan depends only on its inputs, so the controller caches it per traced
 graph and placement (:class:`PlanCache`); releasing a slice, or losing a host,
@@ -18,11 +19,11 @@ host, which is what a host needs to run its part of a plan on its own.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ...devices._gang import GangTask, PushTarget
+from ...devices._gang import PushTarget
 from ...devices._plan import MADE_HERE, PUSHED_IN, DeviceProgram, PlannedGang
 from ...kernel import AtollError
 from ..graph import Graph, Node, ValueRef
@@ -36,8 +37,8 @@ __all__ = [
     "Plan",
     "PlanCache",
     "PushPlan",
+    "compile_gangs",
     "compile_plan",
-    "instantiate",
     "place",
     "plan",
     "push_target",
@@ -178,47 +179,6 @@ def _per_host(gangs: Sequence[GangPlan], topology: Topology) -> dict[int, HostPl
     return {host: HostPlan(host, tuple(gangs)) for host, gangs in sorted(work.items())}
 
 
-def instantiate(
-    plan_: Plan,
-    graph: Graph,
-    gang_ids: Sequence[str],
-    addresses: Sequence[str],
-    host_refs: Sequence[Any],
-) -> list[GangTask]:
-    """One run of a plan: the gang tasks, with this run's gang ids and inbox keys.
-
-    A push target is dialled at its host's address when it has one, else
-    reached through its reference in ``host_refs`` (same process).
-    """
-
-    def key(node: int, index: int) -> str:
-        return f"{gang_ids[node]}/{index}"
-
-    tasks = []
-    for gang in plan_.gangs:
-        node = graph.nodes[gang.node]
-        targets = tuple(
-            push_target(p.output, p.host, [key(*r) for r in p.readers], addresses, host_refs)
-            for p in gang.push
-        )
-        inbox = tuple(key(gang.node, i) if on else None for i, on in enumerate(gang.pushed))
-        tasks.append(
-            GangTask(
-                gang_ids[gang.node],
-                node.kernel,
-                gang.devices,
-                node.slice.shape,
-                node.slice.axis_names,
-                node.outputs,
-                inbox=inbox,
-                inbox_host=gang.leader_host if plan_.push else -1,
-                resident=gang.resident,
-                push=targets,
-            )
-        )
-    return tasks
-
-
 def push_target(
     output: int,
     host: int,
@@ -238,11 +198,13 @@ class CompiledPlan:
     """A plan as devices run it: each device's part, installed once.
 
     ``programs``: by device, what ``Device.install_plan`` keeps, the gangs
-    in the island's order (the graph's). ``island``: the one island all the
-    gangs run on; ``gangs``: every gang as ``(node, devices)``, in that
-    order. ``outputs``: per program output, ``(node, index, device)``, the
-    device being the producer's leader; a program input passed through as
-    an output has node -1 and device -1.
+    in the island's order (the graph's). ``island``: the island all the
+    gangs run on, or -1 for a plan over several islands, whose ``parts``
+    are then one ``CompiledPlan`` per island (each island orders and sends
+    its own; outputs cross islands by push). ``gangs``: every gang as
+    ``(node, devices)``, in that order. ``outputs``: per program output,
+    ``(node, index, device)``, the device being the producer's leader; a
+    program input passed through as an output has node -1 and device -1.
     """
 
     plan_id: int
@@ -250,6 +212,11 @@ class CompiledPlan:
     programs: Mapping[int, DeviceProgram]
     outputs: tuple[tuple[int, int, int], ...]
     gangs: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    parts: tuple[CompiledPlan, ...] = ()
+
+    def by_island(self) -> tuple[CompiledPlan, ...]:
+        """The plan's parts, one per island (itself, on one island)."""
+        return self.parts or (self,)
 
 
 def compile_plan(
@@ -259,46 +226,113 @@ def compile_plan(
     addresses: Sequence[str],
     host_refs: Sequence[Any],
 ) -> CompiledPlan | None:
-    """Each device's part of ``plan_``, or None when the plan cannot run that way.
+    """Each device's part of ``plan_``, or None when the plan cannot run as one.
 
-    A plan compiles when producers push (``plan_.push``), all gangs run on
-    one island, and no gang needs more than its inputs and inboxes: none
-    meets at a barrier (a collective over several devices), and in a gang
-    over several devices every input made by another gang is resident (made
-    over the same devices), so the other shards wait for nothing. Each
-    device then runs its gangs in order, and a run is one message per device.
+    A plan compiles when producers push (``plan_.push``, unless no gang
+    reads another's output) and no gang needs an input where no push brings
+    it (see :func:`_compiles`): pushes go to a gang's leader only.
+    Each device then runs its gangs in order, collectives meeting at their
+    barriers, and a run is one message per device. A plan that does not
+    compile runs gang by gang (:func:`compile_gangs`).
     """
-    islands = {gang.island for gang in plan_.gangs}
-    if not plan_.push or len(islands) != 1:
+    made = any(ref.node >= 0 for node in graph.nodes for ref in node.inputs)
+    if made and not plan_.push:
         return None
-    if not all(_compiles(gang, graph.nodes[gang.node]) for gang in plan_.gangs):
+    spans = _spanning(plan_)
+    if not all(_compiles(gang, graph.nodes[gang.node], spans) for gang in plan_.gangs):
         return None
     kept = set(graph.outputs)
     leaders = {gang.node: gang.devices[0] for gang in plan_.gangs}
-    gangs: dict[int, list[PlannedGang]] = {}
-    reads: dict[int, dict[int, None]] = {}
-    for gang in plan_.gangs:
-        node = graph.nodes[gang.node]
-        planned = _compiled_gang(gang, node, kept, leaders, addresses, host_refs)
-        for device in gang.devices:
-            gangs.setdefault(device, []).append(planned)
-            reads.setdefault(device, {}).update(dict.fromkeys(i for i in planned.inputs if i >= 0))
-    programs = {
-        device: DeviceProgram(plan_id, device, tuple(mine), tuple(reads[device]))
-        for device, mine in gangs.items()
+    planned = {
+        gang.node: _compiled_gang(gang, graph.nodes[gang.node], kept, leaders, addresses, host_refs)
+        for gang in plan_.gangs
     }
     outputs = tuple((r.node, r.index, leaders.get(r.node, -1)) for r in graph.outputs)
-    order = tuple((gang.node, gang.devices) for gang in plan_.gangs)
-    return CompiledPlan(plan_id, islands.pop(), programs, outputs, order)
+    islands = sorted({gang.island for gang in plan_.gangs})
+    parts = tuple(
+        _part(plan_id, island, [g for g in plan_.gangs if g.island == island], planned, outputs)
+        for island in islands
+    )
+    if len(parts) == 1:
+        return parts[0]
+    programs = {device: p for part in parts for device, p in part.programs.items()}
+    order = tuple(gang for part in parts for gang in part.gangs)
+    return CompiledPlan(plan_id, -1, programs, outputs, order, parts)
 
 
-def _compiles(gang: GangPlan, node: Node) -> bool:
-    """Whether a gang can run from an installed plan (see :func:`compile_plan`)."""
-    if len(gang.devices) == 1:
+def compile_gangs(
+    plan_: Plan, graph: Graph, plan_ids: Iterator[int], host_of: Callable[[int], int]
+) -> tuple[CompiledPlan, ...]:
+    """A plan that does not compile as a whole (:func:`compile_plan`), as
+    one compiled plan per gang, in the graph's order: every input of a gang
+    is an input of its plan (the controller passes the producer's promise),
+    and every output an output (reported to the controller, which frees it
+    once its readers ran). ``host_of``: a device's host."""
+    steps = []
+    for gang in plan_.gangs:
+        node = graph.nodes[gang.node]
+        count = len(node.inputs)
+        planned = PlannedGang(
+            node.id,
+            node.kernel,
+            gang.devices,
+            node.slice.shape,
+            node.slice.axis_names,
+            node.outputs,
+            tuple(range(count)),
+            gang.resident,
+            (),
+            (True,) * len(node.outputs),
+            host_of(gang.devices[0]),
+        )
+        outputs = tuple((node.id, o, gang.devices[0]) for o in range(len(node.outputs)))
+        steps.append(_part(next(plan_ids), gang.island, [gang], {node.id: planned}, outputs))
+    return tuple(steps)
+
+
+def _part(
+    plan_id: int,
+    island: int,
+    gangs: Sequence[GangPlan],
+    planned: Mapping[int, PlannedGang],
+    outputs: tuple[tuple[int, int, int], ...],
+) -> CompiledPlan:
+    """The compiled plan of ``gangs``, all on ``island``: each device's gangs, in order."""
+    mine: dict[int, list[PlannedGang]] = {}
+    reads: dict[int, dict[int, None]] = {}
+    for gang in gangs:
+        entry = planned[gang.node]
+        for device in gang.devices:
+            mine.setdefault(device, []).append(entry)
+            reads.setdefault(device, {}).update(dict.fromkeys(i for i in entry.inputs if i >= 0))
+    programs = {
+        device: DeviceProgram(plan_id, device, tuple(entries), tuple(reads[device]))
+        for device, entries in mine.items()
+    }
+    order = tuple((gang.node, gang.devices) for gang in gangs)
+    return CompiledPlan(plan_id, island, programs, outputs, order)
+
+
+def _spanning(plan_: Plan) -> set[int]:
+    """The nodes whose gangs have devices on several hosts."""
+    hosts: dict[int, int] = {}
+    for host_plan in plan_.hosts.values():
+        for node, _ in host_plan.gangs:
+            hosts[node] = hosts.get(node, 0) + 1
+    return {node for node, count in hosts.items() if count > 1}
+
+
+def _compiles(gang: GangPlan, node: Node, spanning: set[int]) -> bool:
+    """Whether a gang can run from an installed plan (see :func:`compile_plan`):
+    every input it reads is given to its devices or pushed to its leader. A
+    gang over several hosts whose kernel reads its inputs on each of them
+    (``every_host_reads``: a JAX program over host processes) reads only
+    program inputs; any other reads made values only where they were made."""
+    if gang.node not in spanning:
         return True
-    if getattr(node.kernel, "collective", False):
-        return False
     made = [ref.node >= 0 for ref in node.inputs]
+    if getattr(node.kernel, "every_host_reads", False):
+        return not any(made)
     return all(local or not m for local, m in zip(gang.resident, made, strict=True))
 
 

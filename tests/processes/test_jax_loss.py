@@ -38,11 +38,20 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 import atoll
-from atoll.devices import BufferHandle, Computation
-from atoll.devices._gang import GangTask
+from atoll.devices import Aval, Computation, RunReport
+from atoll.devices._plan import DeviceProgram
 from atoll.devices.jax import JaxDevice
 from atoll.kernel import Actor, HostLost, Promise, endpoint, failed
-from atoll.runtime import ClusterSpec, IslandScheduler, process_cluster
+from atoll.runtime import (
+    Allocation,
+    ClusterSpec,
+    GraphBuilder,
+    IslandScheduler,
+    SliceSpec,
+    Topology,
+    process_cluster,
+)
+from atoll.runtime.control.planner import CompiledPlan, compile_gangs, plan
 from atoll.runtime.deploy.process import _collect_garbage_on_loop
 from atoll.transports.testing import eventually, pid_alive
 
@@ -53,34 +62,47 @@ COLLECTIVE_S = 5  # a collective with a dead peer fails after this
 
 
 class LostDevice(Actor):
-    """Answers every shard as the link to a dead host process does: HostLost
+    """Answers every run as the link to a dead host process does: HostLost
     itself (raised here, it would come boxed, as a device's own error)."""
 
+    @endpoint
+    def install_plan(self, program: DeviceProgram) -> None:
+        pass
+
     @endpoint(resolve_args=False)
-    def run_gang(
-        self, task: GangTask, inputs: list[Any], owner: str = ""
-    ) -> Promise[list[BufferHandle]]:
-        return failed(HostLost(f"the host of a device of {task.gang_id} is lost"))
+    def run_plan(
+        self, plan_id: int, epoch: int, inputs: list[Any], owner: str = ""
+    ) -> Promise[RunReport]:
+        return failed(HostLost(f"the host of a device of run {epoch} is lost"))
+
+
+def _collective_over(devices: tuple[int, ...], plan_id: int) -> CompiledPlan:
+    """A program of one collective gang over ``devices`` (one island, one host)."""
+    work = Computation("allreduce", lambda: np.zeros(1), collective=True)
+    builder = GraphBuilder()
+    (out,) = builder.add(work, SliceSpec(0, (len(devices),), ("x",)), [], [Aval((1,), "float64")])
+    graph = builder.build([out])
+    topology = Topology.even(islands=1, hosts_per_island=1, devices_per_host=len(devices))
+    made = plan(graph, {0: Allocation(0, devices, 0, "")}, topology, [""], push=True)
+    [step] = compile_gangs(made, graph, iter([plan_id]), lambda _: 0)
+    return step
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # trio: through the bridge
 async def test_a_gang_over_a_lost_device_frees_its_partners_at_the_barrier() -> None:
     """Device 0 waits at the gang's barrier for device 1, whose host is lost:
-    the island abandons the gang, so device 0 fails and is free again."""
-    collective = Computation("allreduce", lambda: np.zeros(1), collective=True)
+    the island abandons the run, so device 0's gang fails and it is free again."""
     async with atoll.local_cluster(1, 1, 1) as cluster:
         devices = {0: cluster.device_ref(0), 1: cluster.system.spawn(LostDevice)}
         island = cluster.system.spawn(IslandScheduler, 0, "fifo", devices)
-        task = GangTask("g1", collective, (0, 1), (2,), ("x",))
         with anyio.fail_after(10):  # without the abandon, device 0 waits for ever
-            result: Promise[list[BufferHandle]] = island.submit_gang(task, [])
-            with pytest.raises(Exception) as caught:
-                await result
-            assert _host_lost(caught.value)
-            late = island.submit_gang(GangTask("g2", collective, (0, 1), (2,), ("x",)), [])
-            with pytest.raises(Exception) as caught:
-                await late  # a later gang over the lost device fails as fast
-            assert _host_lost(caught.value)
+            for epoch in (1, 2):  # a later gang over the lost device fails as fast
+                step = _collective_over((0, 1), epoch)
+                reports = await island.run_plan(step, epoch, {0: [], 1: []})
+                with pytest.raises(Exception) as caught:
+                    await reports[1]
+                assert _host_lost(caught.value)
+                assert _host_lost((await reports[0]).errors[0])
             handle = await cluster.put(np.ones(2, np.float32), 0)  # device 0 is free
             np.testing.assert_array_equal(await cluster.fetch(handle), np.ones(2))
 

@@ -6,6 +6,7 @@ per graph and reused, and dropped when one of its slices is released.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 from typing import Any
 
@@ -18,7 +19,7 @@ from atoll.devices._device import _release_points
 from atoll.devices._plan import MADE_HERE, PUSHED_IN
 from atoll.kernel import AtollError, VirtualClock
 from atoll.runtime import Allocation, GraphBuilder, SliceSpec, Topology
-from atoll.runtime.control.planner import PlanCache, compile_plan, instantiate, plan
+from atoll.runtime.control.planner import PlanCache, compile_gangs, compile_plan, plan
 from atoll.runtime.graph import Graph
 
 AVAL = Aval((4,), "float32")
@@ -142,19 +143,75 @@ def test_in_one_process_a_jax_node_stays_on_one_host() -> None:
     plan(graph, {3: wide}, TOPOLOGY, ADDRESSES, push=False)  # host processes: allowed
 
 
-def test_a_run_stamps_gang_ids_and_inbox_keys() -> None:
+def test_a_run_stamps_gang_ids_and_inbox_keys_from_its_epoch() -> None:
     graph = three_nodes()
     made = plan(graph, PLACEMENT, TOPOLOGY, ["", "capnp://127.0.0.1:2"], push=True)
     host_refs = ["ref0", "ref1"]
-    tasks = instantiate(made, graph, ["g7", "g8", "g9"], ["", "capnp://127.0.0.1:2"], host_refs)
-    assert [t.gang_id for t in tasks] == ["g7", "g8", "g9"]
-    assert tasks[2].inbox == ("g9/0", "g9/1") and tasks[0].inbox == (None,)
-    assert [t.inbox_host for t in tasks] == [0, 0, 1]
-    to_host = {p.host_id: p for p in tasks[0].push}
-    assert to_host[0].host == "ref0" and to_host[0].address == ""  # same process: a reference
-    assert to_host[1].host is None and to_host[1].address == "capnp://127.0.0.1:2"  # dialled
-    assert to_host[1].keys == ("g9/0",) and to_host[0].keys == ("g8/0",)
+    compiled = compile_plan(made, graph, 1, ["", "capnp://127.0.0.1:2"], host_refs)
+    assert compiled is not None and compiled.island == 0 and compiled.parts == ()
+    a, b = compiled.programs[0].gangs
+    [c] = compiled.programs[4].gangs
+    tasks = [a.task(7, 0, 0), b.task(7, 0, 0), c.task(7, 1, 4)]
+    assert [t.gang_id for t in tasks] == ["c7/0", "c7/1", "c7/2"]
+    assert tasks[2].inbox == ("c7/2/0", "c7/2/1") and tasks[0].inbox == (None,)
+    assert [t.inbox_host for t in tasks] == [-1, -1, 1]  # b takes a's output where it is
+    [to_host] = tasks[0].push
+    assert to_host.host is None and to_host.address == "capnp://127.0.0.1:2"  # dialled
+    assert to_host.keys == ("c7/2/0",)
     assert tasks[1].resident == (True,) and tasks[2].outputs == (AVAL,)
+
+
+class _Collective:
+    collective = True
+
+
+def test_a_collective_gang_compiles_and_its_shards_meet_at_the_islands_barrier() -> None:
+    wide = Allocation(3, (0, 1, 2, 3), 0, "me")  # host 0
+    builder = GraphBuilder()
+    (x,) = builder.add("k", spec(LEFT), [builder.input(AVAL)], [AVAL], "x")
+    (out,) = builder.add(_Collective(), spec(wide), [x], [AVAL], "sum")
+    graph = builder.build([out])
+    placement = {**PLACEMENT, 3: wide}
+    compiled = compile_plan(
+        plan(graph, placement, TOPOLOGY, ["", ""], True), graph, 1, ["", ""], []
+    )
+    assert compiled is not None and sorted(compiled.programs) == [0, 1, 2, 3]
+    [entry] = compiled.programs[2].gangs
+    assert entry.collective and entry.rendezvous is None  # the island names it when it installs
+    assert entry.inputs == (MADE_HERE,)  # device 0 leads both: no push, and no wait elsewhere
+    assert entry.task(5, 0, 2).collective and entry.task(5, 0, 2).gang_id == "c5/1"
+
+
+def test_a_plan_over_two_islands_compiles_in_one_part_per_island() -> None:
+    topology = Topology.even(islands=2, hosts_per_island=1, devices_per_host=2)
+    near, far = Allocation(0, (0,), 0, "me"), Allocation(1, (2,), 1, "me")
+    builder = GraphBuilder()
+    (a,) = builder.add("k", spec(near), [builder.input(AVAL)], [AVAL], "a")
+    (b,) = builder.add("k", spec(far), [a], [AVAL], "b")
+    graph = builder.build([a, b])
+    made = plan(graph, {0: near, 1: far}, topology, ["", ""], push=True)
+    compiled = compile_plan(made, graph, 9, ["", ""], ["h0", "h1"])
+    assert compiled is not None and compiled.island == -1
+    assert [(p.island, sorted(p.programs)) for p in compiled.by_island()] == [(0, [0]), (1, [2])]
+    assert compiled.outputs == ((0, 0, 0), (1, 0, 2))
+    assert compiled.programs[2].gangs[0].inputs == (PUSHED_IN,)  # a pushes across islands
+    assert all(p.plan_id == 9 for p in compiled.by_island())
+
+
+def test_a_gang_over_two_hosts_reading_a_value_made_elsewhere_goes_gang_by_gang() -> None:
+    wide = Allocation(3, (2, 3, 4, 5), 0, "me")  # hosts 0 and 1
+    builder = GraphBuilder()
+    (x,) = builder.add("k", spec(LEFT), [builder.input(AVAL)], [AVAL], "x")
+    (out,) = builder.add("k", spec(wide), [x], [AVAL], "wide")
+    graph = builder.build([out])
+    made = plan(graph, {**PLACEMENT, 3: wide}, TOPOLOGY, ADDRESSES, push=True)
+    assert compile_plan(made, graph, 1, ADDRESSES, [None, None]) is None  # host 1 needs x
+    first, second = compile_gangs(made, graph, itertools.count(4), lambda d: d // 4)
+    assert (first.plan_id, second.plan_id) == (4, 5)
+    [entry] = second.programs[4].gangs
+    assert entry.inputs == (0,) and entry.keep == (True,) and entry.push == ()
+    assert second.programs[4].inputs == (0,)  # every shard is sent the producer's promise
+    assert second.outputs == ((1, 0, 2),) and first.outputs == ((0, 0, 0),)
 
 
 def test_the_cache_hits_by_graph_and_options_and_forgets_released_slices() -> None:

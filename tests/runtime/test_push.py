@@ -18,7 +18,7 @@ import pytest
 import atoll
 from atoll.benchmarks import dispatch as bench
 from atoll.devices import Aval, BufferHandle, Computation, CostModel
-from atoll.devices._gang import GangTask
+from atoll.devices._plan import DeviceProgram, PlannedGang
 from atoll.kernel import Promise, VirtualClock
 from atoll.runtime import GraphBuilder
 
@@ -49,8 +49,10 @@ async def test_pushed_chain_matches_and_frees_every_copy() -> None:
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["per-gang", "compiled"])
 async def test_one_output_read_twice_on_a_host_travels_once(compiled: bool) -> None:
-    """A value read by two gangs on another host is pushed there once (gang by
-    gang, or as a compiled run); it is an output of the program too."""
+    """A value read by two gangs on another host is pushed there once; it is
+    an output of the program too. Gang by gang (one plan per gang), readers
+    take their inputs' handles from the controller instead, and nothing is
+    pushed."""
     async with atoll.local_cluster(1, 2, 2, cost=COST, push=True) as cluster:
         assert await cluster.controller.set_compile(compiled) is compiled
         a = await cluster.devices(1)  # device 0, host 0
@@ -70,8 +72,8 @@ async def test_one_output_read_twice_on_a_host_travels_once(compiled: bool) -> N
         assert (await cluster.fetch(out))[0] == 2 + 3
         assert (await cluster.fetch(mid))[0] == 2
         usage = await cluster.store_usage()
-        assert usage[1]["pushes_in"] == 1  # y once (for two readers); u is local
-        assert (await cluster.controller.plan_stats())["compiled_runs"] == int(compiled)
+        assert usage[1]["pushes_in"] == int(compiled)  # y once (for two readers); u is local
+        assert (await cluster.controller.plan_stats())["compiled_runs"] == (1 if compiled else 4)
         for handle in (out, mid, x0):
             await cluster.free(handle)
         usage = await cluster.store_usage()
@@ -130,13 +132,16 @@ async def test_non_leader_shards_do_not_wait_for_resident_inputs() -> None:
     async with atoll.local_cluster(1, 1, 2, cost=COST) as cluster:
         step = bench.step(0.001)
         never: Promise[BufferHandle] = Promise("never settles")
-        task = GangTask("g", step, (0, 1), (2,), ("x",), resident=(True,))
-        shard = cluster.device_ref(1).run_gang(task, [never])
-        assert await shard == []
-        leader = cluster.device_ref(0).run_gang(task, [never])
+        entry = PlannedGang(
+            0, step, (0, 1), (2,), ("x",), (bench.SCALAR,), (0,), (True,), (), (True,)
+        )
+        for device in (0, 1):
+            await cluster.device_ref(device).install_plan(DeviceProgram(1, device, (entry,), (0,)))
+        shard = await cluster.device_ref(1).run_plan(1, 1, [never])
+        assert shard.outputs == {} and shard.errors == {}
+        leader = cluster.device_ref(0).run_plan(1, 1, [never])
         never.set_exception(RuntimeError("producer failed"))
-        with pytest.raises(RuntimeError, match="producer failed"):
-            await leader
+        assert "producer failed" in str((await leader).errors[0])
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])

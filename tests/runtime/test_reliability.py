@@ -209,9 +209,8 @@ async def test_unbounded_waits_for_room_deadlock_in_some_orders(
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "per-gang"])
 async def test_a_full_store_declines_a_big_push_before_its_bytes_move(
-    anyio_backend: str, compiled: bool
+    anyio_backend: str,
 ) -> None:
     """Over host processes: host 1's store has no room for a 2 MiB push, so
     it says so before the bytes are pulled; the reader then reads the value
@@ -224,7 +223,6 @@ async def test_a_full_store_declines_a_big_push_before_its_bytes_move(
     async with atoll.local_cluster(
         1, 2, 1, transport="capnp", cost=cost, store_bytes=5 << 20
     ) as cluster:
-        await cluster.controller.set_compile(compiled)
         first, second = await cluster.devices(1), await cluster.devices(1)
         builder = GraphBuilder()
         x = builder.input(big)

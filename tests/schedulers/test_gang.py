@@ -1,6 +1,7 @@
 """Gang scheduling: per-device FIFO can deadlock collectives; island-wide order cannot.
 
-Two clients each run a program of gangs over overlapping devices. Every gang
+Two clients each run a program of gangs over overlapping devices, one
+compiled plan per gang (as the controller sends a plan gang by gang). Every gang
 is *collective*: its shards meet at a barrier before running, so a device
 that entered a gang is stuck until all of that gang's devices entered it too.
 
@@ -16,7 +17,9 @@ deadlock it. Time is virtual, so each trial is exact and costs no real time.
 
 from __future__ import annotations
 
+import itertools
 import random
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -24,10 +27,12 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll.devices import BufferHandle, Computation, Device
-from atoll.devices._gang import GangTask, Rendezvous
+from atoll.devices import Aval, Computation, Device, RunReport
+from atoll.devices._gang import Rendezvous
+from atoll.devices._plan import DeviceProgram
 from atoll.kernel import Actor, ActorRef, Promise, VirtualClock, endpoint
-from atoll.runtime import IslandScheduler
+from atoll.runtime import Allocation, GraphBuilder, IslandScheduler, SliceSpec, Topology
+from atoll.runtime.control.planner import CompiledPlan, compile_gangs, plan
 from atoll.schedulers import get_scheduler
 
 pytestmark = pytest.mark.anyio
@@ -40,6 +45,9 @@ TRIALS = 24  # naive: 149 of 200 seeds deadlock; gang FIFO: 0 of 200
 GANG_TRIALS = 100
 
 
+TOPOLOGY = Topology.even(islands=1, hosts_per_island=2, devices_per_host=2)
+
+
 class Link(Actor):
     """A FIFO link with random latency in front of one device."""
 
@@ -47,18 +55,28 @@ class Link(Actor):
         self.device = device
         self.rng = random.Random(seed)
 
-    @endpoint(resolve_args=False)
-    async def run_gang(
-        self, task: GangTask, inputs: list[Any], owner: str = ""
-    ) -> Promise[list[BufferHandle]]:
+    @endpoint
+    async def install_plan(self, program: DeviceProgram) -> Promise[None]:
         await self.ctx.clock.sleep(self.rng.uniform(10e-6, 500e-6))
-        promise: Promise[list[BufferHandle]] = self.device.run_gang(task, inputs, owner)
-        return promise
+        return self.device.install_plan(program)
+
+    @endpoint(resolve_args=False)
+    async def run_plan(
+        self, plan_id: int, epoch: int, inputs: list[Any], owner: str = ""
+    ) -> Promise[RunReport]:
+        await self.ctx.clock.sleep(self.rng.uniform(10e-6, 500e-6))
+        return self.device.run_plan(plan_id, epoch, inputs, owner)
 
 
-def gang(name: str, devices: tuple[int, ...], rng: random.Random) -> GangTask:
+def gang(plan_id: int, devices: tuple[int, ...], rng: random.Random) -> CompiledPlan:
+    """A program of one collective gang over ``devices``, as the controller compiles it."""
     work = Computation("allreduce", lambda: np.zeros(1), rng.uniform(1e8, 2e9), collective=True)
-    return GangTask(name, work, devices, (len(devices),), ("x",))
+    builder = GraphBuilder()
+    (out,) = builder.add(work, SliceSpec(0, (len(devices),), ("x",)), [], [Aval((1,), "float64")])
+    graph = builder.build([out])
+    made = plan(graph, {0: Allocation(0, devices, 0, "")}, TOPOLOGY, ["", ""], push=True)
+    [step] = compile_gangs(made, graph, iter([plan_id]), lambda d: TOPOLOGY.device(d).host)
+    return step
 
 
 async def trial(seed: int, policy: str | None) -> bool:
@@ -68,21 +86,22 @@ async def trial(seed: int, policy: str | None) -> bool:
     async with atoll.local_cluster(1, 2, 2, clock=clock) as cluster:
         system = cluster.system
         rendezvous = system.spawn(Rendezvous)
-        results: list[Promise[list[BufferHandle]]] = []
+        results: list[Promise[Any]] = []
         if policy is None:  # naive: each client sends its shards straight to the devices
             senders = {c: _links(cluster, rng) for c in PROGRAMS}
         else:
             links = _links(cluster, rng)
             scheduler = system.spawn(IslandScheduler, 0, policy, links)
+        ids = itertools.count(1)
         async with anyio.create_task_group() as tg:
             for client, gangs in PROGRAMS.items():
-                tasks = [gang(f"{client}{i}", ds, rng) for i, ds in enumerate(gangs)]
+                steps = [gang(next(ids), ds, rng) for ds in gangs]
                 start = rng.uniform(0, 1e-3)
                 if policy is None:
-                    tasks = [_with(t, rendezvous) for t in tasks]
-                    tg.start_soon(_send_direct, clock, start, senders[client], tasks, results)
+                    steps = [_with(step, rendezvous) for step in steps]
+                    tg.start_soon(_send_direct, clock, start, senders[client], steps, results)
                 else:
-                    tg.start_soon(_submit, clock, start, scheduler, tasks, results, client)
+                    tg.start_soon(_submit, clock, start, scheduler, steps, results, client)
         await clock.sleep(10.0)  # far beyond any finishing time
         return all(p.done() and p.exception() is None for p in results)
 
@@ -94,37 +113,43 @@ def _links(cluster: atoll.Cluster, rng: random.Random) -> dict[int, ActorRef[Any
     }
 
 
-def _with(task: GangTask, rendezvous: ActorRef[Rendezvous]) -> GangTask:
-    from dataclasses import replace
-
-    return replace(task, rendezvous=rendezvous)
+def _with(step: CompiledPlan, rendezvous: ActorRef[Rendezvous]) -> CompiledPlan:
+    """``step`` with its barriers at ``rendezvous`` (what an island does when it installs)."""
+    programs = {
+        device: replace(p, gangs=tuple(replace(g, rendezvous=rendezvous) for g in p.gangs))
+        for device, p in step.programs.items()
+    }
+    return replace(step, programs=programs)
 
 
 async def _send_direct(
     clock: VirtualClock,
     start: float,
     links: dict[int, ActorRef[Any]],
-    tasks: list[GangTask],
-    results: list[Promise[list[BufferHandle]]],
+    steps: list[CompiledPlan],
+    results: list[Promise[Any]],
 ) -> None:
     await clock.sleep(start)
-    for task in tasks:
-        for device in task.devices:
-            results.append(links[device].run_gang(task, []))
+    for step in steps:
+        for device, program in step.programs.items():
+            links[device].install_plan(program)
+            results.append(links[device].run_plan(step.plan_id, step.plan_id, []))
 
 
 async def _submit(
     clock: VirtualClock,
     start: float,
     scheduler: ActorRef[IslandScheduler],
-    tasks: list[GangTask],
-    results: list[Promise[list[BufferHandle]]],
+    steps: list[CompiledPlan],
+    results: list[Promise[Any]],
     client: str,
 ) -> None:
     await clock.sleep(start)
     weight = {"a": 1.0, "b": 3.0}.get(client, 1.0)  # several clients, different weights
-    for task in tasks:
-        results.append(scheduler.submit_gang(task, [], client, weight))
+    for step in steps:
+        inputs: dict[int, list[Any]] = {d: [] for d in step.programs}
+        reports = await scheduler.run_plan(step, step.plan_id, inputs, client, weight)
+        results.extend(reports.values())
         await clock.sleep(1e-4)
 
 
