@@ -102,6 +102,7 @@ class SharePolicy:
         self._held: set[str] = set()  # gangs queued in the policy, not dispatched
         self._busy: Counter[int] = Counter()  # device -> shards sent, not completed
         self._full: set[int] = set()  # devices sent as many gangs as they are kept deep
+        self._devices: set[int] = set()  # every device a gang was submitted for
         self._floor = 0.0  # the pass of the last client served
         self._sharing = False  # several clients present: devices kept `depth` deep
 
@@ -130,6 +131,7 @@ class SharePolicy:
         client.last_seen = self._seq
         client.queue.append(event)
         self._held.add(event.gang_id)
+        self._devices.update(event.devices)
 
     def _complete(self, event: Completed) -> None:
         owner, left = self._left.get(event.gang_id, ("", set()))
@@ -188,6 +190,8 @@ class SharePolicy:
                     best, lowest = name, client.pass_
             return best
         full = self._full
+        if len(full) == len(self._devices):  # every device is full: no one goes
+            return None
         waiting = [
             (c.pass_, i, c.queue[0].devices, n)
             for i, (n, c) in enumerate(clients.items())
@@ -283,6 +287,7 @@ class SharePolicy:
         assert +pending == +self._busy, (pending, self._busy)
         full = {d for d, n in self._busy.items() if n >= self._depth.get(d, self.depth)}
         assert full == self._full, (full, self._full)
+        assert self._full <= self._devices, (self._full, self._devices)
         assert all(left for _, left in self._left.values()), "a finished gang is still tracked"
         running = Counter(owner for owner, _ in self._left.values())
         for name, client in self._clients.items():

@@ -38,7 +38,7 @@ def share_read_only(value: Any) -> Any:
     """A call argument as an actor of this process receives it: numpy arrays
     (also inside lists, tuples and dicts) as read-only views, no copy."""
     kind = type(value)
-    if kind in _PLAIN:  # the common arguments, at the cost of one look-up
+    if kind in _AS_IS:  # the common arguments, at the cost of one look-up
         return value
     if kind is list:
         return [share_read_only(v) for v in value]
@@ -52,10 +52,13 @@ def share_read_only(value: Any) -> Any:
         return [share_read_only(v) for v in value]
     if isinstance(value, dict):
         return {k: share_read_only(v) for k, v in value.items()}
+    _AS_IS.add(kind)  # no array, and no container of them: its kind never is
     return value
 
 
-_PLAIN = frozenset({str, int, float, bool, type(None), bytes})
+# kinds passed as they are: the plain ones, and each kind found to be none
+# of the above (a promise, a handle, a plan...), so it costs one look-up next time
+_AS_IS: set[type] = {str, int, float, bool, type(None), bytes}
 
 
 share_arguments_with(share_read_only)  # every local call of this process, from now on

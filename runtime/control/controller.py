@@ -41,6 +41,7 @@ from ...kernel import (
     process_counters,
     then,
 )
+from ...kernel.lowlevel import call_soon
 from ..calls import call_graph, device_of_slice
 from ..graph import Graph, ValueRef
 from ..latency import Wire, over
@@ -48,7 +49,7 @@ from ..runlanes import lanes_on
 from ..topology import Topology
 from ..tracing import VirtualSlice
 from .elastic import Elastic
-from .island import IslandScheduler
+from .island import IslandScheduler, RunArgs
 from .metrics import RunCounters, controller_metrics
 from .planner import (
     CompiledPlan,
@@ -116,6 +117,7 @@ class Controller(Actor):
         self._runs = itertools.count()
         self._compiled_runs = 0
         self._pending: dict[tuple[str, str], _CompiledRun] = {}  # compiled runs under way
+        self._outbox: dict[int, list[tuple[RunArgs, Promise[Any]]]] = {}  # by island: this turn's
         self._calls: dict[tuple[Any, ...], Graph] = {}  # low-level calls' graphs, by shape
 
     async def on_start(self) -> None:
@@ -554,17 +556,29 @@ class Controller(Actor):
     def _send_part(
         self, run: _CompiledRun, part: CompiledPlan, weight: float
     ) -> Promise[dict[int, Promise[RunReport]]]:
-        """Send one island its part of a run: its devices' reports."""
+        """Send one island its part of a run, with the others of this loop
+        turn for it (:meth:`_send_outbox`): the promise of its devices' reports."""
         inputs, earlier = run.inputs, run.earlier
         given = {
             d: [earlier[i][1] if earlier.get(i, (-1,))[0] == d else inputs[i] for i in p.inputs]
             for d, p in part.programs.items()
         }
-        island = self.schedulers[part.island]
-        sent: Promise[dict[int, Promise[RunReport]]] = over(self.wire, island).run_plan(
-            part, run.epoch, given, run.owner, weight, run.reply
-        )
+        sent: Promise[dict[int, Promise[RunReport]]] = Promise("sent")
+        runs = self._outbox.get(part.island)
+        if runs is None:
+            if not self._outbox:
+                call_soon(self._send_outbox)  # at the end of this loop turn
+            runs = self._outbox[part.island] = []
+        runs.append(((part, run.epoch, given, run.owner, weight, run.reply), sent))
         return sent
+
+    def _send_outbox(self) -> None:
+        """Send each island the runs this loop turn made for it, in order,
+        as one message (``IslandScheduler.run_plans``)."""
+        outbox, self._outbox = self._outbox, {}
+        for island, runs in outbox.items():
+            answer = over(self.wire, self.schedulers[island]).run_plans([a for a, _ in runs])
+            answer.add_done_callback(functools.partial(_hand_out, [sent for _, sent in runs]))
 
     def _compiled_sent(self, run: _CompiledRun, sent: Promise[Any], counted: bool = True) -> None:
         """The island took a compiled run (and sends each device its part
@@ -755,6 +769,20 @@ def _together(
 
     all_settled([*outs, done]).add_done_callback(settled)
     return answer
+
+
+def _hand_out(
+    sent: Sequence[Promise[dict[int, Promise[RunReport]]]],
+    answer: Promise[list[Promise[dict[int, Promise[RunReport]]]]],
+) -> None:
+    """An island's answer to a batch of runs, run by run (its failure, to each)."""
+    error = answer.exception()
+    if error is not None:
+        for each in sent:
+            each.set_exception(error)
+        return
+    for each, taken in zip(sent, answer.result(), strict=True):
+        forward(taken, each)
 
 
 def _reports_of(

@@ -37,7 +37,9 @@ from ...kernel import (
     ActorRef,
     Promise,
     all_settled,
+    as_promise,
     endpoint,
+    failed,
     forward,
     log_failure,
 )
@@ -46,7 +48,11 @@ from ..latency import Wire, over
 from ..runlanes import RunLanes
 from .planner import CompiledPlan
 
-__all__ = ["IslandScheduler"]
+__all__ = ["IslandScheduler", "RunArgs"]
+
+# one run as the controller sends it: its part of a plan, its epoch, each
+# device's inputs, its owner, the owner's weight, a client's call to answer
+RunArgs = tuple[CompiledPlan, int, Mapping[int, Sequence[Any]], str, float, "Reply | None"]
 
 _log = logging.getLogger(__name__)
 _log_failed = log_failure(_log, "a notice to a device or host")
@@ -246,6 +252,19 @@ class IslandScheduler(Actor):
             self.held_back += 1  # (for status and tests: the policy queued it)
         self._carry_out(instructions)
         return reports
+
+    @endpoint(resolve_args=False)
+    def run_plans(self, runs: Sequence[RunArgs]) -> list[Promise[dict[int, Promise[RunReport]]]]:
+        """Several runs, in order, each as :meth:`run_plan` takes it: what one
+        turn of the controller's loop sent this island, in one message. Per
+        run, the promise of its reports (failed, for a run refused)."""
+        answers: list[Promise[dict[int, Promise[RunReport]]]] = []
+        for args in runs:
+            try:
+                answers.append(as_promise(self.run_plan(*args)))
+            except Exception as exc:
+                answers.append(failed(exc))
+        return answers
 
     def _send_part(self, held: _HeldRun, device: int) -> None:
         """The policy dispatched run ``held`` on ``device``: send it its part."""
