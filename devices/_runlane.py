@@ -90,7 +90,7 @@ ENDPOINTS = {
     RUN_CALL_DIRECT: "run_call",
 }
 DIRECT = "atoll: answered by the device's host"  # a controller's answer that is not sent
-_CALL_ARGS = 7  # Controller.run_call's arguments before its reply, as a client sends them
+_CALL_ARGS = 6  # Controller.run_call's arguments before its reply, as a client sends them
 LARGEST_ARRAY = 1 << 16  # larger arrays go by Cap'n Proto (its data plane)
 # a message's head: its request (numbered by the sender; an answer has the
 # number of its call), what it asks and of which device; a pickle follows

@@ -92,12 +92,12 @@ class Graph:
         only = Node(0, node.name, node.kernel, node.slice, refs, node.outputs)
         return Graph(inputs, (only,), tuple(ValueRef(0, i) for i in range(len(node.outputs))))
 
-    def freeable(self, temporary: Sequence[int]) -> dict[ValueRef, list[int]]:
+    def freeable(self) -> dict[ValueRef, list[int]]:
         """The values to free once their readers ran, with those readers: every
-        value that is not an output, except program inputs not listed in
-        ``temporary`` (the caller's own). A node's output that nothing reads
-        has no readers: it is freed as soon as it exists."""
-        kept, mine = set(self.outputs), set(temporary)
+        value a node makes that is not an output (program inputs are the
+        caller's own). A node's output that nothing reads has no readers: it
+        is freed as soon as it exists."""
+        kept = set(self.outputs)
         readers = self.consumers()
         unread: dict[ValueRef, list[int]] = {
             ValueRef(node.id, i): []
@@ -108,7 +108,7 @@ class Graph:
         return {
             ref: nodes
             for ref, nodes in {**readers, **unread}.items()
-            if ref not in kept and (ref.node >= 0 or ref.index in mine)
+            if ref not in kept and ref.node >= 0
         }
 
     def consumers(self) -> dict[ValueRef, list[int]]:

@@ -59,7 +59,6 @@ class _Made:
 class _Run:
     graph: Graph
     inputs: list[Any]  # values, handles, outside promises, or _Made
-    temporary: list[int]  # inputs put only for this run, freed after it
     outputs: list[weakref.ref[Promise[BufferHandle]]]  # one per graph output
     call: tuple[Computation, int] | None = None  # a low-level call: (computation, device)
 
@@ -73,12 +72,12 @@ class _Batch:
     )
 
 
-# What sends a batch: (graph, inputs, temporary, owner, the promises that are
-# to follow the graph's outputs).
-SendGraph = Callable[[Graph, list[Any], list[int], str, Sequence[Promise[Any]]], None]
+# What sends a batch: (graph, inputs, owner, the promises that are to follow
+# the graph's outputs).
+SendGraph = Callable[[Graph, list[Any], str, Sequence[Promise[Any]]], None]
 # What sends one low-level call on its own: (computation, device, inputs,
-# temporary, owner, the promise of its output); the controller makes its graph.
-SendCall = Callable[[Computation, int, list[Any], list[int], str, Promise[Any]], None]
+# owner, the promise of its output); the controller makes its graph.
+SendCall = Callable[[Computation, int, list[Any], str, Promise[Any]], None]
 
 
 def _batching() -> bool:
@@ -108,21 +107,18 @@ class RunBatcher:
         device: int,
         args: Sequence[Any],
         owner: str,
-        temporary: Sequence[bool],
     ) -> Promise[BufferHandle]:
         """Queue one low-level call (``args`` as the client resolved them): a
         graph of one node on a slice pinned to ``device``; its promise."""
         promise: Promise[BufferHandle] = Promise(f"run {computation.name}")
-        kept = [i for i, temp in enumerate(temporary) if temp]
         graph = call_graph(computation, device, args)
-        self.add_graph(graph, list(args), kept, owner, [promise], (computation, device))
+        self.add_graph(graph, list(args), owner, [promise], (computation, device))
         return promise
 
     def add_graph(
         self,
         graph: Graph,
         inputs: list[Any],
-        temporary: list[int],
         owner: str,
         outputs: Sequence[Promise[BufferHandle]],
         call: tuple[Computation, int] | None = None,
@@ -139,7 +135,7 @@ class RunBatcher:
         mine = [self._made_by(batch, x) for x in inputs]
         index = len(batch.runs)
         refs = [weakref.ref(p) for p in outputs]
-        batch.runs.append(_Run(graph, mine, temporary, refs, call))
+        batch.runs.append(_Run(graph, mine, refs, call))
         for k, promise in enumerate(outputs):
             batch.made[promise] = (index, k)
         if not self._batching:
@@ -163,7 +159,7 @@ class RunBatcher:
         for run in batch.runs:  # no chain: one by one, as they came
             promise = run.outputs[0]() if run.call is not None else None
             if run.call is not None and promise is not None:
-                self._call(run.call, run.inputs, run.temporary, batch.owner, promise)
+                self._call(run.call, run.inputs, batch.owner, promise)
             else:
                 self._send(*_alone(run), batch.owner)
 
@@ -171,12 +167,11 @@ class RunBatcher:
         self,
         call: tuple[Computation, int],
         inputs: list[Any],
-        temporary: list[int],
         owner: str,
         promise: Promise[BufferHandle],
     ) -> None:
         try:
-            self._send_call(*call, inputs, temporary, owner, promise)
+            self._send_call(*call, inputs, owner, promise)
         except Exception as exc:  # nothing was sent: the call fails with why
             promise.set_exception(exc)
 
@@ -184,19 +179,18 @@ class RunBatcher:
         self,
         graph: Graph,
         inputs: list[Any],
-        temporary: list[int],
         outputs: list[Promise[BufferHandle]],
         owner: str,
     ) -> None:
         """One graph; ``outputs`` (the promises still held) follow its outputs."""
         try:
-            self._send_graph(graph, inputs, temporary, owner, outputs)
+            self._send_graph(graph, inputs, owner, outputs)
         except Exception as exc:  # nothing was sent: every run fails with why
             for promise in outputs:
                 promise.set_exception(exc)
 
 
-Sent = tuple[Graph, list[Any], list[int], list[Promise[BufferHandle]]]
+Sent = tuple[Graph, list[Any], list[Promise[BufferHandle]]]
 
 
 def _alone(run: _Run) -> Sent:
@@ -207,17 +201,15 @@ def _alone(run: _Run) -> Sent:
     graph = run.graph
     if len(held) != len(graph.outputs):
         graph = Graph(graph.inputs, graph.nodes, tuple(ref for ref, _ in held))
-    return graph, list(run.inputs), list(run.temporary), [p for _, p in held]
+    return graph, list(run.inputs), [p for _, p in held]
 
 
 def _joined(runs: Sequence[_Run]) -> Sent:
     """A batch as one graph: each run's nodes, reading the outputs of the runs
     before it where it reads them (``_Made``); every other input is an input
-    of the whole (those put only for a run are ``temporary``: the plan frees
-    them); its outputs are those someone still holds."""
+    of the whole; its outputs are those someone still holds."""
     builder = GraphBuilder()
     inputs: list[Any] = []
-    temporary: list[int] = []
     made: dict[tuple[int, int], ValueRef] = {}
     kept: list[ValueRef] = []
     held: list[Promise[BufferHandle]] = []
@@ -227,8 +219,6 @@ def _joined(runs: Sequence[_Run]) -> Sent:
             if isinstance(value, _Made):
                 local[ValueRef(-1, i)] = made[value.run, value.output]
                 continue
-            if i in run.temporary:
-                temporary.append(len(inputs))
             local[ValueRef(-1, i)] = builder.input(aval)
             inputs.append(value)
         for node in run.graph.nodes:
@@ -240,4 +230,4 @@ def _joined(runs: Sequence[_Run]) -> Sent:
             if (promise := out()) is not None:
                 kept.append(local[ref])
                 held.append(promise)
-    return builder.build(kept), inputs, temporary, held
+    return builder.build(kept), inputs, held

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import operator
 import os
 import secrets
@@ -39,6 +40,7 @@ from ...kernel import (
     as_promise,
     flatten,
     forward,
+    log_failure,
     then,
     value_of,
 )
@@ -58,6 +60,8 @@ __all__ = ["ArrayRef", "Cluster", "Outputs"]
 
 
 A = TypeVar("A", bound=Actor)
+_log = logging.getLogger(__name__)
+_log_unfreed = log_failure(_log, "a free of what a call put")
 
 
 class HostLinks(Protocol):
@@ -377,9 +381,9 @@ class Cluster:
 
     def run_graph(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
         """Parallel asynchronous dispatch of a graph; returns its outputs at once."""
-        inputs, temporary = self._inputs(graph, leaves)
+        inputs = self._inputs(graph, leaves)
         outs: list[Promise[BufferHandle]] = [Promise(f"output {i}") for i in graph.outputs]
-        self._batcher.add_graph(graph, inputs, temporary, self.owner, outs)
+        self._batcher.add_graph(graph, inputs, self.owner, outs)
         return [
             ArrayRef(self._refs.track(out), graph.aval(ref))
             for out, ref in zip(outs, graph.outputs, strict=True)
@@ -389,7 +393,6 @@ class Cluster:
         self,
         graph: Graph,
         inputs: list[Any],
-        temporary: list[int],
         owner: str,
         outputs: Sequence[Promise[Any]],
     ) -> None:
@@ -398,7 +401,7 @@ class Cluster:
         gang took them. The run is tagged, and so are its outputs, so that a
         later run reading one where it was made need not wait for it to come
         back (``Controller.run_graph``)."""
-        send = functools.partial(self._to_controller, RUN_GRAPH, graph, inputs, temporary, owner)
+        send = functools.partial(self._to_controller, RUN_GRAPH, graph, inputs, owner)
         self._sent(inputs, outputs, send)
 
     def _send_call(
@@ -406,12 +409,11 @@ class Cluster:
         computation: Computation,
         device: int,
         inputs: list[Any],
-        temporary: list[int],
         owner: str,
         output: Promise[Any],
     ) -> None:
         """One low-level call on its own (``Controller.run_call``)."""
-        call = (computation, device, inputs, temporary, owner)
+        call = (computation, device, inputs, owner)
         send = functools.partial(self._to_controller, RUN_CALL, *call)
         self._sent(inputs, [output], send)
 
@@ -451,16 +453,14 @@ class Cluster:
 
     async def run_graph_sequential(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
         """Sequential dispatch: one node at a time, each after its inputs exist."""
-        inputs, temporary = self._inputs(graph, leaves)
+        inputs = self._inputs(graph, leaves)
         values: dict[ValueRef, Any] = {ValueRef(-1, i): v for i, v in enumerate(inputs)}
         for node in graph.nodes:
             node_inputs = [await value_of(values[ref]) for ref in node.inputs]
-            ran = self._flushed_controller().run_graph(
-                graph.alone(node), node_inputs, [], self.owner
-            )
+            ran = self._flushed_controller().run_graph(graph.alone(node), node_inputs, self.owner)
             for i, handle in enumerate(await self._reply(ran)):
                 values[ValueRef(node.id, i)] = await value_of(handle)  # raises its failure
-        for ref in graph.freeable(temporary):
+        for ref in graph.freeable():
             handle = await value_of(values[ref])
             await self.host_of(handle).free(handle.id, self.owner)
         return [
@@ -468,10 +468,13 @@ class Cluster:
             for r in graph.outputs
         ]
 
-    def _inputs(self, graph: Graph, leaves: Sequence[Any]) -> tuple[list[Any], list[int]]:
+    def _inputs(self, graph: Graph, leaves: Sequence[Any]) -> list[Any]:
+        """A run's inputs as it sends them. An array is put first (a promise,
+        so the run still leaves at once), unless it is small enough to go in
+        the call; what is put is this client's, like anything it makes, and
+        freed once the run read it and no reference here holds it."""
         readers: dict[ValueRef, list[int]] | None = None  # only for an input to put
         inputs: list[Any] = []
-        temporary: list[int] = []
         for i, leaf in enumerate(leaves):
             if isinstance(leaf, ArrayRef):
                 inputs.append(leaf.promise)
@@ -483,11 +486,9 @@ class Cluster:
                 readers = graph.consumers() if readers is None else readers
                 first = readers.get(ValueRef(-1, i))
                 slice_id = graph.nodes[first[0]].slice.slice_id if first else None
-                inputs.append(
-                    self._flushed_controller().put(np.asarray(leaf), slice_id, self.owner)
-                )
-                temporary.append(i)  # freed by the plan once read
-        return inputs, temporary
+                put = self._flushed_controller().put(np.asarray(leaf), slice_id, self.owner)
+                inputs.append(self._refs.track(put))
+        return inputs
 
     def _flushed_controller(self) -> ActorRef[Controller]:
         """The controller, over the modelled RPC link if there is one, once
@@ -508,16 +509,26 @@ class Cluster:
         """``inputs``: handles, their promises, ``ArrayRef`` or arrays. A small
         array (up to ``INLINE_VALUE_BYTES``) is copied into the call itself,
         so it costs no message of its own; a larger one is put on the device
-        first (a promise, so the call still leaves at once) and freed once
-        the call ran. The call joins this loop turn's batch
-        (``runtime/client/batching.py``) and leaves when the caller yields."""
+        first (a promise, so the call still leaves at once), this client's
+        to free once the call read it, as anything it put. The call joins
+        this loop turn's batch (``runtime/client/batching.py``) and leaves
+        when the caller yields."""
         self.topology.device(device)
         owner = owner or self.owner
         puts: list[Promise[BufferHandle]] = []
         args = [self._argument(value, device, owner, puts) for value in inputs]
-        temporary = [any(arg is put for put in puts) for arg in args]
-        out = self._batcher.add(computation, device, args, owner, temporary)
-        return self._refs.track(out) if owner == self.owner else out
+        out = self._batcher.add(computation, device, args, owner)
+        if owner == self.owner:
+            return self._refs.track(out)
+        for put in puts:  # another session's: freed as that session, once the call ran
+            all_settled([out, put]).add_done_callback(functools.partial(self._free_put, put, owner))
+        return out
+
+    def _free_put(self, put: Promise[BufferHandle], owner: str, _: Promise[Any]) -> None:
+        """Free what a call put for session ``owner``, now that the call ran."""
+        if put.exception() is None:
+            handle = put.result()
+            self.host_of(handle).free(handle.id, owner).add_done_callback(_log_unfreed)
 
     def _argument(
         self, value: Any, device: int, owner: str, puts: list[Promise[BufferHandle]]
@@ -529,8 +540,9 @@ class Cluster:
         small = _by_value(value)
         if small is not None:
             return small
-        puts.append(self._put(np.asarray(value), device, owner))  # freed by the plan once read
-        return puts[-1]
+        put = self._put(np.asarray(value), device, owner)
+        puts.append(put)
+        return self._refs.track(put) if owner == self.owner else put
 
     # -- data -----------------------------------------------------------
     def device_ref(self, device: int) -> ActorRef[Device]:

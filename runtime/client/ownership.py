@@ -162,7 +162,7 @@ class Ownership:
     def _add_reader(self, buffer_id: str, done: Promise[Any]) -> None:
         """One more run reading ``buffer_id``; the ones that took it are let go
         of now and then (a buffer every step reads, a weight, gathers many).
-        A buffer nobody here holds (a temporary put) is not tracked."""
+        A buffer no reference here holds (another session's) is not tracked."""
         if buffer_id not in self._live:
             return
         readers = self._readers.setdefault(buffer_id, [])

@@ -356,7 +356,6 @@ class Controller(Actor):
         self,
         graph: Graph,
         inputs: Sequence[Any],
-        temporary: Sequence[int],
         owner: str = "",
         tag: str = "",
         sources: Sequence[tuple[str, int] | None] = (),
@@ -365,11 +364,12 @@ class Controller(Actor):
         """Parallel asynchronous dispatch of a whole graph; returns at once.
 
         Every node goes to its island now, with promises for inputs. Values
-        that are not outputs are freed once all their readers ran, and so are
-        the program inputs listed in ``temporary``. Returns one promise of the
-        graph's outputs (a handle each, or the failed promise of one that
-        failed), which settles once every gang has taken its inputs (the
-        caller may free them then): one answer per run, whatever its size.
+        that are not outputs are freed once all their readers ran; the
+        program inputs are the caller's (it owns them, and frees them).
+        Returns one promise of the graph's outputs (a handle each, or the
+        failed promise of one that failed), which settles once every gang
+        has taken its inputs (the caller may free them then): one answer per
+        run, whatever its size.
 
         ``tag`` names this run for the client, and ``sources`` says, per
         input, which earlier run's output it is (``(tag, output index)``):
@@ -383,18 +383,17 @@ class Controller(Actor):
         (``devices/_runlane.py``), which the call lane does not send.
         """
         if self.elastic.gates:  # a slice of it is moving, or suspended: wait for it
-            again = functools.partial(self.run_graph, graph, inputs, temporary, owner, tag, sources)
+            again = functools.partial(self.run_graph, graph, inputs, owner, tag, sources)
             held = self.elastic.hold({n.slice.slice_id for n in graph.nodes}, again)
             if held is not None:
                 return held
         if self.elastic.located:  # buffers moved: name where they are now
             inputs = self.elastic.fresh(inputs)
-        plan_ = self.plan_for(graph, temporary, owner)
+        plan_ = self.plan_for(graph, owner)
         compiled = self._compiled_plan(plan_, graph)
         if isinstance(compiled, CompiledPlan):
             earlier = self._earlier_inputs(owner, inputs, sources)
-            frees = [ref.index for ref, _ in plan_.frees if ref.node < 0]
-            run = self._run_compiled(compiled, inputs, owner, frees, tag, earlier, reply)
+            run = self._run_compiled(compiled, inputs, owner, tag, earlier, reply)
             outs, done = run.outs, run.done
         else:
             run, (outs, done) = None, self._gang_by_gang(compiled, plan_, graph, inputs, owner)
@@ -411,7 +410,6 @@ class Controller(Actor):
         computation: Computation,
         device: int,
         inputs: Sequence[Any],
-        temporary: Sequence[int],
         owner: str = "",
         tag: str = "",
         sources: Sequence[tuple[str, int] | None] = (),
@@ -426,7 +424,7 @@ class Controller(Actor):
             graph = self._calls[key] = call_graph(computation, device, inputs)
             while len(self._calls) > _CALLS_KEPT:
                 del self._calls[next(iter(self._calls))]
-        return self.run_graph(graph, inputs, temporary, owner, tag, sources, reply)
+        return self.run_graph(graph, inputs, owner, tag, sources, reply)
 
     def _earlier_inputs(
         self, owner: str, inputs: Sequence[Any], sources: Sequence[tuple[str, int] | None]
@@ -506,7 +504,6 @@ class Controller(Actor):
         compiled: CompiledPlan,
         inputs: Sequence[Any],
         owner: str,
-        frees: Sequence[int] = (),
         tag: str = "",
         earlier: dict[int, tuple[int, PriorOutput]] | None = None,
         reply: tuple[str, int] | None = None,
@@ -514,8 +511,7 @@ class Controller(Actor):
         """One run of a compiled plan: the island sends each device one
         ``run_plan``; each output settles from its device's report. A
         session's run goes through its gang quota as one entry (sent now,
-        after a stall, or refused). ``frees``: the program inputs to free once
-        every device took them. A client's call (``reply``) is answered by
+        after a stall, or refused). A client's call (``reply``) is answered by
         the run's device when one device makes every output."""
         epoch = next(self._runs)
         self._compiled_runs += 1
@@ -524,7 +520,7 @@ class Controller(Actor):
             for node, index, _ in compiled.outputs
         ]
         run = _CompiledRun(
-            compiled, frees, list(inputs), owner, epoch, outs, Promise("ran"), earlier or {}
+            compiled, list(inputs), owner, epoch, outs, Promise("ran"), earlier or {}
         )
         made = all(node >= 0 for node, _, _ in compiled.outputs)  # none is a program input
         if reply is not None and made and len(compiled.programs) == 1:
@@ -599,8 +595,6 @@ class Controller(Actor):
             every.add_done_callback(functools.partial(self._free_held, reports))
         if counted:  # its place in the session's gang quota
             every.add_done_callback(functools.partial(self.tenants.finished, run.owner))
-        for index in run.frees:
-            _free_after(as_promise(run.inputs[index]), list((reports or {}).values()))
 
     def _free_held(self, reports: dict[int, Promise[RunReport]], _: Promise[None]) -> None:
         """The whole run is over: free the outputs devices kept because a
@@ -641,19 +635,17 @@ class Controller(Actor):
             notice = self.host_refs[host_id].fail_inbox(keys, boxed)
             notice.add_done_callback(_log_failed_notice)
 
-    def plan_for(self, graph: Graph, temporary: Sequence[int] = (), owner: str = "") -> Plan:
+    def plan_for(self, graph: Graph, owner: str = "") -> Plan:
         """The dispatch plan of ``graph`` (cached; see :mod:`atoll.runtime.control.planner`),
         for session ``owner``, which must own its slices (checked when planned:
         a released slice drops its plans)."""
-        options = (tuple(temporary), bool(self.push), owner)
+        options = (bool(self.push), owner)
         cached = self.plans.get(graph, options)
         if cached is not None:
             return cached
         slices = {n.slice.slice_id for n in graph.nodes}
         placement = {s: self._placed(s, owner) for s in slices}
-        made = plan(
-            graph, placement, self.cluster_topology, self.host_addresses, bool(self.push), temporary
-        )
+        made = plan(graph, placement, self.cluster_topology, self.host_addresses, bool(self.push))
         self.plans.put(graph, options, made)
         return made
 
@@ -736,7 +728,6 @@ class _CompiledRun:
     """What the controller keeps of one run of a compiled plan while it goes."""
 
     compiled: CompiledPlan
-    frees: Sequence[int]  # program inputs freed once every device took them
     inputs: list[Any]
     owner: str
     epoch: int

@@ -130,14 +130,12 @@ def plan(
     topology: Topology,
     addresses: Sequence[str],
     push: bool,
-    temporary: Sequence[int] = (),
 ) -> Plan:
     """Plan a graph's dispatch (pure: no I/O, no actors).
 
     ``placement`` maps slice ids to their allocations; ``addresses`` holds
     each host's network address ("" for a host in this process); ``push``:
-    whether producers push outputs to their readers' hosts; ``temporary``:
-    the program inputs the runtime put there itself, freed after use.
+    whether producers push outputs to their readers' hosts.
     """
     in_processes = any(addresses)
     allocs = [place(node, placement, topology, in_processes) for node in graph.nodes]
@@ -163,7 +161,7 @@ def plan(
         GangPlan(n, a.island, a.devices, h, resident[n], pushed[n], tuple(pushes.get(n, ())))
         for n, (a, h) in enumerate(zip(allocs, leader_hosts, strict=True))
     )
-    frees = tuple((ref, tuple(nodes)) for ref, nodes in graph.freeable(temporary).items())
+    frees = tuple((ref, tuple(nodes)) for ref, nodes in graph.freeable().items())
     slices = frozenset(node.slice.slice_id for node in graph.nodes)
     return Plan(gangs, _per_host(gangs, topology), frees, push, slices)
 

@@ -68,6 +68,28 @@ async def test_a_dropped_input_is_kept_until_its_run_has_read_it() -> None:
         assert await held(cluster) == 1  # x went once read, the put with the gate
 
 
+async def test_arrays_a_run_put_for_itself_are_the_clients_and_go_once_read() -> None:
+    """An array given to a run (too big to ride in the call) is put first;
+    the client owns that buffer as anything it put, so it goes once the run
+    read it, with no free from the controller or the devices."""
+    import atoll.runtime.graph as graphs
+
+    big = np.full(1 << 14, 1.0)  # beyond what rides in a call
+    async with atoll.local_cluster(1, 1, 2) as cluster:
+        out = cluster.run(ADD, 1, [big, big])  # a low-level call: two puts
+        np.testing.assert_array_equal(await cluster.fetch(out), 2 * big)
+        assert await held(cluster) == 1  # the output alone
+        devices = await cluster.devices(1)
+        builder = graphs.GraphBuilder()
+        x = builder.input(atoll.devices.Aval(big.shape, "float64"))
+        [y] = builder.add(ADD, devices, [x, x], [atoll.devices.Aval(big.shape, "float64")])
+        [doubled] = cluster.run_graph(builder.build([y]), [big])  # a program: one put
+        np.testing.assert_array_equal(await cluster.fetch(doubled), 2 * big)
+        assert await held(cluster) == 2
+        del out, doubled
+        assert await held(cluster) == 0
+
+
 @pytest.mark.slow
 async def test_an_input_passed_through_to_an_output_stays_with_the_output() -> None:
     """A program that returns its input: dropping the input keeps the buffer,
@@ -91,8 +113,9 @@ async def test_an_input_passed_through_to_an_output_stays_with_the_output() -> N
 
 
 async def test_runs_reading_a_buffer_no_reference_here_holds_track_nothing() -> None:
-    """A temporary input (put for one run and freed by it) is not this
-    client's to free: however many runs read it, nothing is kept for it."""
+    """A buffer no reference here holds (another session's, read by handle)
+    is not this client's to free: however many runs read it, nothing is
+    kept for it."""
     from atoll.devices import BufferHandle
     from atoll.runtime.client.ownership import Ownership
 
