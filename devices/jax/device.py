@@ -50,7 +50,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -69,7 +68,8 @@ from .._plan import PUSHED_IN, DeviceProgram, PlannedGang, RunReport, portable, 
 from .._store import BufferMissing
 from .._values import BufferHandle, Computation
 from . import multi as _jax_multi
-from .fused import FusedSegment, SegmentCache, fusing, segments
+from .compiled import Executable, Executables, Meshes
+from .fused import FusedSegment, fusing, segments
 
 __all__ = ["JaxDevice", "JaxHost", "JaxKernel"]
 
@@ -131,12 +131,10 @@ class JaxDevice(Device):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._cache: dict[tuple[Any, ...], Any] = {}
-        self._meshes: dict[tuple[Any, ...], tuple[Mesh, list[NamedSharding]]] = {}
-        self._segments = SegmentCache()  # fused segments' executables
+        self.executables = Executables()  # every executable: computations, gangs, segments
+        self.meshes = Meshes()
         # executables by kernel object: (kernel, input signature, executable)
-        self._by_kernel: dict[int, tuple[Any, Any, _Executable]] = {}
-        self.compilations = 0
+        self._by_kernel: dict[int, tuple[Any, Any, Executable]] = {}
         self.inflight = InFlight(_block, _is_ready, WINDOW, f"device{self.device_id}")
         self._last_done = 0.0  # perf_counter time the last gang in flight finished
         self._enqueued: set[str] = set()  # gangs run_shard enqueued; the watcher reports them
@@ -184,17 +182,21 @@ class JaxDevice(Device):
 
     def _jitted(
         self, computation: Computation, values: Sequence[Any]
-    ) -> tuple[_Executable, list[Any]]:
+    ) -> tuple[Executable, list[Any]]:
         """``computation`` compiled for these inputs (cached), and the inputs on
         this device."""
         arrays = [self._on_device(x, self._single) for x in values]
         return self._for_computation(computation, arrays), arrays
 
-    def _for_computation(self, computation: Computation, arrays: Sequence[Any]) -> _Executable:
+    def _for_computation(self, computation: Computation, arrays: Sequence[Any]) -> Executable:
         """``computation.fn`` jitted onto this device for ``arrays`` (cached)."""
 
-        def compiled() -> _Executable:
-            key = (fn_key(computation.fn), *((a.shape, str(a.dtype)) for a in arrays))
+        def compiled() -> Executable:
+            key = (
+                "computation",
+                fn_key(computation.fn),
+                *((a.shape, str(a.dtype)) for a in arrays),
+            )
             return self._cached(key, lambda: jax.jit(computation.fn), arrays)
 
         return self._fast(computation, arrays, compiled)
@@ -246,7 +248,10 @@ class JaxDevice(Device):
             return {}
         try:
             ranges = segments(program, self.runs_alone)
-            return {start: FusedSegment(program, start, end, self.device) for start, end in ranges}
+            return {
+                start: FusedSegment(program, start, end, self.device, self.meshes)
+                for start, end in ranges
+            }
         except Exception:  # fusing is an optimization: run such a plan gang by gang
             _log.exception("plan %s cannot be fused", program.plan_id)
             return {}
@@ -268,7 +273,9 @@ class JaxDevice(Device):
             for (kind, where), sharding in zip(segment.sources, segment.in_shardings, strict=True):
                 value = values[where] if kind == "input" else made[where]
                 arrays.append(self._on_device(await self._alone_input(value, owner), sharding))
-            executable = self._segments.executable(segment, arrays, self._compiled_once)
+            executable = self.executables.get(
+                segment.key(arrays), lambda: segment.lowered(arrays), segment.kernels
+            )
             ran = LeanGang(f"{run_key(epoch)}/{segment.gangs[0].node}+", segment.kernel)
             handles = await self._enqueue(executable, arrays, owner, segment.name, ran)
         except Exception as exc:  # gang by gang, each failing on its own (or not at all)
@@ -283,10 +290,6 @@ class JaxDevice(Device):
                 passed.setdefault(node, []).append(handle.id)
         self.computations += len(segment.gangs)
         return True
-
-    def _compiled_once(self, compiled: Any) -> _Executable:
-        self.compilations += 1
-        return _Executable.of(compiled)
 
     def runs_alone(self, gang: PlannedGang) -> bool:
         return (
@@ -328,13 +331,8 @@ class JaxDevice(Device):
 
     def _alone_mesh(self, gang: PlannedGang) -> tuple[Mesh, list[NamedSharding]]:
         """The mesh of a gang on this one device, and its input shardings (cached)."""
-        key = ((self.device_id,), gang.mesh_shape, gang.axis_names, gang.kernel.in_specs)
-        found = self._meshes.get(key)
-        if found is None:
-            mesh = Mesh(np.array([self.device]).reshape(gang.mesh_shape), gang.axis_names)
-            specs = gang.kernel.in_specs
-            found = self._meshes[key] = (mesh, [NamedSharding(mesh, s) for s in specs])
-        return found
+        mesh = self.meshes.mesh([self.device], gang.mesh_shape, gang.axis_names)
+        return mesh, self.meshes.shardings(mesh, gang.kernel.in_specs)
 
     async def _gang(self, task: GangTask) -> list[jax.Device]:
         """The gang's JAX devices in mesh order (looked up once, on a thread)."""
@@ -347,12 +345,8 @@ class JaxDevice(Device):
         self, task: GangTask, devices: Sequence[jax.Device], specs: Sequence[Any] = ()
     ) -> tuple[Mesh, list[NamedSharding]]:
         """The gang's mesh, and a sharding over it per spec in ``specs`` (cached)."""
-        key = (task.devices, task.mesh_shape, task.axis_names, tuple(specs))
-        found = self._meshes.get(key)
-        if found is None:
-            mesh = Mesh(np.array(devices).reshape(task.mesh_shape), task.axis_names)
-            found = self._meshes[key] = (mesh, [NamedSharding(mesh, s) for s in specs])
-        return found
+        mesh = self.meshes.mesh(devices, task.mesh_shape, task.axis_names)
+        return mesh, self.meshes.shardings(mesh, specs)
 
     async def _lead(
         self,
@@ -378,13 +372,13 @@ class JaxDevice(Device):
 
     def _for_kernel(
         self, kernel: JaxKernel, devices: tuple[int, ...], mesh: Mesh, arrays: Sequence[jax.Array]
-    ) -> _Executable:
+    ) -> Executable:
         """:meth:`_compiled`, found by the kernel object first (:meth:`_fast`)."""
         return self._fast(kernel, arrays, lambda: self._compiled(kernel, mesh, arrays))
 
     def _fast(
-        self, kernel: Any, arrays: Sequence[Any], compiled: Callable[[], _Executable]
-    ) -> _Executable:
+        self, kernel: Any, arrays: Sequence[Any], compiled: Callable[[], Executable]
+    ) -> Executable:
         """The executable of ``kernel`` for ``arrays``, looked up by the kernel
         object itself (a gang of an installed plan brings the same one to
         every run) while the inputs' shapes and dtypes are those it was
@@ -412,7 +406,7 @@ class JaxDevice(Device):
 
     async def _enqueue(
         self,
-        compiled: _Executable,
+        compiled: Executable,
         arrays: Sequence[Any],
         owner: str,
         name: str,
@@ -557,7 +551,7 @@ class JaxDevice(Device):
         arrays: Sequence[jax.Array],
         *,
         replicated: bool = False,
-    ) -> _Executable:
+    ) -> Executable:
         """The kernel compiled for this mesh and these inputs (cached).
 
         ``replicated``: every output whole on every device, whatever the
@@ -565,6 +559,7 @@ class JaxDevice(Device):
         outputs to the leader).
         """
         key = (
+            "kernel",
             fn_key(kernel.fn),  # not the kernel: each message over the wire brings a new copy
             kernel.in_specs,
             kernel.out_specs,
@@ -585,14 +580,10 @@ class JaxDevice(Device):
 
         return self._cached(key, jitted, arrays)
 
-    def _cached(self, key: Any, jitted: Callable[[], Any], arrays: Sequence[Any]) -> _Executable:
+    def _cached(self, key: Any, jitted: Callable[[], Any], arrays: Sequence[Any]) -> Executable:
         """The executable cached under ``key``, compiled from ``jitted()`` for
-        ``arrays`` on first use (counted in ``compilations``)."""
-        found = self._cache.get(key)
-        if found is None:
-            found = self._cache[key] = _Executable.of(jitted().lower(*arrays).compile())
-            self.compilations += 1
-        return found
+        ``arrays`` on first use (``Executables``)."""
+        return self.executables.get(key, lambda: jitted().lower(*arrays))
 
     async def _timed(self, compiled: Any, arrays: Sequence[Any]) -> Any:
         """Run ``compiled`` until its outputs are ready (see :meth:`_busy`)."""
@@ -606,27 +597,6 @@ class JaxDevice(Device):
             return await anyio.to_thread.run_sync(fn, *args)
         finally:
             self.busy_s += time.perf_counter() - started
-
-
-@dataclass(frozen=True, slots=True)
-class _Executable:
-    """A compiled computation, with what its outputs will be (shape, dtype
-    name, bytes each, and in all), known before it runs."""
-
-    compiled: Any
-    outputs: tuple[tuple[tuple[int, ...], str, int], ...]
-    nbytes: int
-
-    @classmethod
-    def of(cls, compiled: Any) -> _Executable:
-        outputs = tuple(
-            (tuple(x.shape), str(x.dtype), int(np.prod(x.shape, dtype=np.int64)) * x.dtype.itemsize)
-            for x in jax.tree_util.tree_leaves(compiled.out_info)
-        )
-        return cls(compiled, outputs, sum(n for *_, n in outputs))
-
-    def __call__(self, *arrays: Any) -> Any:
-        return self.compiled(*arrays)
 
 
 def _block(arrays: Sequence[Any]) -> None:

@@ -33,14 +33,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
-import numpy as np
-from jax.sharding import Mesh, NamedSharding, Sharding, SingleDeviceSharding
+from jax.sharding import Sharding, SingleDeviceSharding
 
 from ...kernel.config import settings
 from .._jax_kernel import JaxKernel
 from .._plan import DeviceProgram, PlannedGang
+from .compiled import Meshes
 
-__all__ = ["FUSE_MAX", "FusedSegment", "SegmentCache", "fusing", "segments"]
+__all__ = ["FUSE_MAX", "FusedSegment", "fusing", "segments"]
 
 FUSE_MAX = 64  # gangs a fused segment holds at most
 
@@ -74,7 +74,9 @@ class FusedSegment:
     """Gangs ``start`` to ``end`` of ``program`` composed into one function
     over its ``sources``, returning the values in ``exported``."""
 
-    def __init__(self, program: DeviceProgram, start: int, end: int, device: jax.Device) -> None:
+    def __init__(
+        self, program: DeviceProgram, start: int, end: int, device: jax.Device, meshes: Meshes
+    ) -> None:
         self.start, self.end = start, end
         self.gangs = program.gangs[start:end]
         inside = {gang.node for gang in self.gangs}
@@ -96,8 +98,19 @@ class FusedSegment:
         self.kept = {(gang.node, o) for gang in self.gangs for o, k in enumerate(gang.keep) if k}
         self.name = f"{len(self.gangs)} gangs, fused"
         self.kernel = self  # what a timeline names a gang by (``.name``)
-        self.in_shardings, self.out_shardings = _shardings(self, device)
+        self.in_shardings, self.out_shardings = _shardings(self, device, meshes)
         self.shape = self._shape()
+        self.kernels = [gang.kernel for gang in self.gangs]  # held while compiled: see key
+
+    def key(self, arrays: Sequence[Any]) -> tuple[Any, ...]:
+        """What its executable is cached under: its shape (identical segments
+        share one) and its inputs' shapes and dtypes."""
+        return ("segment", self.shape, tuple((a.shape, a.dtype) for a in arrays))
+
+    def lowered(self, arrays: Sequence[Any]) -> Any:
+        """This segment, jitted with its shardings and lowered for ``arrays``."""
+        jitted = jax.jit(self, in_shardings=self.in_shardings, out_shardings=self.out_shardings)
+        return jitted.lower(*arrays)
 
     def __call__(self, *arrays: Any) -> list[Any]:
         """The gangs in order, on traced values (inside ``jax.jit``)."""
@@ -146,47 +159,19 @@ def _value(values: dict[Any, Any], src: int, local: tuple[int, int] | None) -> A
     return values[local] if local in values else values["made", local]
 
 
-class SegmentCache:
-    """Compiled segments, shared by segments of one shape (the kernels held,
-    so that an id in a shape is never another kernel's); the ``kept`` most
-    recently compiled."""
-
-    def __init__(self, kept: int = 256) -> None:
-        self._kept = kept
-        self._compiled: dict[tuple[Any, ...], tuple[list[Any], Any]] = {}
-
-    def executable(
-        self, segment: FusedSegment, arrays: Sequence[Any], build: Callable[[Any], Any]
-    ) -> Any:
-        """``segment`` compiled for ``arrays`` (``build(compiled)`` makes what
-        the device keeps of it), compiled on first use of that shape."""
-        key = (segment.shape, tuple((a.shape, a.dtype) for a in arrays))
-        found = self._compiled.get(key)
-        if found is None:
-            jitted = jax.jit(
-                segment, in_shardings=segment.in_shardings, out_shardings=segment.out_shardings
-            )
-            kernels = [gang.kernel for gang in segment.gangs]
-            found = self._compiled[key] = (kernels, build(jitted.lower(*arrays).compile()))
-            while len(self._compiled) > self._kept:
-                del self._compiled[next(iter(self._compiled))]
-        return found[1]
-
-
-def _shardings(segment: FusedSegment, device: jax.Device) -> tuple[list[Sharding], list[Sharding]]:
+def _shardings(
+    segment: FusedSegment, device: jax.Device, meshes: Meshes
+) -> tuple[list[Sharding], list[Sharding]]:
     """Each source's sharding as its first reader takes it, each exported
     output's as its gang makes it (on this one device, all are the same
     placement)."""
-    meshes: dict[tuple[Any, ...], Mesh] = {}
     alone = SingleDeviceSharding(device)  # a Computation's, in and out
 
     def shardings(gang: PlannedGang, specs: Sequence[Any]) -> list[Sharding]:
         if not isinstance(gang.kernel, JaxKernel):
             return [alone] * len(specs)
-        key = (gang.mesh_shape, gang.axis_names)
-        if key not in meshes:
-            meshes[key] = Mesh(np.array([device]).reshape(gang.mesh_shape), gang.axis_names)
-        return [NamedSharding(meshes[key], spec) for spec in specs]
+        mesh = meshes.mesh([device], gang.mesh_shape, gang.axis_names)
+        return list(meshes.shardings(mesh, specs))
 
     first: dict[Source, Sharding] = {}
     made: dict[tuple[int, int], Sharding] = {}

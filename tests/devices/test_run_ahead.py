@@ -279,7 +279,8 @@ async def test_consecutive_gangs_fuse_and_give_what_they_give_one_by_one(
             assert isinstance(device, JaxDevice)
             fused = [s for segments in device._fused.values() for s in segments.values()]
             if fuse == "1":
-                assert fused and device.compilations <= 6, device.compilations
+                compiled = device.executables.compilations
+                assert fused and compiled <= 6, compiled
             else:
                 assert not fused
     np.testing.assert_allclose(results[0], expected(216), rtol=1e-5)
@@ -319,12 +320,13 @@ def _chain_program(nodes: Sequence[int], keep: int, kernel: _Kernel) -> Any:
 def test_fused_segments_that_keep_different_gangs_never_share_an_executable() -> None:
     """Two chains of the same kernel, one with gaps in its node numbers: the
     one keeping its middle gang's output is not the one keeping its last's."""
+    from atoll.devices.jax.compiled import Meshes
     from atoll.devices.jax.fused import FusedSegment
 
     kernel = _Kernel(lambda x: x + 1)
-    device = jax.devices()[0]
-    middle = FusedSegment(_chain_program((0, 2, 3), 1, kernel), 0, 3, device)
-    last = FusedSegment(_chain_program((0, 1, 2), 2, kernel), 0, 3, device)
+    device, meshes = jax.devices()[0], Meshes()
+    middle = FusedSegment(_chain_program((0, 2, 3), 1, kernel), 0, 3, device, meshes)
+    last = FusedSegment(_chain_program((0, 1, 2), 2, kernel), 0, 3, device, meshes)
     assert middle.exported == [(2, 0)] and last.exported == [(2, 0)]
     assert middle.shape != last.shape
     ones = jnp.ones(2, jnp.float32)
