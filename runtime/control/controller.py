@@ -5,8 +5,9 @@ once; the controller and the island schedulers forward promise-carrying calls
 without waiting for their inputs (their endpoints take promises as they are),
 and only the devices, which must have the bytes, wait for them. What each
 gang needs to know is planned without I/O by :mod:`atoll.runtime.control.planner`
-and cached per graph; the controller stamps each run with gang ids and
-submits the gangs. Clients reach it through :class:`~atoll.runtime.Cluster`.
+and cached per graph, and compiled into each device's part; a run is then an
+epoch, sent to each island with the other runs of its loop turn. Clients
+reach it through :class:`~atoll.runtime.Cluster`.
 """
 
 from __future__ import annotations
