@@ -123,6 +123,13 @@ class ActorContext:
         """How many times this actor has been restarted so far."""
         return self._cell.restarts
 
+    @property
+    def queued(self) -> int:
+        """Messages waiting in this actor's mailbox now (the one it handles
+        is not among them): an actor that batches what it sends can tell
+        whether more of the same is coming in this turn."""
+        return len(self._cell.mailbox)
+
     def spawn(
         self, cls: type[A], *args: Any, name: str | None = None, **kwargs: Any
     ) -> ActorRef[A]:

@@ -553,20 +553,28 @@ class Controller(Actor):
     def _send_part(
         self, run: _CompiledRun, part: CompiledPlan, weight: float
     ) -> Promise[dict[int, Promise[RunReport]]]:
-        """Send one island its part of a run, with the others of this loop
-        turn for it (:meth:`_send_outbox`): the promise of its devices' reports."""
+        """Send one island its part of a run: with the others of this loop
+        turn for it (:meth:`_send_outbox`), or at once when no other run is
+        waiting to go and no message is waiting in the mailbox (a call
+        alone, as an awaited one is, pays no extra turn). The promise of its
+        devices' reports."""
         inputs, earlier = run.inputs, run.earlier
         given = {
             d: [earlier[i][1] if earlier.get(i, (-1,))[0] == d else inputs[i] for i in p.inputs]
             for d, p in part.programs.items()
         }
+        args: RunArgs = (part, run.epoch, given, run.owner, weight, run.reply)
+        if not self._outbox and not self.ctx.queued:  # nothing more this turn: at once
+            to_island = over(self.wire, self.schedulers[part.island])
+            at_once: Promise[dict[int, Promise[RunReport]]] = to_island.run_plan(*args)
+            return at_once
         sent: Promise[dict[int, Promise[RunReport]]] = Promise("sent")
         runs = self._outbox.get(part.island)
         if runs is None:
             if not self._outbox:
                 call_soon(self._send_outbox)  # at the end of this loop turn
             runs = self._outbox[part.island] = []
-        runs.append(((part, run.epoch, given, run.owner, weight, run.reply), sent))
+        runs.append((args, sent))
         return sent
 
     def _send_outbox(self) -> None:
