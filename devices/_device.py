@@ -22,7 +22,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import numpy as np
@@ -51,14 +51,12 @@ from . import _runlane as runlane
 from . import timeline
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask, PushTarget
+from ._host_api import HostEndpoints
 from ._plan import DeviceProgram, PlannedGang, PriorOutput, RunReport, portable, run_key
 from ._plane import IN_PROCESS, DataPlane
 from ._push import Pusher
 from ._store import BufferMissing, ObjectStore, StoredBuffer
 from ._values import Arrival, BufferHandle, Computation, CostModel, DeviceStats
-
-if TYPE_CHECKING:
-    from ._host import Host
 
 __all__ = ["PLANS_KEPT", "Device", "GangOutputs", "LeanGang", "live_stats"]
 
@@ -85,7 +83,7 @@ class Device(Actor):
     ``host_cls`` names the host actor class that fits the device (None: Host).
     """
 
-    host_cls: ClassVar[type[Host] | None] = None
+    host_cls: ClassVar[type[HostEndpoints] | None] = None
 
     @classmethod
     def available(cls, wanted: int | None = None) -> int | None:
@@ -105,7 +103,7 @@ class Device(Actor):
         host_id: int,
         island: int,
         store: ObjectStore,
-        host: ActorRef[Host],
+        host: ActorRef[HostEndpoints],
         cost: CostModel,
         plane: DataPlane = IN_PROCESS,
     ) -> None:

@@ -44,6 +44,7 @@ from . import _checkpoint as checkpoint
 from . import _runlane as runlane
 from . import timeline
 from ._device import live_stats
+from ._host_api import HostEndpoints
 from ._plan import portable
 from ._plane import DataPlane, process_plane
 from ._store import BufferMissing, ObjectStore, StoredBuffer
@@ -57,7 +58,7 @@ __all__ = ["Host"]
 _log = logging.getLogger(__name__)
 
 
-class Host(Actor):
+class Host(HostEndpoints):
     """One host: its object store and its device actors (as children).
 
     Its endpoints never block, so remote devices can always fetch from it.

@@ -25,16 +25,16 @@ from ..kernel import ActorRef, ActorSystem, HostLost
 from ..kernel.config import settings
 from ..transports.dataplane import lane
 from ..transports.dataplane.lane import LaneMessage
+from ._host_api import HostEndpoints
 
 if TYPE_CHECKING:
     from ._gang import PushTarget
-    from ._host import Host
 
 __all__ = ["IN_PROCESS", "DataPlane", "ProcessPlane", "Resend", "process_plane", "use_plane"]
 
 _log = logging.getLogger(__name__)
 # what a lane hands back a message it could not deliver to: (its host, the message)
-Resend = Callable[["ActorRef[Host]", LaneMessage], None]
+Resend = Callable[["ActorRef[HostEndpoints]", LaneMessage], None]
 
 
 class DataPlane:
@@ -47,8 +47,8 @@ class DataPlane:
         return b""
 
     async def host_ref(
-        self, host_id: int, address: str, known: ActorRef[Host] | None, system: ActorSystem
-    ) -> ActorRef[Host]:
+        self, host_id: int, address: str, known: ActorRef[HostEndpoints] | None, system: ActorSystem
+    ) -> ActorRef[HostEndpoints]:
         """Host ``host_id``'s actor, over a direct link when there can be one;
         else ``known`` (``HostLost`` when there is none)."""
         if known is None:  # its process is gone, or cut off: as good as lost
@@ -78,14 +78,14 @@ class ProcessPlane(DataPlane):
         self.address = address
         self._token = token
         # lanes to other host processes, by capnp address (empty: none there)
-        self._lanes: dict[str, tuple[str, ActorRef[Host]] | tuple[()]] = {}
+        self._lanes: dict[str, tuple[str, ActorRef[HostEndpoints]] | tuple[()]] = {}
 
     def token(self) -> bytes:
         return self._token
 
     async def host_ref(
-        self, host_id: int, address: str, known: ActorRef[Host] | None, system: ActorSystem
-    ) -> ActorRef[Host]:
+        self, host_id: int, address: str, known: ActorRef[HostEndpoints] | None, system: ActorSystem
+    ) -> ActorRef[HostEndpoints]:
         if address:
             from ..transports.capnp.directory import direct_actor
 
@@ -112,7 +112,7 @@ class ProcessPlane(DataPlane):
 
     async def _open_lane(
         self, target: PushTarget, system: ActorSystem
-    ) -> tuple[str, ActorRef[Host]] | tuple[()]:
+    ) -> tuple[str, ActorRef[HostEndpoints]] | tuple[()]:
         """The lane to ``target``'s host process, opened once (empty: none)."""
         try:
             host = await self.host_ref(target.host_id, target.address, target.host, system)

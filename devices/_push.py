@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -40,12 +40,10 @@ from ..transports.dataplane.lane import LaneMessage
 from . import timeline
 from ._errors import DeviceError
 from ._gang import PushTarget
+from ._host_api import HostEndpoints
 from ._plane import DataPlane
 from ._store import BufferMissing, ObjectStore
 from ._values import Arrival, BufferHandle
-
-if TYPE_CHECKING:
-    from ._host import Host
 
 __all__ = ["HOLD_ABOVE_BYTES", "Pusher"]
 
@@ -81,8 +79,8 @@ class Pusher:
         self._system = system
 
     async def host_ref(
-        self, host_id: int, address: str, known: ActorRef[Host] | None
-    ) -> ActorRef[Host]:
+        self, host_id: int, address: str, known: ActorRef[HostEndpoints] | None
+    ) -> ActorRef[HostEndpoints]:
         """Host ``host_id``'s actor, over a direct link when there can be one
         (``known`` may be proxied by the controller; bytes must not take that
         path; see ``atoll.transports.capnp.directory``)."""
@@ -154,7 +152,7 @@ class Pusher:
             host.fail_inbox(list(target.keys), error).add_done_callback(_log_unsent)
 
     def _offer(
-        self, host: ActorRef[Host], keys: list[str], array: np.ndarray, owner: str
+        self, host: ActorRef[HostEndpoints], keys: list[str], array: np.ndarray, owner: str
     ) -> Promise[Any]:
         """``host.receive`` of a pushed output; True if it landed. An array
         big enough to be pulled by its reader goes only after the reader's
@@ -205,7 +203,7 @@ class Pusher:
                 self.store.decref(handle.id)
 
 
-def _push_by_call(host: ActorRef[Host], message: LaneMessage) -> None:
+def _push_by_call(host: ActorRef[HostEndpoints], message: LaneMessage) -> None:
     """A lane closed before its receiver acknowledged ``message``: push it the
     ordinary way (a copy that did land is ignored there). If that push is
     declined, the readers take the value as it is, carried in a handle (the
@@ -230,7 +228,7 @@ def _declined(answer: Promise[Any]) -> bool:
 
 
 def _redirect_unless_landed(
-    answer: Promise[Any], host: ActorRef[Host], keys: tuple[str, ...], handle: BufferHandle
+    answer: Promise[Any], host: ActorRef[HostEndpoints], keys: tuple[str, ...], handle: BufferHandle
 ) -> Promise[Any]:
     """Settles once the push to ``host`` landed, or, when it was declined or
     failed, once the readers' inboxes there were pointed at ``handle``."""

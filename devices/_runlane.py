@@ -41,7 +41,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import FunctionType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -60,11 +60,8 @@ from ..kernel import (
 from ..transports import oneway
 from ..transports._base import by_value
 from ..transports._imports import find_class
+from ._host_api import HostEndpoints
 from ._values import BufferHandle, _handle
-
-if TYPE_CHECKING:
-    from ._device import Device
-    from ._host import Host
 
 # a call as the host's end keeps it: request, kind, arguments (None while
 # its ticket's have not come), ticket, why it cannot be made
@@ -170,7 +167,7 @@ def parse(data: bytes) -> tuple[int, int, int, bytes]:
 
 
 # hosts by id: a mapping, or a list indexed by id
-Hosts = Mapping[int, "ActorRef[Host]"] | Sequence["ActorRef[Host]"]
+Hosts = Mapping[int, "ActorRef[HostEndpoints]"] | Sequence["ActorRef[HostEndpoints]"]
 
 
 class _Unpickler(pickle.Unpickler):
@@ -195,10 +192,12 @@ def loads(data: bytes, hosts: Hosts) -> Any:
 
 
 # -- the receiving ends ----------------------------------------------------------
-_hosts: dict[int, ActorRef[Host]] = {}  # the hosts of this process, by id
-_devices: dict[int, ActorRef[Device]] = {}  # their devices, by id
+_hosts: dict[int, ActorRef[HostEndpoints]] = {}  # the hosts of this process, by id
+_devices: dict[int, ActorRef[Any]] = {}  # their devices, by id (called by endpoint name)
 _device_host: dict[int, int] = {}  # the host of each of them
-_controllers: dict[int, tuple[ActorRef[Any], Sequence[ActorRef[Host]]]] = {}  # by target id
+_controllers: dict[
+    int, tuple[ActorRef[Any], Sequence[ActorRef[HostEndpoints]]]
+] = {}  # by target id
 _controller_ids = itertools.count(1)  # never reused: a stale lane cannot reach a newer one
 _stashed: dict[str, tuple[Any, ...]] = {}  # arguments that came by Cap'n Proto, by ticket
 _forgotten: dict[str, BaseException] = {}  # tickets whose arguments will not come
@@ -208,7 +207,9 @@ _waiting: set[_End] = set()  # ends where a target's next call waits for its tic
 _clients: dict[str, oneway.Link] = {}  # clients' links to this process, by their lanes' name
 
 
-def register(host_id: int, host: ActorRef[Host], devices: Mapping[int, ActorRef[Device]]) -> None:
+def register(
+    host_id: int, host: ActorRef[HostEndpoints], devices: Mapping[int, ActorRef[Any]]
+) -> None:
     """Deliver calls for ``devices`` (of host ``host_id``) that come by lane."""
     _hosts[host_id] = host
     _devices.update(devices)
@@ -222,7 +223,7 @@ def unregister(host_id: int, devices: Iterable[int]) -> None:
         _device_host.pop(device, None)
 
 
-def register_controller(controller: ActorRef[Any], hosts: Sequence[ActorRef[Host]]) -> int:
+def register_controller(controller: ActorRef[Any], hosts: Sequence[ActorRef[HostEndpoints]]) -> int:
     """Deliver clients' calls to ``controller`` (whose hosts are ``hosts``, a
     live list); returns the target id its clients name."""
     target = next(_controller_ids)
@@ -312,7 +313,9 @@ class _End:
         self.calls: dict[int, deque[_Call]] = {}  # by target
         self.client: str | None = None  # the name of the client's lanes, once it said it
 
-    def hosts(self, target: int) -> Mapping[int, ActorRef[Host]] | Sequence[ActorRef[Host]]:
+    def hosts(
+        self, target: int
+    ) -> Mapping[int, ActorRef[HostEndpoints]] | Sequence[ActorRef[HostEndpoints]]:
         """How a call's handles for ``target`` find their hosts."""
         raise NotImplementedError
 
@@ -398,7 +401,7 @@ class _End:
 class _DeviceEnd(_End):
     """An island's link to this host process: calls to its devices."""
 
-    def hosts(self, target: int) -> Mapping[int, ActorRef[Host]]:
+    def hosts(self, target: int) -> Mapping[int, ActorRef[HostEndpoints]]:
         return _hosts
 
     def here(self, target: int) -> int | None:
@@ -421,7 +424,7 @@ class _DeviceEnd(_End):
 class _ControllerEnd(_End):
     """A client's link to the controller's process: its runs."""
 
-    def hosts(self, target: int) -> Sequence[ActorRef[Host]]:
+    def hosts(self, target: int) -> Sequence[ActorRef[HostEndpoints]]:
         return self._controller(target)[1]
 
     def here(self, target: int) -> int | None:
@@ -439,7 +442,7 @@ class _ControllerEnd(_End):
         return _settled(getattr(controller, ENDPOINTS[kind])(*args))
 
     @staticmethod
-    def _controller(target: int) -> tuple[ActorRef[Any], Sequence[ActorRef[Host]]]:
+    def _controller(target: int) -> tuple[ActorRef[Any], Sequence[ActorRef[HostEndpoints]]]:
         found = _controllers.get(target)
         if found is None:
             raise AtollError("the controller this call lane named is gone")

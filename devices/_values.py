@@ -11,16 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..kernel import ActorRef
 from ..transports.dtypes import dtype_from_wire, raw_bytes, wire_dtype
 from ..transports.inproc import read_only
-
-if TYPE_CHECKING:
-    from ._host import Host
+from ._host_api import HostEndpoints
 
 __all__ = [
     "INLINE_VALUE_BYTES",
@@ -48,7 +46,7 @@ class BufferHandle:
     """
 
     id: str
-    host: ActorRef[Host]
+    host: ActorRef[HostEndpoints]
     host_id: int
     device_id: int
     shape: tuple[int, ...]
@@ -63,7 +61,7 @@ class BufferHandle:
         cls,
         buffer_id: str,
         array: Any,
-        host: ActorRef[Host],
+        host: ActorRef[HostEndpoints],
         host_id: int,
         device_id: int,
         island: int,
@@ -102,7 +100,7 @@ class BufferHandle:
 
 def _handle(
     buffer_id: str,
-    host: ActorRef[Host],
+    host: ActorRef[HostEndpoints],
     host_id: int,
     device_id: int,
     shape: tuple[int, ...],

@@ -37,6 +37,7 @@ __all__ = [
 ]
 
 A = TypeVar("A", bound="Actor")
+A_co = TypeVar("A_co", bound="Actor", covariant=True)
 F = TypeVar("F", bound=Callable[..., Any])
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -202,7 +203,7 @@ class Channel(Protocol):
     async def cancel(self, reason: str) -> None: ...
 
 
-class ActorRef(Generic[A]):
+class ActorRef(Generic[A_co]):
     """A reference to an actor, wherever it runs.
 
     ``ref.method(*args, **kwargs)`` returns a :class:`Promise` at once;

@@ -24,6 +24,7 @@ import numpy as np
 
 from ...devices import Aval, BufferHandle, Computation, Device, DeviceStats, Host
 from ...devices import timeline as _timelines
+from ...devices._host_api import HostEndpoints
 from ...devices._runlane import ENDPOINTS, FREE, RUN_CALL, RUN_CALL_DIRECT, RUN_GRAPH
 from ...devices._values import INLINE_VALUE_BYTES
 from ...kernel import (
@@ -234,7 +235,7 @@ class Cluster:
         freed: Promise[Any] = host.free_many(buffer_ids, owner)
         return freed
 
-    def host_of(self, handle: BufferHandle) -> ActorRef[Host]:
+    def host_of(self, handle: BufferHandle) -> ActorRef[HostEndpoints]:
         """The host that holds ``handle``'s buffer, over this client's own link
         to its process where there is one (else the handle's reference)."""
         if handle.address and self._direct is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
-from ...devices import CostModel, Device, Host, SimDevice
+from ...devices import CostModel, Device, SimDevice
 from ...kernel import ActorSystem, Clock
 from ...schedulers import DEFAULT_POLICY
 from ..client.client import Cluster
@@ -88,10 +88,9 @@ async def local_cluster(
 async def start_local(system: ActorSystem, spec: ClusterSpec, owner: str = "client0") -> Cluster:
     """Spawn the cluster ``spec`` describes into a running ``system``; its client."""
     topology = spec.topology
-    host_cls = spec.device_cls.host_cls or Host
     hosts = [
         system.spawn(
-            host_cls,
+            spec.host_cls,
             h,
             topology.island_of_host(h),
             topology.on_host(h),

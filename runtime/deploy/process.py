@@ -174,7 +174,7 @@ class ClusterBuilder(Actor):
     async def _spawn_host(self, node: ActorRef[NodeActor], host_id: int) -> ActorRef[Host]:
         """Host ``host_id``'s actor (and its devices) on ``node``, its link watched."""
         spec = self.spec
-        host_cls = spec.device_cls.host_cls or Host
+        host_cls = spec.host_cls
         host: ActorRef[Host] = await node.spawn(
             f"{host_cls.__module__}:{host_cls.__qualname__}",
             host_id,

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...devices import CostModel, Device, SimDevice
+from ...devices import CostModel, Device, Host, SimDevice
 from ...kernel import AtollError, Clock
 from ...kernel.config import Settings
 from ...kernel.config import settings as current_settings
@@ -81,6 +81,7 @@ class ClusterSpec:
             )
         if not (isinstance(self.device_cls, type) and issubclass(self.device_cls, Device)):
             raise BadClusterSpec(f"device_cls must be a Device class, got {self.device_cls!r}")
+        self.host_cls  # noqa: B018  (checks it)
         for name in set(self.policies.values()):
             check_scheduler(name)  # fails early, naming the known ones; builds none
 
@@ -105,6 +106,15 @@ class ClusterSpec:
         """The spare hosts: the last ``spares`` of each island."""
         per = self.hosts_per_island
         return [i * per + h for i in range(self.islands) for h in range(per - self.spares, per)]
+
+    @property
+    def host_cls(self) -> type[Host]:
+        """The host actor class the devices run under (``Device.host_cls``, else Host)."""
+        found = self.device_cls.host_cls or Host
+        if not (isinstance(found, type) and issubclass(found, Host)):
+            name = self.device_cls.__name__
+            raise BadClusterSpec(f"{name}.host_cls must be a Host class, got {found!r}")
+        return found
 
     @property
     def topology(self) -> Topology:

@@ -189,6 +189,21 @@ def test_no_import_cycles_between_modules() -> None:
     assert cycle is None, " -> ".join(cycle or [])
 
 
+def test_no_import_cycles_inside_the_device_layer_even_for_types() -> None:
+    """Inside ``devices/`` type-only imports count too: a module that only
+    talks to hosts names their interface (``devices/_host_api.py``), not the
+    host's module, which imports it."""
+    names = {m for m in MODULES if m.startswith("atoll.devices.")}
+    edges: dict[str, set[str]] = {m: set() for m in names}
+    for module in names:
+        for _, target in imported(module, MODULES[module], typing=True):
+            found = known(target, names)
+            if found and found != module and not _reexport(module, found):
+                edges[module].add(found)
+    cycle = _find_cycle(edges)
+    assert cycle is None, " -> ".join(cycle or [])
+
+
 def _reexport(importer: str, target: str) -> bool:
     """An edge between a package and its own modules, either way."""
     return target.startswith(importer + ".") or importer.startswith(target + ".")
