@@ -269,20 +269,9 @@ def compile_gangs(
     steps = []
     for gang in plan_.gangs:
         node = graph.nodes[gang.node]
-        count = len(node.inputs)
-        planned = PlannedGang(
-            node.id,
-            node.kernel,
-            gang.devices,
-            node.slice.shape,
-            node.slice.axis_names,
-            node.outputs,
-            tuple(range(count)),
-            gang.resident,
-            (),
-            (True,) * len(node.outputs),
-            host_of(gang.devices[0]),
-        )
+        every = tuple(range(len(node.inputs)))
+        kept = (True,) * len(node.outputs)
+        planned = _entry(gang, node, every, (), kept, host_of(gang.devices[0]))
         outputs = tuple((node.id, o, gang.devices[0]) for o in range(len(node.outputs)))
         steps.append(_part(next(plan_ids), gang.island, [gang], {node.id: planned}, outputs))
     return tuple(steps)
@@ -361,20 +350,26 @@ def _compiled_gang(
         if (readers := [(n, i) for n, i in p.readers if leaders[n] != leader])
     )
     keep = tuple(ValueRef(node.id, o) in kept for o in range(len(node.outputs)))
+    made_here = local if MADE_HERE in sources else ()
+    return _entry(gang, node, sources, targets, keep, gang.leader_host, made_here)
+
+
+def _entry(
+    gang: GangPlan,
+    node: Node,
+    sources: tuple[int, ...],
+    push: tuple[PushTarget, ...],
+    keep: tuple[bool, ...],
+    host: int,
+    local: tuple[tuple[int, int] | None, ...] = (),
+) -> PlannedGang:
+    """The ``PlannedGang`` of ``node``'s gang: where its inputs come from
+    (``sources``), where its outputs go and which it keeps."""
+    shape, axes = node.slice.shape, node.slice.axis_names
     return PlannedGang(
-        node.id,
-        node.kernel,
-        gang.devices,
-        node.slice.shape,
-        node.slice.axis_names,
-        node.outputs,
-        sources,
-        gang.resident,
-        targets,
-        keep,
-        gang.leader_host,
-        local if MADE_HERE in sources else (),
-    )
+        node.id, node.kernel, gang.devices, shape, axes, node.outputs, sources,
+        gang.resident, push, keep, host, local,
+    )  # fmt: skip
 
 
 class PlanCache:
