@@ -16,7 +16,13 @@ from typing import Any
 from ..kernel import Actor, ActorRef, Promise, endpoint
 from ._aval import Aval
 
-__all__ = ["GangTask", "PushTarget", "Rendezvous"]
+__all__ = ["GangTask", "PushTarget", "Rendezvous", "meets"]
+
+
+def meets(kernel: Any, devices: tuple[int, ...]) -> bool:
+    """Whether a gang of ``kernel`` over ``devices`` is collective: its shards
+    meet at a barrier before any of them runs."""
+    return len(devices) > 1 and bool(getattr(kernel, "collective", False))
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,7 @@ class GangTask:
     @property
     def collective(self) -> bool:
         """Whether the shards must all be present before any of them runs."""
-        return len(self.devices) > 1 and bool(getattr(self.kernel, "collective", False))
+        return meets(self.kernel, self.devices)
 
 
 _ABANDONED_KEPT = 4096  # gangs remembered as abandoned, for shards that arrive late

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..kernel import AtollError, RemoteActorError
 from ._aval import Aval
-from ._gang import GangTask, PushTarget
+from ._gang import GangTask, PushTarget, meets
 
 __all__ = ["DeviceProgram", "PlannedGang", "PriorOutput", "RunReport", "portable", "run_key"]
 
@@ -99,7 +99,7 @@ class PlannedGang:
     @property
     def collective(self) -> bool:
         """Whether the gang's shards meet at a barrier (as ``GangTask.collective``)."""
-        return len(self.devices) > 1 and bool(getattr(self.kernel, "collective", False))
+        return meets(self.kernel, self.devices)
 
     def task(self, epoch: int, host: int, device: int) -> GangTask:
         """The gang's task in run ``epoch`` on ``device`` of host ``host``

@@ -101,6 +101,18 @@ async def test_arrays_a_run_put_for_itself_are_the_clients_and_go_once_read() ->
         assert await held(cluster) == 0
 
 
+async def test_an_array_put_for_another_sessions_call_is_freed_once_the_call_ran() -> None:
+    """A call made under another session's label (``owner=``) is not this
+    client's to track: what it put is freed as that session once it ran,
+    and its output is left to that session."""
+    big = np.full(1 << 14, 1.0)
+    async with atoll.local_cluster(1, 1, 1) as cluster:
+        out = await cluster.run(ADD, 0, [big, big], owner="another")
+        assert await held(cluster) == 1  # the output alone
+        assert await cluster.host_of(out).free(out.id, "another")
+        assert await held(cluster) == 0
+
+
 @pytest.mark.slow
 async def test_an_input_passed_through_to_an_output_stays_with_the_output() -> None:
     """A program that returns its input: dropping the input keeps the buffer,
