@@ -29,7 +29,9 @@ from .runtime import ArrayRef as ArrayRef
 from .runtime import Cluster as Cluster
 from .runtime import Outputs as Outputs
 from .runtime import Program as Program
+from .runtime import ShardedRef as ShardedRef
 from .runtime import VirtualSlice as VirtualSlice
+from .runtime import colocated as colocated
 from .runtime import local_cluster as local_cluster
 from .runtime import program as program
 
@@ -73,10 +75,12 @@ __all__ = [
     "Program",
     "Promise",
     "RemoteActorError",
+    "ShardedRef",
     "VirtualClock",
     "VirtualSlice",
     "WallClock",
     "__version__",
+    "colocated",
     "connect",
     "endpoint",
     "local_cluster",

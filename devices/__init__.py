@@ -11,6 +11,7 @@ rest (compiled plans, pushes, the data plane) from the private modules.
 """
 
 from ._aval import Aval as Aval
+from ._colocated import Shard as Shard
 from ._device import Device as Device
 from ._errors import DeviceError as DeviceError
 from ._errors import UnsupportedKernel as UnsupportedKernel
@@ -45,6 +46,7 @@ __all__ = [
     "QuotaExceeded",
     "RunReport",
     "SessionEnded",
+    "Shard",
     "SimDevice",
     "StoreFull",
     "UnsupportedKernel",

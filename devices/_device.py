@@ -55,6 +55,7 @@ from ._host_api import HostEndpoints
 from ._plan import DeviceProgram, PlannedGang, PriorOutput, RunReport, portable, run_key
 from ._plane import IN_PROCESS, DataPlane
 from ._push import Pusher
+from ._shards import ShardedHandle, assemble
 from ._store import BufferMissing, ObjectStore, StoredBuffer
 from ._values import Arrival, BufferHandle, Computation, CostModel, DeviceStats
 
@@ -736,13 +737,16 @@ class Device(Actor):
         at most so far (devices that run each gang to its end: none)."""
         return 0, 0
 
-    async def _read(self, handle: BufferHandle, owner: str = "") -> Any:
+    async def _read(self, handle: BufferHandle | ShardedHandle, owner: str = "") -> Any:
         """The input's array: from this host's store, carried in its handle
         (small values), or fetched from its holder. A small array passed by
-        value in the call (``cluster.run(c, d, [array])``) is used as it is.
+        value in the call (``cluster.run(c, d, [array])``) is used as it is;
+        a value split over a slice's devices is assembled from its shards.
         Session ``owner`` reads only its own buffers (``NotYours``)."""
         if isinstance(handle, np.ndarray):
             return handle
+        if isinstance(handle, ShardedHandle):
+            return await self._assembled(handle, owner)
         if handle.host_id == self.host_id:
             self.store.check_owner(handle.id, owner)
             error = self.store.failure(handle.id)
@@ -762,6 +766,24 @@ class Device(Actor):
             self.cost.transfer_time(handle.nbytes, handle.island != self.island)
         )
         return array
+
+    async def _assembled(self, handle: ShardedHandle, owner: str) -> np.ndarray:
+        """A sharded value as one host array: its distinct shards read (each
+        once it exists) and put together."""
+        parts = [(index, await self._bytes_of(part, owner)) for index, part in handle.distinct()]
+        return assemble(handle.shape, handle.dtype, parts)
+
+    async def _bytes_of(self, handle: Any, owner: str) -> np.ndarray:
+        """An input's bytes in host memory, once they exist (a buffer of this
+        host may still be computing: devices run ahead)."""
+        if isinstance(handle, ShardedHandle):
+            return await self._assembled(handle, owner)
+        if isinstance(handle, BufferHandle) and handle.host_id == self.host_id:
+            with suppress(BufferMissing):
+                pending = self.store.pending(handle.id)
+                if pending is not None:
+                    await pending
+        return np.asarray(await self._read(handle, owner))
 
     def _handle(self, buffer_id: str, array: np.ndarray) -> BufferHandle:
         return BufferHandle.of(

@@ -27,6 +27,7 @@ import numpy as np
 from ..kernel import (
     Actor,
     ActorRef,
+    ActorStopped,
     AtollError,
     Directive,
     Promise,
@@ -43,6 +44,7 @@ from ..transports.dataplane.lane import LaneMessage
 from . import _checkpoint as checkpoint
 from . import _runlane as runlane
 from . import timeline
+from ._colocated import ColocatedCall, run_on_host
 from ._device import live_stats
 from ._host_api import HostEndpoints
 from ._plan import portable
@@ -505,6 +507,64 @@ class Host(HostEndpoints):
         for actors in self.user_actors.values():
             if actor in actors:
                 actors.remove(actor)
+
+    @endpoint(resolve_args=False)
+    def run_colocated(
+        self, call: ColocatedCall, args: list[Any], owner: str
+    ) -> Promise[list[list[tuple[int, BufferHandle]]]]:
+        """This host's part of a colocated function over a slice
+        (``devices/_colocated.py``): per output, the handles of its shards on
+        this host's devices, by their place in the slice. Answered once
+        they are stored; this host answers other calls meanwhile (the inputs
+        are awaited, and the function runs, beside its message loop)."""
+        answer: Promise[list[list[tuple[int, BufferHandle]]]] = Promise(call.name)
+        self.ctx.start_soon(self._colocated, call, args, owner, answer)
+        return answer
+
+    async def _colocated(
+        self,
+        call: ColocatedCall,
+        args: list[Any],
+        owner: str,
+        answer: Promise[list[list[tuple[int, BufferHandle]]]],
+    ) -> None:
+        try:
+            values = [await value_of(arg) for arg in args]
+            answer.set_result(await run_on_host(self, call, values, owner))
+        except BaseException as exc:
+            where = f"{call.name} on host {self.host_id}"
+            gone = ActorStopped(f"{where}: the host stopped")
+            answer.set_exception(portable(exc, where) if isinstance(exc, Exception) else gone)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def bytes_of(self, handle: BufferHandle, owner: str) -> np.ndarray:
+        """A buffer's bytes, once it exists: from this store, or from its holder."""
+        if handle.host_id == self.host_id:
+            return np.asarray(await value_of(self.fetch(handle.id, owner)))
+        if handle.value is not None:
+            return handle.value
+        holder = await self.plane.host_ref(
+            handle.host_id, handle.address, handle.host, self.ctx.system
+        )
+        array: np.ndarray = await holder.fetch(handle.id, owner)
+        return array
+
+    async def store_shard(self, array: np.ndarray, owner: str, device: int) -> BufferHandle:
+        """Keep ``array`` as a buffer of ``device`` here, for ``owner`` (once
+        there is room; a session over its quota fails at once)."""
+        self.store.ledger.check(owner, array.nbytes)
+        await self.store.reserve(array.nbytes)
+        try:  # the session may have ended while this waited
+            self.store.ledger.check_open(owner)
+        except BaseException:
+            self.store.unreserve(array.nbytes)
+            raise
+        buffer_id = self.store.put(array, owner, reserved=True, place=device)
+        # no value inside, however small: a shard is read where it is, and a
+        # handle goes with every run that reads it, to each of its devices
+        where = (self.ctx.ref, self.host_id, device, tuple(array.shape), str(array.dtype))
+        return BufferHandle(buffer_id, *where, array.nbytes, self.island, self.plane.address)
 
     @endpoint
     def set_quota(self, owner: str, max_bytes: int | None) -> None:

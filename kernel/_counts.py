@@ -18,6 +18,7 @@ COUNTS: dict[str, int] = {
     "capnp_calls_out": 0,  # Cap'n Proto calls this process made (Actor.call/send, Later.get)
     "capnp_calls_in": 0,  # Cap'n Proto calls this process served
     "socket_writes": 0,  # writes of Cap'n Proto's streams and of lanes (a burst each)
+    "bytes_out": 0,  # bytes this process wrote to sockets: Cap'n Proto, lanes, bulk streams
     "lane_messages_out": 0,  # one-way messages sent on lanes (transports/oneway.py)
     "lane_messages_in": 0,  # ... and received
     "answers_from_hosts": 0,  # a client's calls to the controller a device's host answered

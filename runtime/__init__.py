@@ -14,6 +14,7 @@ This layer sits on top of the kernel, transports, devices and schedulers (see
 * :mod:`~atoll.runtime.control.sessions`: client sessions;
 * :mod:`~atoll.runtime.control.tenancy`: sessions' weights, admission and slice ownership;
 * :mod:`~atoll.runtime.client.client`: the client (``Cluster``, ``ArrayRef``, ``Outputs``);
+* :mod:`~atoll.runtime.client.colocated`: ``@colocated`` functions on the hosts;
 * :mod:`~atoll.runtime.deploy.spec`: the one cluster spec every launcher reads;
 * :mod:`~atoll.runtime.deploy.local`: ``local_cluster``;
 * :mod:`~atoll.runtime.deploy.process`: the process cluster (``atoll up``, ``atoll host``);
@@ -28,6 +29,9 @@ from typing import TYPE_CHECKING, Any
 from .client.client import ArrayRef as ArrayRef
 from .client.client import Cluster as Cluster
 from .client.client import Outputs as Outputs
+from .client.client import ShardedRef as ShardedRef
+from .client.colocated import ColocatedFunction as ColocatedFunction
+from .client.colocated import colocated as colocated
 from .control.controller import Controller as Controller
 from .control.island import IslandScheduler as IslandScheduler
 from .control.planner import Plan as Plan
@@ -85,6 +89,7 @@ __all__ = [
     "Cluster",
     "ClusterInfo",
     "ClusterSpec",
+    "ColocatedFunction",
     "Controller",
     "DeviceInfo",
     "Graph",
@@ -99,11 +104,13 @@ __all__ = [
     "PlanCache",
     "Program",
     "ResourceManager",
+    "ShardedRef",
     "SliceSpec",
     "Tenants",
     "Topology",
     "ValueRef",
     "VirtualSlice",
+    "colocated",
     "connect",
     "local_cluster",
     "plan",

@@ -99,8 +99,10 @@ class Link(asyncio.Protocol):
         """Write what was queued (called at the end of the loop turn)."""
         out, self._out = self._out, []
         if out and self.transport is not None and not self.transport.is_closing():
+            data = b"".join(out)
             counts["socket_writes"] += 1
-            self.transport.write(b"".join(out))
+            counts["bytes_out"] += len(data)
+            self.transport.write(data)
 
     def data_received(self, data: bytes) -> None:
         self._in += data

@@ -65,7 +65,7 @@ from .._host import Host
 from .._inflight import WINDOW, InFlight
 from .._jax_kernel import JaxKernel, fn_key
 from .._plan import PUSHED_IN, DeviceProgram, PlannedGang, RunReport, portable, run_key
-from .._store import BufferMissing
+from .._shards import Layout, ShardedHandle
 from .._values import BufferHandle, Computation
 from . import multi as _jax_multi
 from .compiled import Executable, Executables, Meshes
@@ -336,9 +336,13 @@ class JaxDevice(Device):
 
     async def _gang(self, task: GangTask) -> list[jax.Device]:
         """The gang's JAX devices in mesh order (looked up once, on a thread)."""
-        devices = _jax_multi.resolve_now(task.devices)
+        return await self._devices_of(task.devices)
+
+    async def _devices_of(self, device_ids: Sequence[int]) -> list[jax.Device]:
+        """The JAX devices of atoll devices ``device_ids``, in their order."""
+        devices = _jax_multi.resolve_now(device_ids)
         if devices is None:
-            devices = await anyio.to_thread.run_sync(_jax_multi.resolve, task.devices)
+            devices = await anyio.to_thread.run_sync(_jax_multi.resolve, device_ids)
         return devices
 
     def _mesh(
@@ -502,14 +506,34 @@ class JaxDevice(Device):
             return
         super().ran(task, owner, began, busy_s, leader)
 
-    async def _host_array(self, handle: BufferHandle, owner: str) -> np.ndarray:
-        """An input's bytes in host memory, once they exist."""
-        if isinstance(handle, BufferHandle) and handle.host_id == self.host_id:
-            with suppress(BufferMissing):
-                pending = self.store.pending(handle.id)
-                if pending is not None:
-                    await pending
-        return np.asarray(await self._read(handle, owner))
+    async def _read(self, handle: BufferHandle | ShardedHandle, owner: str = "") -> Any:
+        """As every device's, except that a value split over devices of this
+        process's JAX runtime becomes one ``jax.Array`` over them, each shard
+        put on its own device (no copy when it is there already)."""
+        if not isinstance(handle, ShardedHandle) or _jax_multi.configured():
+            return await super()._read(handle, owner)
+        layout = handle.layout
+        devices = await self._devices_of(layout.devices)
+        mesh = self.meshes.mesh(devices, layout.mesh_shape, layout.axis_names)
+        [sharding] = self.meshes.shardings(mesh, [jax_spec(layout.spec)])
+        holders = layout.holders(handle.shape)
+        parts = {}
+        for q in sorted(set(holders)):  # (no zero-argument super in a comprehension)
+            parts[q] = await super()._read(handle.parts[q], owner)
+        arrays = [
+            jax.device_put(parts[q], device) for q, device in zip(holders, devices, strict=True)
+        ]
+        return jax.make_array_from_single_device_arrays(handle.shape, sharding, arrays)
+
+    async def _spmd_input(self, task: GangTask, spec: Any, value: Any, owner: str) -> Any:
+        """What this host leader of a gang over processes reads of an input:
+        its own devices' shards, when the input is split over the gang as the
+        gang reads it (nothing crosses hosts); else the whole, in host memory."""
+        if isinstance(value, ShardedHandle) and value.layout == _gang_layout(task, spec, value):
+            mine = [(p, part) for p, part in enumerate(value.parts) if part.host_id == self.host_id]
+            parts = [(p, await self._bytes_of(part, owner)) for p, part in mine]
+            return _LocalShards(value.shape, parts)
+        return await self._bytes_of(value, owner)
 
     async def _lead_spmd(
         self,
@@ -525,7 +549,11 @@ class JaxDevice(Device):
         them), and the gang leader keeps its device's copy.
         """
         mesh, _ = self._mesh(task, devices)
-        arrays = [await self._host_array(handle, owner) for handle in inputs]
+        specs = task.kernel.in_specs
+        arrays = [
+            await self._spmd_input(task, spec, handle, owner)
+            for handle, spec in zip(inputs, specs, strict=True)
+        ]
         if self.device_id != task.leader:  # the gang leader alone keeps the outputs
             await self._busy(self._run_spmd, task.kernel, mesh, arrays)
             return []
@@ -533,10 +561,12 @@ class JaxDevice(Device):
             task.output_bytes, owner, lambda: self._busy(self._run_spmd, task.kernel, mesh, arrays)
         )
 
-    def _run_spmd(self, kernel: JaxKernel, mesh: Mesh, arrays: list[np.ndarray]) -> list[Any]:
+    def _run_spmd(self, kernel: JaxKernel, mesh: Mesh, arrays: list[Any]) -> list[Any]:
         """On a worker thread: the SPMD call, blocking in cross-host collectives."""
         shards = [
-            jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), x.__getitem__)
+            x.global_array(mesh, NamedSharding(mesh, spec))
+            if isinstance(x, _LocalShards)
+            else jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), x.__getitem__)
             for x, spec in zip(arrays, kernel.in_specs, strict=True)
         ]
         compiled = self._compiled(kernel, mesh, shards, replicated=True)
@@ -626,3 +656,34 @@ def _ask_cpu_devices(wanted: int) -> None:
     if xla_bridge.backends_are_initialized() or "xla_force_host_platform_device_count" in flags:
         return
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={wanted}".strip()
+
+
+def jax_spec(spec: Sequence[Any]) -> PartitionSpec:
+    """A layout's spec (``devices/_shards.py``) as JAX's ``PartitionSpec``."""
+    entries = [e if e is None or len(e) > 1 else e[0] for e in spec]
+    while entries and entries[-1] is None:
+        entries.pop()
+    return PartitionSpec(*entries)  # type: ignore[no-untyped-call]
+
+
+def _gang_layout(task: GangTask, spec: Any, value: ShardedHandle) -> Layout | None:
+    """How a gang reads an input of ``value``'s rank with ``spec``."""
+    try:
+        return Layout.of(task.devices, task.mesh_shape, task.axis_names, spec, len(value.shape))
+    except ValueError:
+        return None
+
+
+class _LocalShards:
+    """A host leader's own shards of a sharded input, by mesh position."""
+
+    def __init__(self, shape: tuple[int, ...], parts: list[tuple[int, np.ndarray]]) -> None:
+        # bytes only: this goes to a worker thread, where no handle (and the
+        # Cap'n Proto reference in it) may be let go of
+        self.shape, self.parts = shape, parts
+
+    def global_array(self, mesh: Mesh, sharding: NamedSharding) -> jax.Array:
+        """The global array, from this process's shards alone."""
+        flat = list(mesh.devices.flat)
+        arrays = [jax.device_put(part, flat[p]) for p, part in self.parts]
+        return jax.make_array_from_single_device_arrays(self.shape, sharding, arrays)

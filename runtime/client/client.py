@@ -26,6 +26,7 @@ from ...devices import Aval, BufferHandle, Computation, Device, DeviceStats, Hos
 from ...devices import timeline as _timelines
 from ...devices._host_api import HostEndpoints
 from ...devices._runlane import ENDPOINTS, FREE, RUN_CALL, RUN_CALL_DIRECT, RUN_GRAPH
+from ...devices._shards import ShardedHandle, assemble
 from ...devices._values import INLINE_VALUE_BYTES
 from ...kernel import (
     Actor,
@@ -52,12 +53,14 @@ from ..runlanes import Caller
 from ..topology import DeviceInfo, Topology
 from ..tracing import NotAProgram, PlacedFunction, Program, VirtualSlice, aval_of
 from .batching import RunBatcher
+from .colocated import dispatch as _colocated
 from .ownership import Ownership
+from .refs import ArrayRef, ShardedRef
 
 if TYPE_CHECKING:
     from ..control.controller import Controller
 
-__all__ = ["ArrayRef", "Cluster", "Outputs"]
+__all__ = ["ArrayRef", "Cluster", "Outputs", "ShardedRef"]
 
 
 A = TypeVar("A", bound=Actor)
@@ -80,27 +83,6 @@ class HostLinks(Protocol):
         """The lane down which host ``host_id`` can answer this client's
         calls to the controller, if one is up."""
         ...
-
-
-class ArrayRef:
-    """A value that lives (or will live) on the cluster: a handle's promise and an aval.
-
-    Pass it to another ``run`` to chain without fetching; ``await
-    client.fetch(ref)`` reads it.
-    """
-
-    __slots__ = ("aval", "promise")
-
-    def __init__(self, promise: Promise[BufferHandle], aval: Aval) -> None:
-        self.promise = promise
-        self.aval = aval
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return self.aval.shape
-
-    def __repr__(self) -> str:
-        return f"ArrayRef({self.aval.shape}, {self.aval.dtype}, {self.promise!r})"
 
 
 class Outputs:
@@ -174,6 +156,7 @@ class Cluster:
         # controller (which proxies the references it passed on)
         self._direct = direct
         self._hosts = hosts
+        self._host_addresses: dict[int, str] = {}  # host id -> its process's address
         # run calls made in one loop turn go as one graph (runtime/client/batching.py)
         self._batcher = RunBatcher(self._send_graph, self._send_call)
         # what this client's references keep alive (runtime/client/ownership.py)
@@ -576,7 +559,7 @@ class Cluster:
         ``HostLost``.
         """
         where = self._spawn_host(host, device)
-        target = await self._host_link(where)
+        target = await self.host_link(where)
         ref: ActorRef[A] = await target.spawn_user(cls, args, kwargs, self.owner, on_failure)
         return ref
 
@@ -590,15 +573,35 @@ class Cluster:
             raise UsageError(f"no host {host}: this cluster has hosts 0 to {len(self._hosts) - 1}")
         return host
 
-    async def _host_link(self, host_id: int) -> ActorRef[Host]:
+    async def host_link(self, host_id: int) -> ActorRef[Host]:
         """Host ``host_id``, over this client's own link to its process when
         one is up (its actors' calls then go straight there), else through
         the controller."""
         proxied = self._hosts[host_id]
         if self._direct is None:
             return proxied
-        address: str = await proxied.address()
+        address = self._host_addresses.get(host_id)
+        if address is None:
+            address = self._host_addresses[host_id] = await proxied.address()
         return self._direct.get(address, host_id) or proxied
+
+    async def colocated(self, fn: Any, slice_: VirtualSlice, *args: Any) -> Any:
+        """Run ``fn`` (made with :func:`atoll.colocated`) on each host of
+        ``slice_``, beside its devices: each host gets its block of each
+        array argument (``ArrayRef`` s), and keeps its block of each output
+        as shards on its devices. Returns a :class:`ShardedRef` per output
+        (one, or a tuple), which runs read like any value, once the hosts
+        have the call: not once it ran. No byte of the arrays passes through
+        this client; a call that reads a run's output waits for it there,
+        and a run that reads an output waits for the call
+        (``docs/colocated.md``)."""
+        refs = await _colocated(self, fn, slice_, args)
+        return refs[0] if len(refs) == 1 else tuple(refs)
+
+    def track(self, promise: Promise[BufferHandle]) -> Promise[BufferHandle]:
+        """Count ``promise`` as this client's reference to the buffer it
+        settles with: freed once it and its handle are gone."""
+        return self._refs.track(promise)
 
     def put(self, array: Any, device: int, owner: str = "") -> Promise[BufferHandle]:
         """Copy a host array onto physical ``device``; returns its handle's
@@ -614,6 +617,9 @@ class Cluster:
     async def fetch(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> np.ndarray:
         """The value of a buffer, read from the host that holds it."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
+        if isinstance(handle, ShardedHandle):  # split over devices: its shards put together
+            parts = [(index, await self.fetch(part)) for index, part in handle.distinct()]
+            return assemble(handle.shape, handle.dtype, parts)
         if handle.value is not None:  # a small value rides along in its handle
             return handle.value
         try:
@@ -631,6 +637,10 @@ class Cluster:
         under way; this waits for the computation itself, and raises its
         error if it failed. Moves no bytes."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
+        if isinstance(handle, ShardedHandle):
+            for part in handle.parts:
+                await self.ready(part)
+            return
         try:
             await self.host_of(handle).ready(handle.id, self.owner)
         except (HostLost, ActorStopped):
@@ -648,6 +658,10 @@ class Cluster:
         from . import checkpoints
 
         def promise(leaf: Any) -> Any:
+            if isinstance(leaf, ShardedRef):
+                raise UsageError(
+                    "save takes ArrayRefs made by runs; a ShardedRef (colocated) is not saved yet"
+                )
             return leaf.promise if isinstance(leaf, ArrayRef) else leaf
 
         plain = jax.tree_util.tree_map(promise, tree, is_leaf=_is_array_ref)
@@ -668,6 +682,8 @@ class Cluster:
     async def free(self, value: ArrayRef | BufferHandle | Promise[BufferHandle]) -> bool:
         """Drop this client's reference to a buffer; True if it was freed."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
+        if isinstance(handle, ShardedHandle):
+            return all([await self.free(part) for part in handle.parts])
         self._refs.by_hand(handle)
         try:
             freed: bool = await self.host_of(handle).free(handle.id, self.owner)  # its own only

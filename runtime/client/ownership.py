@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ...devices import BufferHandle
+from ...devices._shards import ShardedHandle
 from ...kernel import ActorRef, ActorStopped, HostLost, Promise, all_settled, log_failure
 from ...kernel.lowlevel import running_asyncio_loop, threadsafe_caller
 
@@ -110,10 +111,10 @@ class Ownership:
         """A run reads ``values`` (handles, or promises of them): their buffers
         stay until ``done`` settles (the run took its inputs)."""
         for value in values:
-            if isinstance(value, BufferHandle):
-                self._add_reader(value.id, done)
-            elif isinstance(value, Promise):
+            if isinstance(value, Promise):
                 value.add_done_callback(lambda settled: self._read_by(settled, done))
+            else:
+                self._add_readers(value, done)
 
     def by_hand(self, handle: BufferHandle) -> None:
         """The caller freed ``handle``'s buffer itself (``cluster.free``)."""
@@ -156,8 +157,18 @@ class Ownership:
         self._dying.discard(handle.id)
 
     def _read_by(self, value: Promise[Any], done: Promise[Any]) -> None:
-        if value.exception() is None and isinstance(handle := value.result(), BufferHandle):
-            self._add_reader(handle.id, done)
+        if value.exception() is not None:
+            return
+        self._add_readers(value.result(), done)
+
+    def _add_readers(self, value: Any, done: Promise[Any]) -> None:
+        """``value``'s buffers are read until ``done`` (a value split over
+        devices: each of its shards)."""
+        if isinstance(value, BufferHandle):
+            self._add_reader(value.id, done)
+        elif isinstance(value, ShardedHandle):
+            for part in value.parts:
+                self._add_reader(part.id, done)
 
     def _add_reader(self, buffer_id: str, done: Promise[Any]) -> None:
         """One more run reading ``buffer_id``; the ones that took it are let go

@@ -235,6 +235,12 @@ class Controller(Actor):
         return VirtualSlice(alloc.slice_id, shape, names, alloc.island)
 
     @endpoint
+    def slice_devices(self, slice_id: int, owner: str = "") -> tuple[int, ...]:
+        """A slice's physical devices now, in mesh order (for colocated
+        Python, ``runtime/client/colocated.py``); ``owner``'s slices only."""
+        return self._placed(slice_id, owner).devices
+
+    @endpoint
     def release(self, slice_id: int, owner: str = "") -> Promise[None] | None:
         """Give a slice back; a session (``owner``) may release only its own.
         A slice being moved (or suspended, resumed) is given back once that

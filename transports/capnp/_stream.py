@@ -221,6 +221,7 @@ class _ReadAhead(asyncio.BufferedProtocol):
 
 def _count(nbytes: int) -> None:
     counts["socket_writes"] += 1
+    counts["bytes_out"] += nbytes
     _STATS.frames += 1
     _STATS.bytes += nbytes
 

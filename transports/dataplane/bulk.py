@@ -46,6 +46,7 @@ import numpy as np
 
 from ...kernel import Timer, TransportError, current_clock
 from ...kernel.config import settings
+from ...kernel.lowlevel import counts as process_counts
 
 __all__ = [
     "RELAY_ENV",
@@ -146,6 +147,7 @@ class BulkServer:
             await self._loop.sock_sendall(connection, data)
         counts["stream_out"] += 1
         counts["stream_out_bytes"] += data.nbytes
+        process_counts["bytes_out"] += _HEADER.size + data.nbytes
 
     async def aclose(self) -> None:
         """Stop listening, drop every ticket, end the transfers under way."""

@@ -1,0 +1,208 @@
+"""Colocated functions: a user's Python on each host of a slice, over its shards.
+
+``cluster.colocated(fn, slice_, *args)`` (``runtime/client/colocated.py``)
+sends one :class:`ColocatedCall` to every host that holds a device of the
+slice. Each host runs it here: it reads its own block of each array
+argument (the shards of its devices, put together; a value split the same
+way is read from this host's store alone, so no byte crosses hosts, and none
+passes through the client), calls the function on a worker thread, and
+stores its block of each output as one buffer per device of the slice on
+this host: the shards of a :class:`~atoll.devices._shards.ShardedHandle`
+that runs read like any value.
+
+What is asynchronous: inputs are awaited here, each once it exists (a
+run's output may still be computing), so a colocated call that reads a
+run's output waits for it; the call's answer (the outputs' handles) comes
+once they are stored, so a run that reads them waits for that. The host
+answers other calls meanwhile (its message loop never waits for this).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import numpy as np
+
+from ..kernel import UsageError
+from ._shards import Index, Layout, ShardedHandle, assemble
+from ._values import BufferHandle
+
+__all__ = ["ArrayArg", "ColocatedCall", "HostBlocks", "Shard", "run_on_host"]
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What a colocated function may ask about where it runs (a parameter
+    named ``shard``): this host, its place among the slice's hosts, its
+    devices of the slice, and the block of each output it makes
+    (``blocks[i]``: one ``slice`` per dimension)."""
+
+    host_id: int
+    position: int
+    devices: tuple[int, ...]
+    blocks: tuple[Index, ...]
+
+
+@dataclass(frozen=True)
+class ArrayArg:
+    """An argument that is an array on the cluster: each host reads its block
+    of it under ``spec`` (over the call's slice)."""
+
+    spec: tuple[Any, ...]
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ColocatedCall:
+    """One colocated function call, as every host of the slice runs it.
+
+    ``arrays``: per positional argument, an :class:`ArrayArg` where it is an
+    array on the cluster (its value comes beside, as a handle), else None
+    (the value itself, as it was given). ``outputs``: each output's global
+    shape, dtype and spec. ``hosts``: the slice's hosts in order.
+    """
+
+    fn: Callable[..., Any]
+    name: str
+    devices: tuple[int, ...]
+    mesh_shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    arrays: tuple[ArrayArg | None, ...]
+    outputs: tuple[ArrayArg, ...]
+    hosts: tuple[int, ...] = field(default=())
+
+    def layout(self, spec: tuple[Any, ...]) -> Layout:
+        return Layout(self.devices, self.mesh_shape, self.axis_names, spec)
+
+    def takes_shard(self) -> bool:
+        try:
+            return "shard" in inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return False
+
+
+class HostBlocks(Protocol):
+    """What :func:`run_on_host` needs of its host (``Host`` is one)."""
+
+    host_id: int
+    device_ids: list[int]
+
+    async def bytes_of(self, handle: BufferHandle, owner: str) -> np.ndarray:
+        """A buffer's bytes, once it exists: from this host's store, or its holder."""
+        ...
+
+    async def store_shard(self, array: np.ndarray, owner: str, device: int) -> BufferHandle:
+        """Keep ``array`` as a buffer of ``device`` here, for ``owner``; its
+        handle carries no value (it is read where it is)."""
+        ...
+
+
+async def run_on_host(
+    host: HostBlocks, call: ColocatedCall, args: Sequence[Any], owner: str
+) -> list[list[tuple[int, BufferHandle]]]:
+    """This host's part of ``call``: per output, ``(position, handle)`` for
+    each device of the slice here (position: its place in the slice)."""
+    mine = [p for p, d in enumerate(call.devices) if d in host.device_ids]
+    if not mine:
+        raise UsageError(f"host {host.host_id} holds no device of the slice {list(call.devices)}")
+    values = [
+        await _block(host, call, spec, value, mine, owner) if spec is not None else value
+        for spec, value in zip(call.arrays, args, strict=True)
+    ]
+    boxes = [call.layout(out.spec).block(out.shape, mine) for out in call.outputs]
+    kwargs: dict[str, Any] = {}
+    if call.takes_shard():
+        where = call.hosts.index(host.host_id) if host.host_id in call.hosts else 0
+        devices = tuple(call.devices[p] for p in mine)
+        kwargs["shard"] = Shard(host.host_id, where, devices, tuple(boxes))
+    made = await anyio.to_thread.run_sync(_called, call.fn, values, kwargs)
+    blocks = _checked(call, made, boxes)
+    return [
+        await _stored(host, call, out, block, box, mine, owner)
+        for out, block, box in zip(call.outputs, blocks, boxes, strict=True)
+    ]
+
+
+def _called(fn: Callable[..., Any], values: list[Any], kwargs: dict[str, Any]) -> Any:
+    return fn(*values, **kwargs)
+
+
+def _checked(call: ColocatedCall, made: Any, boxes: list[Index]) -> list[np.ndarray]:
+    """The function's outputs as host arrays, each its host's block."""
+    outs = list(made) if len(call.outputs) > 1 or isinstance(made, list) else [made]
+    if len(outs) != len(call.outputs):
+        raise UsageError(f"{call.name} returned {len(outs)} outputs, not {len(call.outputs)}")
+    arrays = []
+    for i, (out, spec, box) in enumerate(zip(outs, call.outputs, boxes, strict=True)):
+        array = np.asarray(out)
+        want = tuple(s.stop - s.start for s in box)
+        if array.shape != want or str(array.dtype) != spec.dtype:
+            raise UsageError(
+                f"{call.name}: output {i} here must be {want} {spec.dtype} (this host's block "
+                f"of {spec.shape}), not {array.shape} {array.dtype}"
+            )
+        arrays.append(array)
+    return arrays
+
+
+async def _block(
+    host: HostBlocks,
+    call: ColocatedCall,
+    arg: ArrayArg,
+    value: Any,
+    mine: list[int],
+    owner: str,
+) -> np.ndarray:
+    """This host's block of an array argument: from its own shards when the
+    value is split as the call reads it, else cut from the whole."""
+    layout = call.layout(arg.spec)
+    box = layout.block(arg.shape, mine)
+    if isinstance(value, ShardedHandle) and value.layout == layout:
+        out = np.empty(tuple(s.stop - s.start for s in box), np.dtype(arg.dtype))
+        holders = layout.holders(arg.shape)
+        for p in sorted({holders[p] for p in mine}):
+            out[_within(layout.index(arg.shape, p), box)] = await host.bytes_of(
+                value.parts[p], owner
+            )
+        return out
+    whole = await _whole(host, value, owner)
+    return np.ascontiguousarray(whole[box])
+
+
+async def _whole(host: HostBlocks, value: Any, owner: str) -> np.ndarray:
+    if isinstance(value, ShardedHandle):
+        parts = [(index, await host.bytes_of(part, owner)) for index, part in value.distinct()]
+        return assemble(value.shape, value.dtype, parts)
+    if isinstance(value, BufferHandle):
+        return await host.bytes_of(value, owner)
+    return np.asarray(value)
+
+
+async def _stored(
+    host: HostBlocks,
+    call: ColocatedCall,
+    out: ArrayArg,
+    block: np.ndarray,
+    box: Index,
+    mine: list[int],
+    owner: str,
+) -> list[tuple[int, BufferHandle]]:
+    """One output's shards of this host's devices, each a buffer of its device."""
+    layout = call.layout(out.spec)
+    stored = []
+    for p in mine:
+        shard = np.ascontiguousarray(block[_within(layout.index(out.shape, p), box)])
+        stored.append((p, await host.store_shard(shard, owner, call.devices[p])))
+    return stored
+
+
+def _within(index: Index, box: Index) -> Index:
+    """``index`` counted from the corner of ``box``, which holds it."""
+    return tuple(
+        slice(i.start - b.start, i.stop - b.start) for i, b in zip(index, box, strict=True)
+    )
