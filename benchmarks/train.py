@@ -13,6 +13,11 @@ Cases, each measured in this run:
   ideal ``(S-1)/(M+S-1)``.
 * ``memory``: the hosts' store bytes after the first tenth of a long
   data-parallel run and at its end (they must not grow).
+* ``input``: data-parallel over 2 host processes, the batches made on the
+  hosts (``--input hosts``, each its own rows) against made and sent by the
+  client (``--input client``), alternately on the same cluster: tokens/s
+  (medians), the client's bytes per step (all it wrote to sockets, and the
+  arrays among them), and whether the losses are the same, bit for bit.
 
 Rates skip the first fifth of the steps (compiling, filling the run-ahead).
 On this machine the "devices" are XLA's fake CPU devices sharing its cores,
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -119,6 +125,48 @@ async def memory(config: lm.LMConfig, steps: int, devices: int) -> list[Row]:
     ]
 
 
+async def inputs(config: lm.LMConfig, steps: int, devices: int, rounds: int = 3) -> list[Row]:
+    """``--input hosts`` against ``--input client`` over 2 host processes."""
+    from atoll.devices.jax import JaxDevice
+    from atoll.runtime import ClusterSpec, process_cluster
+
+    got: dict[str, list[Any]] = {"hosts": [], "client": []}
+    spec = ClusterSpec(1, 2, devices // 2, device_cls=JaxDevice)
+    async with process_cluster(spec) as cluster:
+        slices: Any = ()
+        for _ in range(rounds):
+            for how in got:
+                result = await train_lm.train(
+                    cluster,
+                    config,
+                    steps,
+                    devices,
+                    slices=slices,
+                    input_from=how,
+                    over_sockets=True,
+                )
+                slices = result.slices
+                got[how].append(result)
+    case = f"input, 2 host processes, {devices} devices:"
+    rows = []
+    for what, unit, of in (
+        ("tokens/s", "tokens/s", lambda r: r.overall_tokens_per_s()),
+        ("client bytes/step", "bytes", lambda r: r.client_bytes_per_step),
+        ("client array bytes/step", "bytes", lambda r: r.client_array_bytes_per_step),
+    ):
+        medians = {how: statistics.median(of(r) for r in results) for how, results in got.items()}
+        rows += [
+            Row(BENCH, f"{case} {what}", f"{how} input", medians[how], unit, devices, 2)
+            for how in got
+        ]
+        if what == "tokens/s":
+            ratio = medians["hosts"] / medians["client"]
+            rows.append(Row(BENCH, f"{case} {what}", "ratio", ratio, "x", devices, 2))
+    same = all(h.losses == c.losses for h, c in zip(got["hosts"], got["client"], strict=True))
+    rows.append(Row(BENCH, f"{case} same losses", "atoll", float(same), "1: bit for bit", devices))
+    return rows
+
+
 async def run(args: argparse.Namespace) -> list[Row]:
     config = lm.CONFIGS[args.config]
     rows = await data_parallel(config, args.steps, args.devices)
@@ -127,12 +175,16 @@ async def run(args: argparse.Namespace) -> list[Row]:
         rows += await pipeline(config, args.steps, args.stages, per_stage, args.micro, how)
     if args.memory_steps:
         rows += await memory(lm.CONFIGS["tiny"], args.memory_steps, 2)
+    if args.input_steps:
+        rows += await inputs(config, args.input_steps, 2 * max(1, args.devices // 2))
     return rows
 
 
 def _render(rows: Sequence[Row]) -> str:
     columns = [
         system_column("atoll", 12, ",.0f"),
+        system_column("hosts input", 12, ",.0f"),
+        system_column("client input", 13, ",.0f"),
         system_column("plain JAX", 12, ",.0f"),
         system_column("ratio", 7, ".2f"),
         system_column("bubble", 7, ".2f"),
@@ -141,7 +193,7 @@ def _render(rows: Sequence[Row]) -> str:
         system_column("store bytes late", 17, ",.0f"),
         unit_column(),
     ]
-    return table(rows, columns, case_width=48)
+    return table(rows, columns, case_width=56)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,10 +204,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--micro", type=int, default=4, help="micro-batches per step")
     parser.add_argument("--memory-steps", type=int, default=5000, help="0: skip")
+    parser.add_argument(
+        "--input-steps", type=int, default=40, help="per round of the input case (0: skip)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args(argv)
     if args.stages < 2 or min(args.devices, args.micro, args.steps) < 1 or args.memory_steps < 0:
         parser.error("--stages must be 2 or more; --devices, --micro and --steps at least 1")
+    if args.input_steps < 0:
+        parser.error("--input-steps must be 0 or more")
     use_fake_cpu_devices()
     began = time.perf_counter()
     rows: list[Any] = anyio.run(run, args)

@@ -57,10 +57,12 @@ from ..kernel import (
     log_failure,
     then,
 )
+from ..kernel.lowlevel import counts
 from ..transports import oneway
 from ..transports._base import by_value
 from ..transports._imports import find_class
 from ._host_api import HostEndpoints
+from ._shards import Layout, ShardedHandle
 from ._values import BufferHandle, _handle
 
 # a call as the host's end keeps it: request, kind, arguments (None while
@@ -116,8 +118,12 @@ class _Pickler(pickle.Pickler):
     def __init__(self, out: io.BytesIO, host_id: int | None) -> None:
         super().__init__(out, pickle.HIGHEST_PROTOCOL)
         self.host_id = host_id
+        self.array_bytes = 0  # arrays in the message (counted once it is made)
 
     def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, ShardedHandle) and self.host_id is not None:
+            parts = tuple(p if p.host_id == self.host_id else _far(p) for p in obj.parts)
+            return _sharded, (parts, obj.layout, obj.shape, obj.dtype)
         if isinstance(obj, BufferHandle):
             if self.host_id is not None and obj.host_id != self.host_id:
                 raise Aside(obj)
@@ -130,13 +136,40 @@ class _Pickler(pickle.Pickler):
                 raise Aside(obj)
             error = obj.exception()
             return (_same, (obj.result(),)) if error is None else (failed, (error,))
-        if isinstance(obj, np.ndarray) and obj.nbytes > LARGEST_ARRAY:
-            raise Aside(obj)
+        if isinstance(obj, np.ndarray):
+            if obj.nbytes > LARGEST_ARRAY:
+                raise Aside(obj)
+            self.array_bytes += obj.nbytes
         if isinstance(obj, (type, FunctionType)) and by_value(obj):
             from ..transports.capnp import _byvalue  # (cloudpickle: only when needed)
 
             return _byvalue.reduce(obj, _aside)  # what it captures that is _aside raises
         return NotImplemented
+
+
+_NO_REF: Any = None  # a far shard's host: reached by address (``DataPlane.host_ref``)
+
+
+def _far(handle: BufferHandle) -> tuple[Any, ...]:
+    """A shard held by another host, as its fields but its host's reference:
+    a reader that needs it reaches that host by address (the shards a
+    reader needs are its own host's, unless it reads the value another way)."""
+    _, (buffer_id, _ref, *rest) = handle.__reduce__()
+    return (buffer_id, *rest)
+
+
+def _sharded(
+    parts: tuple[BufferHandle | tuple[Any, ...], ...],
+    layout: Layout,
+    shape: tuple[int, ...],
+    dtype: str,
+) -> ShardedHandle:
+    """A sharded value as a lane sent it: its far shards' handles without
+    their hosts' references."""
+    handles = tuple(
+        p if isinstance(p, BufferHandle) else _handle(p[0], _NO_REF, *p[1:]) for p in parts
+    )
+    return ShardedHandle(handles, layout, shape, dtype)
 
 
 def _aside(obj: Any) -> bool:
@@ -156,7 +189,9 @@ def dumps(
     go by Cap'n Proto."""
     out = io.BytesIO()
     out.write(_HEAD.pack(request, kind, target))
-    _Pickler(out, host_id).dump(message)
+    pickler = _Pickler(out, host_id)
+    pickler.dump(message)
+    counts["array_bytes_out"] += pickler.array_bytes
     return out.getvalue()
 
 

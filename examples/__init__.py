@@ -8,6 +8,8 @@
 - ``multi_tenant``: four clients of weights 1, 2, 4, 8 share one island.
 - ``train_lm``: a GPT-style language model trained data-parallel, beside plain
   JAX (``atoll run train_lm --help``; needs the ``[train]`` extra).
+- ``colocated``: the hosts prepare a slice's data and label a JAX program's
+  output, beside their devices (``--hosts 2``: in two host processes).
 """
 
 import importlib
@@ -23,6 +25,7 @@ EXAMPLES = (
     "partitioned_pipeline",
     "multi_tenant",
     "train_lm",
+    "colocated",
 )
 
 

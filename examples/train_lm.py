@@ -12,9 +12,17 @@ steps in flight (``AHEAD``), so the devices never wait for it.
 The same steps then run in plain JAX (one ``jit``, one device, the same
 seed and data) for the reference losses.
 
+The batches are made on the hosts (``--input hosts``, the default for
+data-parallel training): each host of the slice cuts its own rows of each
+step's batch out of the corpus, into its own devices' store, a few steps
+ahead (:mod:`atoll.examples.lm_input`); the client sends only the step.
+``--input client`` builds each batch here and sends it with the step, as a
+pipeline's micro-batches always are.
+
 Run it: ``atoll run train_lm [--steps N] [--data-parallel D] [--config
-tiny|small|gpt2] [--hosts H] [--json] [--plot PATH]``. ``--hosts`` runs the
-devices in host processes (``atoll up``'s kind) instead of this one.
+tiny|small|gpt2] [--hosts H] [--input hosts|client] [--json] [--plot
+PATH]``. ``--hosts`` runs the devices in host processes (``atoll up``'s
+kind) instead of this one.
 """
 
 # mypy: disable-error-code="no-untyped-call"
@@ -39,7 +47,8 @@ from jax.sharding import PartitionSpec as P
 
 import atoll
 from atoll.devices.jax import JaxDevice
-from atoll.examples import lm, lm_pipeline
+from atoll.examples import lm, lm_input, lm_pipeline
+from atoll.kernel.lowlevel import counts
 from atoll.runtime import ClusterSpec, process_cluster
 
 __all__ = ["AHEAD", "StepReport", "TrainResult", "main", "parse", "reference", "train"]
@@ -68,6 +77,12 @@ class TrainResult:
     state: Any = None  # the last step's (params, opt_state) as ArrayRefs, for save
     slices: list[Any] = field(default_factory=list)  # where it ran: pass them on to reuse
     rate: float | None = None  # timed as a whole (the reference's), else from finished_at
+    input_state: dict[str, Any] | None = None  # the host-side input's position (--input hosts)
+    # bytes the client's process wrote to sockets per step, once the first
+    # loss came back, and the bytes of arrays among them (None: an in-process
+    # cluster, where nothing goes by socket)
+    client_bytes_per_step: float | None = None
+    client_array_bytes_per_step: float | None = None
 
     def overall_tokens_per_s(self) -> float:
         """Tokens per second over the steps after the first fifth (compiling
@@ -116,12 +131,20 @@ async def train(
     start: int = 0,
     state: Any = None,
     slices: Sequence[Any] = (),
+    input_from: str = "client",
+    input_state: dict[str, Any] | None = None,
+    over_sockets: bool = False,
 ) -> TrainResult:
     """Train ``steps`` steps data-parallel over ``data_parallel`` devices of
     ``cluster``; ``on_step`` hears of each step as its loss arrives.
     ``start``, ``state``: go on from step ``start`` with these
     ``(params, opt_state)`` (restored from a checkpoint, say). ``slices``:
-    the slice to run on (an earlier result's), else a new one."""
+    the slice to run on (an earlier result's), else a new one.
+    ``input_from``: ``"client"`` (this process builds each batch and sends
+    it) or ``"hosts"`` (each host makes its own rows, ``lm_input.py``);
+    ``input_state``: where the hosts' input goes on from (a checkpoint's).
+    ``over_sockets``: the hosts are processes: count the bytes this process
+    sends per step."""
     if config.batch % data_parallel:
         raise ValueError(f"batch {config.batch} does not split over {data_parallel} devices")
     [mesh] = slices or [await _slice(cluster, data_parallel)]
@@ -130,11 +153,14 @@ async def train(
     )
     params, opt_state = state if state is not None else _fresh(config)
     result = TrainResult([], tokens_per_step=config.batch * config.context, start=start)
+    feed = _feed(cluster, mesh, config, start, input_from, input_state)
+    sent = _SentBytes(steps, over_sockets)
     pending: list[Any] = []
     out: Any = None
     began = time.perf_counter()
     for i in range(steps):
-        batch = lm.batch_at(start + i, config)
+        sent.at(i, result)
+        batch = lm.batch_at(start + i, config) if feed is None else await feed.next()
         out = cluster.run(step, params, opt_state, batch)  # returns at once
         params, opt_state, loss = out.refs  # chained on the devices
         pending.append(loss)
@@ -142,7 +168,55 @@ async def train(
             _arrived(result, float(await cluster.fetch(pending.pop(0))), began, on_step)
     result.state, result.slices = (params, opt_state), [mesh]
     result.params = (await out)[0] if steps else params  # the last step's, fetched
+    result.client_bytes_per_step, result.client_array_bytes_per_step = sent.per_step()
+    result.input_state = None if feed is None else feed.state()
     return result
+
+
+def _feed(
+    cluster: atoll.Cluster,
+    mesh: Any,
+    config: lm.LMConfig,
+    start: int,
+    input_from: str,
+    state: dict[str, Any] | None,
+) -> lm_input.HostBatches | None:
+    """The hosts' input, from ``start`` (or from ``state``, which must agree)."""
+    if input_from not in INPUTS:
+        raise ValueError(f"input_from must be one of {INPUTS}, not {input_from!r}")
+    if input_from == "client":
+        return None
+    if state is None:
+        return lm_input.HostBatches(cluster, mesh, config, start, prefetch=AHEAD)
+    feed = lm_input.HostBatches.restored(cluster, mesh, config, state, prefetch=AHEAD)
+    if feed.position != start:
+        raise ValueError(f"the saved input goes on from step {feed.position}, not {start}")
+    return feed
+
+
+INPUTS = ("client", "hosts")
+
+
+class _SentBytes:
+    """What this process sends per step, from the first step dispatched
+    after a loss came back (the first steps' puts, the parameters and the
+    optimizer state, are behind it by then): bytes written to sockets, and
+    the bytes of arrays among them (``kernel.lowlevel.counts``)."""
+
+    def __init__(self, steps: int, counting: bool) -> None:
+        self.steps, self.counting = steps, counting
+        self.mark: tuple[int, int, int] | None = None  # step, bytes, array bytes
+
+    def at(self, step: int, result: TrainResult) -> None:
+        if self.mark is None and self.counting and result.losses:
+            self.mark = (step, counts["bytes_out"], counts["array_bytes_out"])
+
+    def per_step(self) -> tuple[float, float] | tuple[None, None]:
+        if self.mark is None:
+            return None, None
+        step, sent, arrays = self.mark
+        steps = self.steps - step
+        return (counts["bytes_out"] - sent) / steps, (counts["array_bytes_out"] - arrays) / steps
 
 
 async def _slice(cluster: atoll.Cluster, devices: int) -> Any:
@@ -314,6 +388,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--hosts", type=_at_least_0, default=0, help="host processes (0: in-process)"
     )
+    parser.add_argument(
+        "--input",
+        choices=INPUTS,
+        default=None,
+        help="who makes the batches: each host its own rows (the default without "
+        "--pipeline), or this client, which sends them",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per step")
     parser.add_argument("--plot", metavar="PNG", help="write the loss curve there (default: none)")
     parser.add_argument("--no-reference", action="store_true", help="skip plain JAX")
@@ -324,18 +405,20 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def _resumed(cluster: atoll.Cluster, directory: str | None, layout: str) -> tuple[int, Any]:
-    """The step and state a checkpoint holds (from the hosts), or a fresh
-    start; a checkpoint of another model or cut is refused."""
+async def _resumed(
+    cluster: atoll.Cluster, directory: str | None, layout: str
+) -> tuple[int, Any, dict[str, Any] | None]:
+    """The step, state and input position a checkpoint holds (from the
+    hosts), or a fresh start; a checkpoint of another model or cut is refused."""
     if directory is None:
-        return 0, None
+        return 0, None, None
     saved = await cluster.restore(directory)
     if str(saved["layout"]) != layout:
         raise SystemExit(
             f"train_lm: {directory} holds {saved['layout']}, not {layout}: "
             "resume with the --config, --pipeline and --cut it was saved with"
         )
-    return int(saved["step"]), saved["state"]
+    return int(saved["step"]), saved["state"], saved.get("input")
 
 
 def _layout(args: argparse.Namespace, cut: lm_pipeline.Cut | None) -> str:
@@ -362,6 +445,17 @@ def _cut(config: lm.LMConfig, stages: int, how: str, micro_batch: int) -> lm_pip
     return chosen
 
 
+def _input(args: argparse.Namespace) -> str:
+    """Who makes the batches: the hosts where they can (data-parallel
+    training), else this client."""
+    if args.input == "hosts" and args.pipeline > 1:
+        raise SystemExit(
+            "train_lm: --input hosts makes the batches of data-parallel training; "
+            "a pipeline's micro-batches come from the client (--input client)"
+        )
+    return args.input or ("client" if args.pipeline > 1 else "hosts")
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -379,6 +473,7 @@ def _at_least_0(text: str) -> int:
 async def main(argv: list[str] | None = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
     _check_paths(args)
+    args.input = _input(args)
     config = lm.CONFIGS[args.config].with_(dtype=args.dtype)
     params = lm.parameter_count(lm.init(config))
     if not args.json:
@@ -394,11 +489,20 @@ async def main(argv: list[str] | None = None) -> None:
         cut = _cut(config, stages, args.cut, config.batch // args.micro_batches)
     layout = _layout(args, cut)
     async with cluster_for(devices, args.hosts, in_process_hosts=stages) as cluster:
-        start, state = await _resumed(cluster, args.resume, layout)
+        start, state, input_state = await _resumed(cluster, args.resume, layout)
         show = _printer(args.json, start, args.steps)
         if cut is None:
             result = await train(
-                cluster, config, args.steps, args.data_parallel, show, start, state
+                cluster,
+                config,
+                args.steps,
+                args.data_parallel,
+                show,
+                start,
+                state,
+                input_from=args.input,
+                input_state=input_state if args.input == "hosts" else None,
+                over_sockets=args.hosts > 0,
             )
         else:
             result = await train_pipelined(
@@ -416,10 +520,15 @@ async def main(argv: list[str] | None = None) -> None:
         if args.save:
             step = np.int64(start + args.steps)
             saved = {"step": step, "layout": np.array(layout), "state": result.state}
+            if result.input_state is not None:
+                saved["input"] = result.input_state
             await cluster.save(saved, args.save)
     reference_steps = None if args.no_reference else start + args.steps
     same = args.data_parallel if stages == 1 else 1  # a pipeline has no plain-JAX twin here
     summary = _summary(config, params, result, devices, reference_steps, same)
+    summary["input"] = args.input
+    summary["client_bytes_per_step"] = result.client_bytes_per_step
+    summary["client_array_bytes_per_step"] = result.client_array_bytes_per_step
     if args.json:
         print(json.dumps(summary))
     else:
@@ -509,6 +618,12 @@ def _print_summary(summary: dict[str, Any]) -> None:
         f"{summary['tokens_per_s']:,.0f} tokens/s, "
         f"{summary['model_flops_per_s'] / 1e9:,.1f} model GFLOP/s"
         + (f", MFU {mfu:.1%}" if mfu is not None else "")
+    )
+    sent, arrays = summary.get("client_bytes_per_step"), summary.get("client_array_bytes_per_step")
+    print(
+        f"batches made by the {summary.get('input', 'client')}"
+        + ("" if sent is None else f"; this process sent {sent:,.0f} bytes per step")
+        + ("" if arrays is None else f", {arrays:,.0f} of them arrays")
     )
     if "reference_loss" in summary:
         print(

@@ -19,6 +19,11 @@ COUNTS: dict[str, int] = {
     "capnp_calls_in": 0,  # Cap'n Proto calls this process served
     "socket_writes": 0,  # writes of Cap'n Proto's streams and of lanes (a burst each)
     "bytes_out": 0,  # bytes this process wrote to sockets: Cap'n Proto, lanes, bulk streams
+    # bytes of arrays this process handed to others: inside Cap'n Proto calls
+    # and run lanes' messages, or offered for them to read (shared memory,
+    # streams); not the small values that ride inside buffer handles, which
+    # their holders have already
+    "array_bytes_out": 0,
     "lane_messages_out": 0,  # one-way messages sent on lanes (transports/oneway.py)
     "lane_messages_in": 0,  # ... and received
     "answers_from_hosts": 0,  # a client's calls to the controller a device's host answered

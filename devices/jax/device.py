@@ -507,10 +507,10 @@ class JaxDevice(Device):
         super().ran(task, owner, began, busy_s, leader)
 
     async def _read(self, handle: BufferHandle | ShardedHandle, owner: str = "") -> Any:
-        """As every device's, except that a value split over devices of this
-        process's JAX runtime becomes one ``jax.Array`` over them, each shard
-        put on its own device (no copy when it is there already)."""
-        if not isinstance(handle, ShardedHandle) or _jax_multi.configured():
+        """As every device's, except that a value split over devices this
+        process holds becomes one ``jax.Array`` over them, each shard put on
+        its own device (no copy when it is there already)."""
+        if not isinstance(handle, ShardedHandle) or not self._addressable(handle):
             return await super()._read(handle, owner)
         layout = handle.layout
         devices = await self._devices_of(layout.devices)
@@ -524,6 +524,10 @@ class JaxDevice(Device):
             jax.device_put(parts[q], device) for q, device in zip(holders, devices, strict=True)
         ]
         return jax.make_array_from_single_device_arrays(handle.shape, sharding, arrays)
+
+    def _addressable(self, handle: ShardedHandle) -> bool:
+        """Whether this process's JAX runtime holds every device of ``handle``."""
+        return not _jax_multi.configured() or all(p.host_id == self.host_id for p in handle.parts)
 
     async def _spmd_input(self, task: GangTask, spec: Any, value: Any, owner: str) -> Any:
         """What this host leader of a gang over processes reads of an input:

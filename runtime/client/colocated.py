@@ -31,11 +31,11 @@ from .refs import ArrayRef, ShardedRef
 if TYPE_CHECKING:
     from .client import Cluster
 
-__all__ = ["ColocatedFunction", "ShardedRef", "colocated"]
+__all__ = ["ColocatedFunction", "colocated", "dispatch"]
 
-Out = (
-    Any  # an aval-like (shape and dtype), a sequence of them, or a function of the inputs' to those
-)
+# an output's global aval (anything with shape and dtype), a sequence of
+# them, or a function of the arguments (arrays as their avals) to those
+Out = Any
 
 
 @dataclass(frozen=True)

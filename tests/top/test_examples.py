@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atoll.examples import multi_tenant, partitioned_pipeline, pipeline, spmd, two_islands
+from atoll.examples import (
+    colocated,
+    multi_tenant,
+    partitioned_pipeline,
+    pipeline,
+    spmd,
+    two_islands,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -36,6 +43,24 @@ async def test_two_islands_cross_the_datacenter_link() -> None:
     assert result.transfer_s > two_islands.COST.transfer_time(result.crossed_bytes)
 
 
+async def test_the_hosts_prepare_and_label_what_a_jax_program_scores() -> None:
+    result = await colocated.run(steps=2)
+    np.testing.assert_array_equal(result.labels, colocated.reference(steps=2))
+    assert result.client_array_bytes == 0  # after the first step, no array left the client
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # host processes: capnp
+@pytest.mark.timeout(180)
+async def test_over_two_host_processes_each_prepares_its_own_rows() -> None:
+    import os
+
+    result = await colocated.run(steps=2, hosts=2)
+    np.testing.assert_array_equal(result.labels, colocated.reference(steps=2))
+    assert all(len(pids) == 2 and os.getpid() not in pids for pids in result.pids)
+    assert result.client_array_bytes == 0
+
+
 async def test_the_partitioner_splits_a_pipeline_that_matches_the_model() -> None:
     out, split = await partitioned_pipeline.run(micro_batches=4)
     np.testing.assert_allclose(out, partitioned_pipeline.reference(), atol=1e-5)
@@ -64,6 +89,7 @@ def test_examples_run_by_name(capsys: pytest.CaptureFixture[str]) -> None:
         "partitioned_pipeline",
         "multi_tenant",
         "train_lm",
+        "colocated",
     }
     assert run_example("custom_scheduler") == 0
     assert "matches numpy: True" in capsys.readouterr().out

@@ -366,3 +366,106 @@ def test_the_rate_skips_the_first_fifth_of_the_steps() -> None:
     result.finished_at = [10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0, 13.5, 14.0, 14.5]
     assert result.overall_tokens_per_s() == pytest.approx(100 * 8 / 4.0)  # from step 1 on
     assert train_lm.reference(TINY, 1).overall_tokens_per_s() > 0  # one step has a rate too
+
+
+# -- the input pipeline on the hosts (--input hosts, examples/lm_input.py) -------------
+def test_a_hosts_rows_are_those_of_the_clients_batch() -> None:
+    from atoll.examples import lm_input
+
+    for step in (0, 7):
+        whole = lm.batch_at(step, TINY)
+        for rows in (slice(0, 4), slice(4, 8), slice(2, 6)):
+            np.testing.assert_array_equal(lm_input.batch_rows(step, TINY, rows), whole[rows])
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_batches_made_on_the_hosts_train_as_the_clients_bit_for_bit(
+    anyio_backend: str,
+) -> None:
+    async with train_lm.cluster_for(4, hosts=0) as cluster:
+        hosts = await train_lm.train(cluster, TINY, STEPS, 4, input_from="hosts")
+        client = await train_lm.train(
+            cluster, TINY, STEPS, 4, input_from="client", slices=hosts.slices
+        )
+    assert hosts.losses == client.losses
+    assert hosts.input_state is not None and int(hosts.input_state["next_step"]) == STEPS
+    assert client.input_state is None and hosts.client_bytes_per_step is None  # no sockets
+    with pytest.raises(ValueError, match="input_from must be one of"):
+        async with train_lm.cluster_for(2, hosts=0) as cluster:
+            await train_lm.train(cluster, TINY, 1, 2, input_from="disk")
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_hosts_input_resumes_exactly_from_a_checkpoint(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    """The input's position is saved with the model's state; a new cluster
+    goes on from it and sees the batches an uninterrupted run sees."""
+    pytest.importorskip("orbax.checkpoint", reason="the [train] extra (orbax) is missing")
+    half = STEPS // 2
+    async with train_lm.cluster_for(2, hosts=0) as cluster:
+        whole = await train_lm.train(cluster, TINY, STEPS, 2, input_from="hosts")
+        first = await train_lm.train(
+            cluster, TINY, half, 2, input_from="hosts", slices=whole.slices
+        )
+        saved = {"step": half, "state": first.state, "input": first.input_state}
+        await cluster.save(saved, tmp_path / "ck")
+    async with train_lm.cluster_for(2, hosts=0) as cluster:
+        back = await cluster.restore(tmp_path / "ck")
+        rest = await train_lm.train(
+            cluster,
+            TINY,
+            half,
+            2,
+            start=half,
+            state=back["state"],
+            input_from="hosts",
+            input_state=back["input"],
+        )
+        again = rest.slices
+        with pytest.raises(ValueError, match="goes on from step 10, not 3"):
+            await train_lm.train(
+                cluster,
+                TINY,
+                1,
+                2,
+                start=3,
+                state=back["state"],
+                input_from="hosts",
+                input_state=back["input"],
+                slices=again,
+            )
+    assert first.losses + rest.losses == whole.losses
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # host processes: capnp
+@pytest.mark.timeout(300)
+async def test_over_two_host_processes_no_batch_byte_leaves_the_client(
+    anyio_backend: str,
+) -> None:
+    """Data-parallel over 4 devices in 2 host processes: the same losses
+    either way, bit for bit; the client sends each batch with ``--input
+    client``, and no array at all with ``--input hosts``."""
+    async with train_lm.cluster_for(4, hosts=2) as cluster:
+        hosts = await train_lm.train(cluster, TINY, STEPS, 4, input_from="hosts", over_sockets=True)
+        client = await train_lm.train(
+            cluster, TINY, STEPS, 4, input_from="client", over_sockets=True, slices=hosts.slices
+        )
+    assert hosts.losses == client.losses
+    batch_bytes = lm.batch_at(0, TINY).nbytes
+    assert hosts.client_array_bytes_per_step == 0
+    assert client.client_array_bytes_per_step is not None
+    assert client.client_array_bytes_per_step >= batch_bytes
+
+
+def test_the_command_refuses_hosts_input_for_a_pipeline() -> None:
+    from atoll.cli import main
+
+    args = ["run", "train_lm", "--config", "tiny", "--steps", "1", "--pipeline", "2"]
+    with pytest.raises(SystemExit, match="micro-batches come from the client"):
+        main([*args, "--input", "hosts"])

@@ -40,6 +40,7 @@ from ...kernel import (
     TransportError,
     failed,
 )
+from ...kernel.lowlevel import counts
 from .._base import by_value
 from .._imports import find_class
 from ..dataplane import bulk, shm
@@ -98,6 +99,7 @@ def encode(peer: Peer, builder: Any, value: Any) -> None:
 
 def _encode_array(peer: Peer, builder: Any, array: np.ndarray) -> None:
     array = np.ascontiguousarray(array).reshape(array.shape)  # keeps 0-d arrays 0-d
+    counts["array_bytes_out"] += array.nbytes
     if array.nbytes <= INLINE_LIMIT:
         out = builder.init("array")
         out.dtype = wire_dtype(array.dtype)
@@ -184,7 +186,9 @@ def _encode_pickled(peer: Peer, builder: Any, value: Any) -> None:
         encode(peer, cap_builder, obj)
     raw = builder.init("buffers", len(buffers))
     for i, buffer in enumerate(buffers):
-        raw[i] = buffer.raw().tobytes()
+        view = buffer.raw()
+        raw[i] = view.tobytes()
+        counts["array_bytes_out"] += view.nbytes
 
 
 def _unpicklable_function(value: Any) -> str | None:

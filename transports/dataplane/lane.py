@@ -44,6 +44,7 @@ import numpy as np
 
 from ...kernel import Clock, Timer, current_clock
 from ...kernel.config import settings
+from ...kernel.lowlevel import counts as process_counts
 from ..dtypes import dtype_from_wire, raw_bytes, wire_dtype
 from ..oneway import hello, take_hello
 
@@ -203,6 +204,7 @@ class _Link(asyncio.Protocol):
         self.unacked.append((self.sent, message, fallback))
         stats["sent"] += 1
         stats["sent_bytes"] += len(body)
+        process_counts["array_bytes_out"] += len(body)
 
     def data_received(self, data: bytes) -> None:
         self._acks += data
