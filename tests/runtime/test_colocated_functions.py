@@ -184,3 +184,30 @@ async def test_over_host_processes_a_program_reads_each_shard_where_it_is(
         assert whole > want.nbytes > 4 * sharded
         again = await cluster.colocated(halved, mesh, cluster.run(total, x).refs)
         np.testing.assert_allclose(await cluster.fetch(again), want.sum(axis=1) / 2, rtol=1e-6)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # Cap'n Proto's own loop
+@pytest.mark.timeout(120)
+async def test_a_lost_host_fails_the_call_with_host_lost(tmp_path: Any) -> None:
+    import os
+    import signal
+
+    from atoll.kernel import HostLost
+    from atoll.runtime.client.connect import connect
+    from atoll.transports.testing import atoll_up
+
+    @atoll.colocated(out=jax.ShapeDtypeStruct((2, 2), np.int32))
+    def pids(shard: Shard) -> np.ndarray:  # defined here: it travels by value
+        return np.full((1, 2), os.getpid(), np.int32)
+
+    cluster_file = tmp_path / "cluster.json"
+    with atoll_up(cluster_file, "--hosts", "2", "--devices-per-host", "1"):
+        async with connect(cluster_file) as client:
+            cluster = await client.cluster("colocated")
+            both = await cluster.devices(2, axis_names=("data",))
+            made = await cluster.fetch(await cluster.colocated(pids, both))
+            assert len({int(p) for p in made[:, 0]} | {os.getpid()}) == 3  # in each host
+            os.kill(int(made[1, 0]), signal.SIGKILL)
+            with pytest.raises(HostLost):
+                for _ in range(100):
+                    await cluster.fetch(await cluster.colocated(pids, both))
