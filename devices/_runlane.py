@@ -62,7 +62,6 @@ from ..transports import oneway
 from ..transports._base import by_value
 from ..transports._imports import find_class
 from ._host_api import HostEndpoints
-from ._shards import Layout, ShardedHandle
 from ._values import BufferHandle, _handle
 
 # a call as the host's end keeps it: request, kind, arguments (None while
@@ -115,20 +114,20 @@ def _same(value: Any) -> Any:
 
 
 class _Pickler(pickle.Pickler):
-    def __init__(self, out: io.BytesIO, host_id: int | None) -> None:
+    def __init__(self, out: io.BytesIO, host_id: int | None, far_handles: bool) -> None:
         super().__init__(out, pickle.HIGHEST_PROTOCOL)
         self.host_id = host_id
+        self.far_handles = far_handles
         self.array_bytes = 0  # arrays in the message (counted once it is made)
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, ShardedHandle) and self.host_id is not None:
-            parts = tuple(p if p.host_id == self.host_id else _far(p) for p in obj.parts)
-            return _sharded, (parts, obj.layout, obj.shape, obj.dtype)
         if isinstance(obj, BufferHandle):
-            if self.host_id is not None and obj.host_id != self.host_id:
-                raise Aside(obj)
             _, (buffer_id, _ref, *rest) = obj.__reduce__()
-            return _here, (buffer_id, *rest)
+            if self.host_id is None or obj.host_id == self.host_id:
+                return _here, (buffer_id, *rest)
+            if not self.far_handles:
+                raise Aside(obj)
+            return _far, (buffer_id, *rest)
         if isinstance(obj, (ActorRef, asyncio.Future)):
             raise Aside(obj)
         if isinstance(obj, Promise):
@@ -147,29 +146,13 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
-_NO_REF: Any = None  # a far shard's host: reached by address (``DataPlane.host_ref``)
-
-
-def _far(handle: BufferHandle) -> tuple[Any, ...]:
-    """A shard held by another host, as its fields but its host's reference:
-    a reader that needs it reaches that host by address (the shards a
-    reader needs are its own host's, unless it reads the value another way)."""
-    _, (buffer_id, _ref, *rest) = handle.__reduce__()
-    return (buffer_id, *rest)
-
-
-def _sharded(
-    parts: tuple[BufferHandle | tuple[Any, ...], ...],
-    layout: Layout,
-    shape: tuple[int, ...],
-    dtype: str,
-) -> ShardedHandle:
-    """A sharded value as a lane sent it: its far shards' handles without
-    their hosts' references."""
-    handles = tuple(
-        p if isinstance(p, BufferHandle) else _handle(p[0], _NO_REF, *p[1:]) for p in parts
-    )
-    return ShardedHandle(handles, layout, shape, dtype)
+def _far(buffer_id: str, *rest: Any) -> BufferHandle:
+    """A handle of another host than the lane's, as a host's device reads it:
+    without that host's reference (a reader reaches it by address,
+    ``DataPlane.host_ref``, as it would anyway: bytes never take a proxied
+    path)."""
+    no_ref: Any = None
+    return _handle(buffer_id, no_ref, *rest)
 
 
 def _aside(obj: Any) -> bool:
@@ -179,17 +162,24 @@ def _aside(obj: Any) -> bool:
 
 
 def dumps(
-    message: Any, host_id: int | None, request: int = 0, kind: int = 0, target: int = -1
+    message: Any,
+    host_id: int | None,
+    request: int = 0,
+    kind: int = 0,
+    target: int = -1,
+    far_handles: bool = False,
 ) -> bytes:
     """``message`` with its head, encoded for the link whose far end (or
     this end, for a host's answers) is host ``host_id``: handles of that
-    host go as their fields, those of others by Cap'n Proto (None: every
-    handle as its fields, for links to and from the controller, which knows
-    every host). Raises :class:`Aside` (or what pickle raises) when it must
-    go by Cap'n Proto."""
+    host go as their fields (None: every handle as its fields, for links to
+    and from the controller, which knows every host). Those of other hosts go
+    by Cap'n Proto, or, with ``far_handles`` (work sent to a host's devices,
+    which read another host's buffers by its address), as their fields
+    without their host's reference. Raises :class:`Aside` (or what pickle
+    raises) when it must go by Cap'n Proto."""
     out = io.BytesIO()
     out.write(_HEAD.pack(request, kind, target))
-    pickler = _Pickler(out, host_id)
+    pickler = _Pickler(out, host_id, far_handles)
     pickler.dump(message)
     counts["array_bytes_out"] += pickler.array_bytes
     return out.getvalue()

@@ -168,6 +168,9 @@ class Caller:
     def __init__(self, name: str, far: int | None, hosts: Hosts, stash: Stash, waits: bool) -> None:
         self.name = name
         self.far = far
+        # a link to a host process: its devices read another host's buffers
+        # by that host's address, so its handles need no reference to it
+        self.to_host = far is not None
         self.hosts = hosts
         self.stash = stash
         self.waits = waits
@@ -250,7 +253,7 @@ class Caller:
         if self.link is None or self.off or target in self.queued:
             return False
         try:
-            data = wire.dumps((args, None), self.far, 0, kind, target)
+            data = wire.dumps((args, None), self.far, 0, kind, target, self.to_host)
         except Exception:  # what needs Cap'n Proto goes by call
             return False
         self.link.send(data)
@@ -292,7 +295,7 @@ class Caller:
         request = next(self._requests)  # (one that waits leaves a gap: no matter)
         far_target = self.target or target
         try:
-            data = wire.dumps((args, None), self.far, request, kind, far_target)
+            data = wire.dumps((args, None), self.far, request, kind, far_target, self.to_host)
         except wire.Aside as aside:
             (why,) = aside.args
             if self.waits and isinstance(why, Promise) and not why.done():
@@ -306,7 +309,9 @@ class Caller:
         if direct is not None:
             if not direct.up:  # its lane fell meanwhile: the controller answers
                 kind = wire.RUN_CALL
-                data = data and wire.dumps((args, None), self.far, request, kind, far_target)
+                data = data and wire.dumps(
+                    (args, None), self.far, request, kind, far_target, self.to_host
+                )
             else:
                 self.direct[request] = direct
         if data:
