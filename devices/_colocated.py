@@ -5,7 +5,9 @@ sends one :class:`ColocatedCall` to every host that holds a device of the
 slice. Each host runs it here: it reads its own block of each array
 argument (the shards of its devices, put together; a value split the same
 way is read from this host's store alone, so no byte crosses hosts, and none
-passes through the client), calls the function on a worker thread, and
+passes through the client), calls the function (a plain one on a worker
+thread; an ``async`` one on the host's event loop, where it may await calls
+to the session's actors on this host), and
 stores its block of each output as one buffer per device of the slice on
 this host: the shards of a :class:`~atoll.devices._shards.ShardedHandle`
 that runs read like any value.
@@ -120,7 +122,10 @@ async def run_on_host(
         where = call.hosts.index(host.host_id) if host.host_id in call.hosts else 0
         devices = tuple(call.devices[p] for p in mine)
         kwargs["shard"] = Shard(host.host_id, where, devices, tuple(boxes))
-    made = await anyio.to_thread.run_sync(_called, call.fn, values, kwargs)
+    if inspect.iscoroutinefunction(call.fn):  # on this loop: it may await the session's actors
+        made = await call.fn(*values, **kwargs)
+    else:
+        made = await anyio.to_thread.run_sync(_called, call.fn, values, kwargs)
     blocks = _checked(call, made, boxes)
     return [
         await _stored(host, call, out, block, box, mine, owner)

@@ -1,9 +1,12 @@
 """Colocated Python: the hosts prepare the data, a JAX program reads it where it is.
 
-Each step, every host of a 4-device slice runs :func:`prepare` beside its
+Each host of a 4-device slice holds a :class:`Tokenizer` actor of this
+session (``cluster.spawn(..., host=h)``): its vocabulary, and how many rows
+it tokenized. Each step, every host runs :func:`prepare` beside its
 devices: it cuts its own rows out of a text corpus (the standard library's
 sources), augments them (a seeded random crop, case folding, masked bytes)
-and turns them into tokens, straight into its devices' store. A JAX program
+and has its host's tokenizer turn them into tokens, straight into its
+devices' store. A JAX program
 over the slice then scores each row (a fixed linear model over byte counts),
 reading each host's rows where they are; and each host runs :func:`label`
 on its rows of the scores, beside the devices that made them. The client
@@ -39,8 +42,9 @@ import atoll
 from atoll.devices import Aval, Shard
 from atoll.devices.jax import JaxDevice
 from atoll.examples import lm
+from atoll.kernel import Actor, ActorRef, endpoint
 
-__all__ = ["ROWS", "WIDTH", "ColocatedResult", "main", "reference", "run"]
+__all__ = ["ROWS", "WIDTH", "ColocatedResult", "Tokenizer", "main", "reference", "run"]
 
 ROWS, WIDTH, DEVICES = 32, 64, 4  # rows per step, bytes per row, devices of the slice
 CLASSES = 4
@@ -63,9 +67,34 @@ def rows_of(step: int, rows: slice) -> np.ndarray:
     return out
 
 
-def _prepare(step: int, shard: Shard) -> np.ndarray:
-    """This host's rows of step ``step`` (runs on the host, beside its devices)."""
-    return rows_of(step, shard.blocks[0][0])
+def vocabulary() -> np.ndarray:
+    """Byte value to token id (a fixed permutation)."""
+    return np.random.default_rng(3).permutation(256).astype(np.int32)
+
+
+class Tokenizer(Actor):
+    """A session's actor on one host: its vocabulary, and the rows it tokenized."""
+
+    def __init__(self) -> None:
+        self.table = vocabulary()
+        self.rows = 0
+
+    @endpoint
+    def tokenize(self, rows: np.ndarray) -> np.ndarray:
+        self.rows += len(rows)
+        tokens: np.ndarray = self.table[rows]
+        return tokens
+
+    @endpoint
+    def tokenized(self) -> int:
+        return self.rows
+
+
+async def _prepare(step: int, tokenizers: dict[int, ActorRef[Tokenizer]], shard: Shard) -> Any:
+    """This host's rows of step ``step``, tokenized by this host's tokenizer
+    (runs on the host's event loop, beside its devices and its actor)."""
+    tokens: np.ndarray = await tokenizers[shard.host_id].tokenize(rows_of(step, shard.blocks[0][0]))
+    return tokens
 
 
 prepare = atoll.colocated(
@@ -100,6 +129,7 @@ class ColocatedResult:
     labels: np.ndarray  # (steps, ROWS)
     pids: list[set[int]]  # per step, the processes that labelled its rows
     client_array_bytes: int  # bytes of arrays this process sent, after the first step
+    tokenized: dict[int, int]  # rows each host's tokenizer tokenized
 
 
 @asynccontextmanager
@@ -124,23 +154,29 @@ async def run(steps: int = 3, hosts: int = 0) -> ColocatedResult:
         mesh = await cluster.devices(DEVICES, axis_names=("data",))
         scored = mesh.jit(score, in_specs=(None, P("data")), out_specs=P("data"))
         w = atoll.ArrayRef(cluster.put(weights(), 0), Aval((256, CLASSES), "float32"))
+        hosts_of = sorted({cluster.topology.device(d).host for d in range(DEVICES)})
+        tokenizers = {h: await cluster.spawn(Tokenizer, host=h) for h in hosts_of}
         tables, pids, sent = [], [], 0
         for step in range(steps):
             before = counts["array_bytes_out"]
-            tokens = await cluster.colocated(prepare, mesh, step)  # at once: made on the hosts
+            tokens = await cluster.colocated(prepare, mesh, step, tokenizers)  # made on the hosts
             probabilities = cluster.run(scored, w, tokens).refs
             labelled = await cluster.fetch(await cluster.colocated(label, mesh, probabilities))
             sent += counts["array_bytes_out"] - before if step else 0
             tables.append(labelled[:, 0])
             pids.append({int(p) for p in labelled[:, 1]})
-    return ColocatedResult(np.stack(tables), pids, sent)
+        tokenized = {h: await t.tokenized() for h, t in tokenizers.items()}
+    return ColocatedResult(np.stack(tables), pids, sent, tokenized)
 
 
 def reference(steps: int = 3) -> np.ndarray:
     """The same labels in this process: numpy's rows, JAX's scores, on one device."""
-    w = weights()
+    w, table = weights(), vocabulary()
     return np.stack(
-        [np.argmax(jax.jit(score)(w, rows_of(s, slice(0, ROWS))), axis=1) for s in range(steps)]
+        [
+            np.argmax(jax.jit(score)(w, table[rows_of(s, slice(0, ROWS))]), axis=1)
+            for s in range(steps)
+        ]
     )
 
 
@@ -155,6 +191,7 @@ async def main(argv: Sequence[str] = ()) -> None:
     print(f"labels of {args.steps} steps x {ROWS} rows, made on the hosts: {result.labels[-1]}")
     print(f"rows prepared and labelled in processes {where} (this one: {os.getpid()})")
     print(f"array bytes this client sent after the first step: {result.client_array_bytes}")
+    print(f"rows each host's tokenizer tokenized: {result.tokenized}")
     print(f"matches plain numpy and JAX: {same}")
     if not same:
         sys.exit(1)

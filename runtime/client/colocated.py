@@ -115,9 +115,11 @@ def colocated(
     value made by ``colocated`` over the same slice as it is split; any
     other array whole). ``fn`` gets each array argument as this host's
     block (numpy), any other argument as it was given, and, when it has a
-    parameter named ``shard``, a :class:`~atoll.devices._colocated.Shard`
-    saying where it runs; it returns this host's block of each output
-    (numpy or JAX arrays).
+    parameter named ``shard``, a :class:`~atoll.devices.Shard` saying where
+    it runs; it returns this host's block of each output (numpy or JAX
+    arrays). A plain function runs on a worker thread of the host's
+    process; an ``async`` one on its event loop, where it may await the
+    session's actors on that host (pass their references as an argument).
     """
 
     def wrap(f: Callable[..., Any]) -> ColocatedFunction:

@@ -47,6 +47,7 @@ async def test_the_hosts_prepare_and_label_what_a_jax_program_scores() -> None:
     result = await colocated.run(steps=2)
     np.testing.assert_array_equal(result.labels, colocated.reference(steps=2))
     assert result.client_array_bytes == 0  # after the first step, no array left the client
+    assert result.tokenized == {0: 2 * colocated.ROWS}  # the host's actor kept count
 
 
 @pytest.mark.slow
@@ -59,6 +60,7 @@ async def test_over_two_host_processes_each_prepares_its_own_rows() -> None:
     np.testing.assert_array_equal(result.labels, colocated.reference(steps=2))
     assert all(len(pids) == 2 and os.getpid() not in pids for pids in result.pids)
     assert result.client_array_bytes == 0
+    assert result.tokenized == {0: colocated.ROWS, 1: colocated.ROWS}  # each its own rows
 
 
 async def test_the_partitioner_splits_a_pipeline_that_matches_the_model() -> None:
