@@ -193,7 +193,7 @@ def _render(rows: Sequence[Row]) -> str:
         system_column("store bytes late", 17, ",.0f"),
         unit_column(),
     ]
-    return table(rows, columns, case_width=56)
+    return table(rows, columns, case_width=60)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
