@@ -23,11 +23,20 @@ class CannotImport(AtollError, ImportError):
     """A message names a function or class this process cannot import."""
 
 
+_FOUND: dict[tuple[str, str], Any] = {}  # what pickles named, as found here
+_FOUND_KEPT = 4096
+
+
 def find_class(find: Callable[[str, str], Any], module: str, name: str) -> Any:
     """``find(module, name)`` (an unpickler's own ``find_class``), with an
-    error that names the missing object and this process."""
+    error that names the missing object and this process. What was found is
+    kept: the import machinery runs once per name, not for every message
+    (it cost tens of microseconds a name, and a run's message names a few)."""
+    found = _FOUND.get((module, name))
+    if found is not None:
+        return found
     try:
-        return find(module, name)
+        found = find(module, name)
     except (ImportError, AttributeError) as exc:
         where = f"process {os.getpid()} on {socket.gethostname()}"
         raise CannotImport(
@@ -36,3 +45,6 @@ def find_class(find: Callable[[str, str], Any], module: str, name: str) -> Any:
             "here), or define the function in your script: functions of __main__, "
             "lambdas and closures travel by value"
         ) from exc
+    if len(_FOUND) < _FOUND_KEPT:
+        _FOUND[module, name] = found
+    return found

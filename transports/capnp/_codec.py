@@ -297,16 +297,7 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if name == "_aside" and module == __name__:  # a value that travelled aside
             return self._caps.__getitem__
-        found = _FOUND.get((module, name))
-        if found is None:  # the import machinery once per name (each run names a few)
-            found = find_class(super().find_class, module, name)  # says what is missing
-            if len(_FOUND) < _FOUND_KEPT:
-                _FOUND[module, name] = found
-        return found
-
-
-_FOUND: dict[tuple[str, str], Any] = {}  # what pickles named, as found here
-_FOUND_KEPT = 4096
+        return find_class(super().find_class, module, name)  # kept; says what is missing
 
 
 def _aside(index: int) -> Any:
