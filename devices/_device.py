@@ -43,6 +43,7 @@ from ..kernel import (
     forward,
     then,
     value_of,
+    when_settled,
 )
 from ..transports.dataplane import shm
 from ..transports.dtypes import raw_bytes
@@ -370,9 +371,9 @@ class Device(Actor):
             self._release([step], release, ran, report, passed, program)
             step += 1
         ended = functools.partial(self._run_ended, report, reply)
-        return then(all_settled([out for *_, out in ran.values()]), ended)
+        return when_settled([out for *_, out in ran.values()], ended, "run")
 
-    def _run_ended(self, report: RunReport, reply: Reply | None, _: Any) -> RunReport:
+    def _run_ended(self, report: RunReport, reply: Reply | None) -> RunReport:
         """The run ended here: its report, saying whether the device ran dry,
         and the client's call answered (``reply``), if it can be."""
         report.idle = self.running_dry()

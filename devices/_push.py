@@ -29,12 +29,12 @@ from ..kernel import (
     ActorSystem,
     HostLost,
     Promise,
-    all_settled,
     as_promise,
     flatten,
     forward,
     log_failure,
     then,
+    when_settled,
 )
 from ..transports.dataplane.lane import LaneMessage
 from . import timeline
@@ -122,12 +122,12 @@ class Pusher:
             answers.append(_redirect_unless_landed(answer, host, target.keys, handle))
             sent.append(handle.id)
 
-        def pushed(_: None) -> list[BufferHandle]:
+        def pushed() -> list[BufferHandle]:
             if held is not None:
                 held.extend(i for a, i in zip(answers, sent, strict=True) if _declined(a))
             return self._pushed(answers, unreachable, outputs)
 
-        return then(all_settled(answers), pushed)
+        return when_settled(answers, pushed, "pushed")
 
     def deliver_here(self, target: PushTarget, handle: BufferHandle) -> None:
         """A reader on this host: one more reference per inbox key, delivered."""

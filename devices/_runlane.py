@@ -50,12 +50,12 @@ from ..kernel import (
     AtollError,
     BadCall,
     Promise,
-    all_settled,
     as_promise,
     failed,
     flatten,
     log_failure,
     then,
+    when_settled,
 )
 from ..kernel.lowlevel import counts
 from ..transports import oneway
@@ -482,7 +482,7 @@ def _settled(answer: Promise[Any]) -> Promise[Any]:
         if _is_direct(values):
             return as_promise(values)
         inner = [v for v in values if isinstance(v, Promise)]
-        return then(all_settled(inner), lambda _: values) if inner else as_promise(values)
+        return when_settled(inner, lambda: values) if inner else as_promise(values)
 
     return flatten(then(answer, whole))
 

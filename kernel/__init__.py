@@ -32,6 +32,7 @@ from ._combinators import forward as forward
 from ._combinators import log_failure as log_failure
 from ._combinators import then as then
 from ._combinators import value_of as value_of
+from ._combinators import when_settled as when_settled
 from ._counts import process_counters as process_counters
 from ._errors import ActorCancelled as ActorCancelled
 from ._errors import ActorFailed as ActorFailed
@@ -108,4 +109,5 @@ __all__ = [
     "use_clock",
     "value_of",
     "wait_idle",
+    "when_settled",
 ]

@@ -29,6 +29,7 @@ __all__ = [
     "log_failure",
     "then",
     "value_of",
+    "when_settled",
 ]
 
 T = TypeVar("T")
@@ -134,6 +135,36 @@ def all_settled(promises: Sequence[Promise[Any]], label: str = "all settled") ->
 
     if not promises:
         out.set_result(None)
+    for promise in promises:
+        promise.add_done_callback(one)
+    return out
+
+
+def when_settled(
+    promises: Sequence[Promise[Any]], fn: Callable[[], U], label: str = "when settled"
+) -> Promise[U]:
+    """A promise of ``fn()``, called once every one of ``promises`` has
+    settled, whichever way (``then(all_settled(...), ...)`` in one promise:
+    a run's answer is one of these, on every hop)."""
+    out: Promise[U] = Promise(label)
+    left = [len(promises)]
+
+    def settle() -> None:
+        try:
+            out._resolve(fn())
+        except Exception as exc:
+            out._reject(exc)
+        except BaseException as exc:  # see _failing
+            out._reject(exc)
+            raise
+
+    def one(_: Promise[Any]) -> None:
+        left[0] -= 1
+        if left[0] == 0:
+            settle()
+
+    if not promises:
+        settle()
     for promise in promises:
         promise.add_done_callback(one)
     return out

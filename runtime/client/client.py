@@ -433,7 +433,10 @@ class Cluster:
         self._refs.reading(inputs, then(answer, _nothing))  # not its handles: they count
         for i, out in enumerate(outputs):
             self._made[out] = (tag, i)
-            forward(self._reply(flatten(then(answer, operator.itemgetter(i)))), out)
+            if self.wire is None:  # the answer's i-th value, straight into ``out``
+                answer.add_done_callback(functools.partial(_output_of, i, out))
+            else:
+                forward(self._reply(flatten(then(answer, operator.itemgetter(i)))), out)
 
     async def run_graph_sequential(self, graph: Graph, leaves: Sequence[Any]) -> list[ArrayRef]:
         """Sequential dispatch: one node at a time, each after its inputs exist."""
@@ -750,3 +753,22 @@ def _trace(program: Program, args: tuple[Any, ...]) -> tuple[list[Any], Any]:
                 "pass an ArrayRef (outputs.refs), not a bare promise: its shape is needed"
             )
     return leaves, program.trace([aval_of(leaf) for leaf in leaves], in_tree)
+
+
+def _output_of(index: int, out: Promise[Any], answer: Promise[Any]) -> None:
+    """Settle ``out`` as the ``index``-th value of a run's answer settles (a
+    handle, or the promise of one): ``flatten(then(answer, itemgetter(i)))``
+    without its two promises, on the path every run's every output takes."""
+    error = answer.exception()
+    if error is not None:
+        out.set_exception(error)
+        return
+    try:
+        value = answer.result()[index]
+    except Exception as exc:
+        out.set_exception(exc)
+        return
+    if isinstance(value, Promise):
+        forward(value, out)
+    else:
+        out.set_result(value)

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...devices import Aval, BufferHandle
 from ...devices._shards import Layout, ShardedHandle
-from ...kernel import Promise, all_settled, then
+from ...kernel import Promise, when_settled
 
 __all__ = ["ArrayRef", "ShardedRef"]
 
@@ -53,10 +53,10 @@ class ShardedRef(ArrayRef):
         self.layout = layout
         shards = self.parts
 
-        def whole(_: Any) -> Any:  # raises the first shard's failure
+        def whole() -> Any:  # raises the first shard's failure
             return ShardedHandle(tuple(p.result() for p in shards), layout, aval.shape, aval.dtype)
 
-        promise: Promise[Any] = then(all_settled(shards), whole, "sharded")
+        promise: Promise[Any] = when_settled(shards, whole, "sharded")
         super().__init__(promise, aval)
 
     def __repr__(self) -> str:

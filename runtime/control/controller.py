@@ -41,6 +41,7 @@ from ...kernel import (
     log_failure,
     process_counters,
     then,
+    when_settled,
 )
 from ...kernel.lowlevel import call_soon
 from ..calls import call_graph, device_of_slice
@@ -50,7 +51,7 @@ from ..runlanes import lanes_on
 from ..topology import Topology
 from ..tracing import VirtualSlice
 from .elastic import Elastic
-from .island import IslandScheduler, RunArgs
+from .island import IslandScheduler, RunArgs, Taken
 from .metrics import RunCounters, controller_metrics
 from .planner import (
     CompiledPlan,
@@ -536,10 +537,13 @@ class Controller(Actor):
         if tag:  # while it goes, later runs may read its outputs where they are
             self._pending[owner, tag] = run
             run.done.add_done_callback(functools.partial(self._settled, (owner, tag)))
-        refused: Promise[Any] = Promise("admitted")  # failed only if the quota refuses it
-        refused.add_done_callback(functools.partial(self._compiled_sent, run, counted=False))
-        self.tenants.admit(owner, functools.partial(self._send_run, run), refused)
+        refuse = functools.partial(self._refused, run)
+        self.tenants.admit(owner, functools.partial(self._send_run, run), refuse)
         return run
+
+    def _refused(self, run: _CompiledRun, error: BaseException) -> None:
+        """The session's gang quota refused ``run`` (or its session ended)."""
+        self._compiled_sent(run, failed(error), counted=False)
 
     def _settled(self, key: tuple[str, str], _: Promise[None]) -> None:
         self._pending.pop(key, None)
@@ -553,7 +557,7 @@ class Controller(Actor):
         if len(sent) == 1:
             sent[0].add_done_callback(functools.partial(self._compiled_sent, run))
             return
-        merged = then(all_settled(sent), lambda _: _reports_of(parts, sent))
+        merged = when_settled(sent, lambda: _reports_of(parts, sent))
         merged.add_done_callback(functools.partial(self._compiled_sent, run))
 
     def _send_part(
@@ -599,7 +603,7 @@ class Controller(Actor):
         reports: dict[int, Promise[RunReport]] | None = None if error else sent.result()
         for (node, index, device), out in zip(run.compiled.outputs, run.outs, strict=True):
             if node >= 0 and reports is not None:
-                forward(then(reports[device], functools.partial(_output, node, index)), out)
+                reports[device].add_done_callback(functools.partial(_output, node, index, out))
             elif node >= 0:
                 out.set_exception(error or AtollError("a compiled run was not sent"))
         for device, report in (reports or {}).items():
@@ -768,18 +772,14 @@ def _together(
 ) -> Promise[list[BufferHandle | Promise[BufferHandle]]]:
     """One answer for a run: every output (a handle, or its failed promise),
     once all of them and ``done`` settled."""
-    answer: Promise[list[BufferHandle | Promise[BufferHandle]]] = Promise("run")
-
-    def settled(_: Promise[None]) -> None:
-        answer.set_result([out.result() if out.exception() is None else out for out in outs])
-
-    all_settled([*outs, done]).add_done_callback(settled)
-    return answer
+    return when_settled(
+        [*outs, done], lambda: [out.result() if out.exception() is None else out for out in outs]
+    )
 
 
 def _hand_out(
     sent: Sequence[Promise[dict[int, Promise[RunReport]]]],
-    answer: Promise[list[Promise[dict[int, Promise[RunReport]]]]],
+    answer: Promise[list[Taken]],
 ) -> None:
     """An island's answer to a batch of runs, run by run (its failure, to each)."""
     error = answer.exception()
@@ -788,7 +788,10 @@ def _hand_out(
             each.set_exception(error)
         return
     for each, taken in zip(sent, answer.result(), strict=True):
-        forward(taken, each)
+        if isinstance(taken, Promise):
+            forward(taken, each)
+        else:
+            each.set_result(taken)
 
 
 def _reports_of(
@@ -811,10 +814,17 @@ def _unless_answered(run: _CompiledRun, answer: Any) -> Any:
     return runlane.DIRECT if run.answered else answer
 
 
-def _output(node: int, index: int, report: RunReport) -> BufferHandle:
-    """Output ``index`` of ``node`` out of its device's run report."""
-    handle: BufferHandle = report.output(node, index)
-    return handle
+def _output(node: int, index: int, out: Promise[BufferHandle], report: Promise[RunReport]) -> None:
+    """Settle ``out`` with output ``index`` of ``node``, out of its device's
+    run report (or with why there is none)."""
+    error = report.exception()
+    if error is None:
+        try:
+            out.set_result(report.result().output(node, index))
+            return
+        except Exception as exc:  # the gang that makes it failed
+            error = exc
+    out.set_exception(error)
 
 
 async def _unless_lost(answer: Promise[Any]) -> Any:

@@ -37,7 +37,6 @@ from ...kernel import (
     ActorRef,
     Promise,
     all_settled,
-    as_promise,
     endpoint,
     failed,
     forward,
@@ -56,6 +55,10 @@ RunArgs = tuple[CompiledPlan, int, Mapping[int, Sequence[Any]], str, float, "Rep
 
 _log = logging.getLogger(__name__)
 _log_failed = log_failure(_log, "a notice to a device or host")
+
+
+# a run the island took (its devices' reports), or the failed promise of one it refused
+Taken = dict[int, Promise[RunReport]] | Promise[dict[int, Promise[RunReport]]]
 
 
 class IslandScheduler(Actor):
@@ -254,14 +257,14 @@ class IslandScheduler(Actor):
         return reports
 
     @endpoint(resolve_args=False)
-    def run_plans(self, runs: Sequence[RunArgs]) -> list[Promise[dict[int, Promise[RunReport]]]]:
+    def run_plans(self, runs: Sequence[RunArgs]) -> list[Taken]:
         """Several runs, in order, each as :meth:`run_plan` takes it: what one
         turn of the controller's loop sent this island, in one message. Per
-        run, the promise of its reports (failed, for a run refused)."""
-        answers: list[Promise[dict[int, Promise[RunReport]]]] = []
+        run, its reports (a failed promise, for a run refused)."""
+        answers: list[Taken] = []
         for args in runs:
             try:
-                answers.append(as_promise(self.run_plan(*args)))
+                answers.append(self.run_plan(*args))
             except Exception as exc:
                 answers.append(failed(exc))
         return answers

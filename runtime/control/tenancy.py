@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...devices import QuotaExceeded
-from ...kernel import AtollError, Promise, UsageError
+from ...kernel import AtollError, UsageError
 from .resources import Allocation
 
 __all__ = [
@@ -70,7 +70,10 @@ class Tenant:
     submitted: int = 0
     stalled: int = 0  # gangs that had to wait for the quota (so far)
     refused: int = 0
-    waiting: deque[tuple[Callable[[], None], Promise[Any]]] = field(default_factory=deque)
+    # stalled gangs: how to send each, and how to refuse it
+    waiting: deque[tuple[Callable[[], None], Callable[[BaseException], None]]] = field(
+        default_factory=deque
+    )
 
     def has_room(self) -> bool:
         return self.max_gangs is None or self.outstanding < self.max_gangs
@@ -112,11 +115,14 @@ class Tenants:
         tenant = self._tenants.get(owner)
         return 1.0 if tenant is None else tenant.weight
 
-    def admit(self, owner: str, send: Callable[[], None], result: Promise[Any]) -> None:
+    def admit(
+        self, owner: str, send: Callable[[], None], refuse: Callable[[BaseException], None]
+    ) -> None:
         """Have ``send`` send one gang of ``owner`` now, or once its gang
-        quota has room (the stall); ``result`` is failed with
+        quota has room (the stall); ``refuse`` is called with
         :class:`~atoll.devices.QuotaExceeded` instead if too many already
-        wait. An owner with no session is sent at once, uncounted."""
+        wait (or with why, if its session ends while it waits). An owner
+        with no session is sent at once, uncounted."""
         tenant = self._tenants.get(owner)
         if tenant is None:
             send()
@@ -126,7 +132,7 @@ class Tenants:
             send()
         elif len(tenant.waiting) >= STALL_FACTOR * (tenant.max_gangs or 1):
             tenant.refused += 1
-            result.set_exception(
+            refuse(
                 QuotaExceeded(
                     f"session {public_name(owner)} has {tenant.outstanding} gangs queued or "
                     f"running and {len(tenant.waiting)} stalled; its quota is "
@@ -135,7 +141,7 @@ class Tenants:
             )
         else:
             tenant.stalled += 1
-            tenant.waiting.append((send, result))
+            tenant.waiting.append((send, refuse))
 
     def finished(self, owner: str, _: Any = None) -> None:
         """One gang of ``owner`` finished (or failed); a promise callback.
@@ -156,8 +162,8 @@ class Tenants:
     def forget(self, owner: str) -> None:
         """The session ended: its stalled gangs fail, and it is forgotten."""
         tenant = self._tenants.pop(owner, None)
-        for _, result in tenant.waiting if tenant is not None else ():
-            result.set_exception(AtollError(f"session {public_name(owner)} ended"))
+        for _, refuse in tenant.waiting if tenant is not None else ():
+            refuse(AtollError(f"session {public_name(owner)} ended"))
 
     def rows(self) -> dict[str, dict[str, Any]]:
         """Per owner: weight, quotas, gangs outstanding, submitted, refused."""

@@ -321,7 +321,7 @@ def test_admission_stalls_in_order_then_refuses_and_an_ended_session_fails_its_s
     sent: list[int] = []
     results = [Promise[Any](f"gang{i}") for i in range(STALL_FACTOR + 3)]
     for i, result in enumerate(results):
-        tenants.admit("t", lambda i=i: sent.append(i), result)  # type: ignore[misc]
+        tenants.admit("t", lambda i=i: sent.append(i), result.set_exception)  # type: ignore[misc]
     assert sent == [0]  # the quota: one at a time
     refused = [r for r in results if r.done()]
     assert len(refused) == 2 and "its quota is 1" in str(refused[0].exception())
@@ -333,7 +333,7 @@ def test_admission_stalls_in_order_then_refuses_and_an_ended_session_fails_its_s
     assert all(r.done() for r in results[3:-2])
     assert "ended" in str(results[3].exception())
     untracked: list[int] = []
-    tenants.admit("nobody", lambda: untracked.append(1), Promise("x"))
+    tenants.admit("nobody", lambda: untracked.append(1), Promise("x").set_exception)
     assert untracked == [1]
 
 

@@ -105,6 +105,7 @@ def test_kernel_api() -> None:
             "then",
             "use_clock",
             "value_of",
+            "when_settled",
             "wait_idle",
         ]
     )
