@@ -326,7 +326,7 @@ class Device(Actor):
         inputs: Sequence[Any],
         owner: str = "",
         reply: Reply | None = None,
-    ) -> Promise[RunReport]:
+    ) -> RunReport | Promise[RunReport]:
         """Run this device's gangs of an installed plan, as run ``epoch``.
 
         One message per device per run: the gangs run in the installed order,
@@ -370,8 +370,10 @@ class Device(Actor):
             ran[step] = await self._run_program_gang(gang, epoch, prefix, values, made, owner)
             self._release([step], release, ran, report, passed, program)
             step += 1
-        ended = functools.partial(self._run_ended, report, reply)
-        return when_settled([out for *_, out in ran.values()], ended, "run")
+        outs = [out for *_, out in ran.values()]
+        if all(out.done() for out in outs):  # (most runs: no promise for the answer)
+            return self._run_ended(report, reply)
+        return when_settled(outs, functools.partial(self._run_ended, report, reply), "run")
 
     def _run_ended(self, report: RunReport, reply: Reply | None) -> RunReport:
         """The run ended here: its report, saying whether the device ran dry,

@@ -122,10 +122,13 @@ async def value_of(value: Promise[T] | T) -> T:
     return await value if isinstance(value, Promise) else value
 
 
-def all_settled(promises: Sequence[Promise[Any]], label: str = "all settled") -> Promise[None]:
+def all_settled(
+    promises: Sequence[Promise[Any]], label: str = "all settled", into: Promise[None] | None = None
+) -> Promise[None]:
     """A promise that settles (with None) once every one of ``promises`` has,
-    whichever way; callers look at the promises themselves for the outcome."""
-    out: Promise[None] = Promise(label)
+    whichever way; callers look at the promises themselves for the outcome.
+    ``into``: settle that promise (and return it) rather than a new one."""
+    out: Promise[None] = Promise(label) if into is None else into
     left = [len(promises)]
 
     def one(_: Promise[Any]) -> None:

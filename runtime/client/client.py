@@ -430,7 +430,8 @@ class Cluster:
         tag = f"{self._tag_prefix}/{next(self._tags)}"
         sources = [self._made.get(x) if isinstance(x, Promise) else None for x in inputs]
         answer = send(tag, sources)
-        self._refs.reading(inputs, then(answer, _nothing))  # not its handles: they count
+        if inputs:  # kept until it read them (not its handles: they count)
+            self._refs.reading(inputs, then(answer, _nothing))
         for i, out in enumerate(outputs):
             self._made[out] = (tag, i)
             if self.wire is None:  # the answer's i-th value, straight into ``out``

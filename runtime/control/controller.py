@@ -608,8 +608,7 @@ class Controller(Actor):
                 out.set_exception(error or AtollError("a compiled run was not sent"))
         for device, report in (reports or {}).items():
             report.add_done_callback(functools.partial(self._reported, run, device))
-        every = all_settled(list((reports or {}).values()))
-        forward(every, run.done)
+        every = all_settled(list((reports or {}).values()), into=run.done)
         if reports:  # read in place by readers on any device: free once all ran
             every.add_done_callback(functools.partial(self._free_held, reports))
         if counted:  # its place in the session's gang quota
