@@ -31,7 +31,7 @@ def find_class(find: Callable[[str, str], Any], module: str, name: str) -> Any:
     """``find(module, name)`` (an unpickler's own ``find_class``), with an
     error that names the missing object and this process. What was found is
     kept: the import machinery runs once per name, not for every message
-    (it cost tens of microseconds a name, and a run's message names a few)."""
+    (about a microsecond a name, and a run's message names a few)."""
     found = _FOUND.get((module, name))
     if found is not None:
         return found
