@@ -169,8 +169,7 @@ async def _block(
     box = layout.block(arg.shape, mine)
     if isinstance(value, ShardedHandle) and value.layout == layout:
         out = np.empty(tuple(s.stop - s.start for s in box), np.dtype(arg.dtype))
-        holders = layout.holders(arg.shape)
-        for p in sorted({holders[p] for p in mine}):
+        for p in sorted(set(layout.holders(arg.shape, mine))):  # this host's own copies
             out[_within(layout.index(arg.shape, p), box)] = await host.bytes_of(
                 value.parts[p], owner
             )
@@ -181,7 +180,8 @@ async def _block(
 
 async def _whole(host: HostBlocks, value: Any, owner: str) -> np.ndarray:
     if isinstance(value, ShardedHandle):
-        parts = [(index, await host.bytes_of(part, owner)) for index, part in value.distinct()]
+        near = value.distinct(host.host_id)
+        parts = [(index, await host.bytes_of(part, owner)) for index, part in near]
         return assemble(value.shape, value.dtype, parts)
     if isinstance(value, BufferHandle):
         return await host.bytes_of(value, owner)

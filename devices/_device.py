@@ -773,7 +773,8 @@ class Device(Actor):
     async def _assembled(self, handle: ShardedHandle, owner: str) -> np.ndarray:
         """A sharded value as one host array: its distinct shards read (each
         once it exists) and put together."""
-        parts = [(index, await self._bytes_of(part, owner)) for index, part in handle.distinct()]
+        near = handle.distinct(self.host_id)
+        parts = [(index, await self._bytes_of(part, owner)) for index, part in near]
         return assemble(handle.shape, handle.dtype, parts)
 
     async def _bytes_of(self, handle: Any, owner: str) -> np.ndarray:

@@ -103,11 +103,13 @@ class Layout:
     def shard_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         return tuple(s.stop - s.start for s in self.index(shape, 0))
 
-    def holders(self, shape: Sequence[int]) -> list[int]:
+    def holders(self, shape: Sequence[int], among: Sequence[int] | None = None) -> list[int]:
         """Per position, the first position that holds the same part (a
-        replica's original)."""
+        replica's original); ``among``: only those positions, each then
+        mapped to the first of them with its part (a host's own copies)."""
         first: dict[tuple[tuple[int, int], ...], int] = {}
-        return [first.setdefault(_key(self.index(shape, p)), p) for p in range(len(self.devices))]
+        positions = range(len(self.devices)) if among is None else among
+        return [first.setdefault(_key(self.index(shape, p)), p) for p in positions]
 
     def block(self, shape: Sequence[int], positions: Sequence[int]) -> Index:
         """The box the parts at ``positions`` tile exactly (a host's devices'
@@ -154,10 +156,13 @@ class ShardedHandle:
     def nbytes(self) -> int:
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
-    def distinct(self) -> list[tuple[Index, BufferHandle]]:
-        """The parts that differ (replicas skipped), with where each lies."""
-        originals = sorted(set(self.layout.holders(self.shape)))
-        return [(self.layout.index(self.shape, p), self.parts[p]) for p in originals]
+    def distinct(self, near: int | None = None) -> list[tuple[Index, BufferHandle]]:
+        """The parts that differ (replicas skipped), with where each lies;
+        of a part's copies, one on host ``near`` where there is one."""
+        mine = [p for p, part in enumerate(self.parts) if part.host_id == near]
+        others = [p for p in range(len(self.parts)) if p not in mine]
+        chosen = set(self.layout.holders(self.shape, mine + others))
+        return [(self.layout.index(self.shape, p), self.parts[p]) for p in sorted(chosen)]
 
 
 def assemble(shape: Sequence[int], dtype: str, parts: Sequence[tuple[Index, Any]]) -> np.ndarray:

@@ -211,3 +211,37 @@ async def test_a_lost_host_fails_the_call_with_host_lost(tmp_path: Any) -> None:
             with pytest.raises(HostLost):
                 for _ in range(100):
                     await cluster.fetch(await cluster.colocated(pids, both))
+
+
+def test_a_layout_places_shards_as_jax_does() -> None:
+    """Row-major mesh positions, several axes on one dimension (the first
+    major), replicas, a host's block, and the copy a host reads of each part."""
+    from jax.sharding import Mesh, NamedSharding
+
+    from atoll.devices._shards import Layout, ShardedHandle
+
+    devices = np.array(jax.devices()[:4]).reshape(2, 2)
+    shape = (8, 6)
+    for spec in (P("a"), P("b"), P(("a", "b")), P(("b", "a")), P("a", "b"), P(None, "a"), P()):
+        layout = Layout.of(range(4), (2, 2), ("a", "b"), spec, 2)
+        want = NamedSharding(Mesh(devices, ("a", "b")), spec).devices_indices_map(shape)
+        for position, device in enumerate(devices.flat):
+            got = layout.index(shape, position)
+            assert [(s.start, s.stop) for s in got] == [
+                (s.start or 0, shape[d] if s.stop is None else s.stop)
+                for d, s in enumerate(want[device])
+            ], (spec, position)
+    rows = Layout.of(range(4), (2, 2), ("a", "b"), P("a"), 2)
+    assert rows.block(shape, [2, 3]) == (slice(4, 8), slice(0, 6))
+    with pytest.raises(ValueError, match="do not form one block"):
+        Layout.of(range(4), (4,), ("a",), P("a"), 2).block(shape, [0, 2])
+    assert rows.holders(shape) == [0, 0, 2, 2] and rows.holders(shape, [1, 2, 3]) == [1, 2, 2]
+    from atoll.devices import BufferHandle
+
+    parts = tuple(
+        BufferHandle(f"b{p}", None, p // 2, p, (4, 6), "float32", 96)  # type: ignore[arg-type]
+        for p in range(4)
+    )
+    replicated = ShardedHandle(parts, Layout.of(range(4), (4,), ("a",), P(), 2), shape, "float32")
+    assert [h.id for _, h in replicated.distinct()] == ["b0"]
+    assert [h.id for _, h in replicated.distinct(near=1)] == ["b2"]  # this host's own copy
