@@ -29,7 +29,7 @@ from typing import Any, Protocol
 import anyio
 import numpy as np
 
-from ..kernel import UsageError
+from ..kernel import ActorRef, Promise, UsageError
 from ._shards import Index, Layout, ShardedHandle, assemble
 from ._values import BufferHandle
 
@@ -103,6 +103,10 @@ class HostBlocks(Protocol):
         handle carries no value (it is read where it is)."""
         ...
 
+    def drop_shard(self, handle: BufferHandle) -> None:
+        """Free a shard :meth:`store_shard` kept (its call failed after)."""
+        ...
+
 
 async def run_on_host(
     host: HostBlocks, call: ColocatedCall, args: Sequence[Any], owner: str
@@ -125,12 +129,33 @@ async def run_on_host(
     if inspect.iscoroutinefunction(call.fn):  # on this loop: it may await the session's actors
         made = await call.fn(*values, **kwargs)
     else:
+        _refuse_references(call, values)
         made = await anyio.to_thread.run_sync(_called, call.fn, values, kwargs)
     blocks = _checked(call, made, boxes)
-    return [
-        await _stored(host, call, out, block, box, mine, owner)
-        for out, block, box in zip(call.outputs, blocks, boxes, strict=True)
-    ]
+    kept: list[BufferHandle] = []  # so far: a failure part way frees them
+    try:
+        return [
+            await _stored(host, call, out, block, box, mine, owner, kept)
+            for out, block, box in zip(call.outputs, blocks, boxes, strict=True)
+        ]
+    except BaseException:
+        for shard in kept:
+            host.drop_shard(shard)  # nobody will ever hold a reference to it
+        raise
+
+
+def _refuse_references(call: ColocatedCall, values: Sequence[Any]) -> None:
+    """A plain function runs on a worker thread, where no reference to an
+    actor (a Cap'n Proto object, over host processes) may be touched."""
+    for value in values:
+        items = value.values() if isinstance(value, dict) else value
+        inside = items if isinstance(items, (list, tuple)) or isinstance(value, dict) else [value]
+        if any(isinstance(v, (ActorRef, Promise, BufferHandle)) for v in inside):
+            raise UsageError(
+                f"{call.name} runs on a worker thread: it cannot take actor references, "
+                "promises or handles; make it an async function (it then runs on the "
+                "host's event loop, where it may call the session's actors)"
+            )
 
 
 def _called(fn: Callable[..., Any], values: list[Any], kwargs: dict[str, Any]) -> Any:
@@ -196,13 +221,18 @@ async def _stored(
     box: Index,
     mine: list[int],
     owner: str,
+    kept: list[BufferHandle],
 ) -> list[tuple[int, BufferHandle]]:
-    """One output's shards of this host's devices, each a buffer of its device."""
+    """One output's shards of this host's devices, each a buffer of its
+    device (also added to ``kept``), and each a copy: the function may fill
+    the same array again for its next call (a loader's buffer)."""
     layout = call.layout(out.spec)
     stored = []
     for p in mine:
-        shard = np.ascontiguousarray(block[_within(layout.index(out.shape, p), box)])
-        stored.append((p, await host.store_shard(shard, owner, call.devices[p])))
+        shard = np.array(block[_within(layout.index(out.shape, p), box)], order="C", copy=True)
+        handle = await host.store_shard(shard, owner, call.devices[p])
+        kept.append(handle)
+        stored.append((p, handle))
     return stored
 
 

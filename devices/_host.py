@@ -566,6 +566,11 @@ class Host(HostEndpoints):
         where = (self.ctx.ref, self.host_id, device, tuple(array.shape), str(array.dtype))
         return BufferHandle(buffer_id, *where, array.nbytes, self.island, self.plane.address)
 
+    def drop_shard(self, handle: BufferHandle) -> None:
+        """Free a shard :meth:`store_shard` kept, whose call failed after."""
+        with suppress(BufferMissing):
+            self.store.decref(handle.id)
+
     @endpoint
     def set_quota(self, owner: str, max_bytes: int | None) -> None:
         """At most ``max_bytes`` in this store for ``owner`` (None: no limit)."""

@@ -527,7 +527,10 @@ class JaxDevice(Device):
 
     def _addressable(self, handle: ShardedHandle) -> bool:
         """Whether this process's JAX runtime holds every device of ``handle``."""
-        return not _jax_multi.configured() or all(p.host_id == self.host_id for p in handle.parts)
+        if all(p.host_id == self.host_id for p in handle.parts):
+            return True
+        # hosts in this process share its runtime (no address: not a host process)
+        return not _jax_multi.configured() and not any(p.address for p in handle.parts)
 
     async def _spmd_input(self, task: GangTask, spec: Any, value: Any, owner: str) -> Any:
         """What this host leader of a gang over processes reads of an input:

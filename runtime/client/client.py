@@ -587,7 +587,10 @@ class Cluster:
         address = self._host_addresses.get(host_id)
         if address is None:
             address = self._host_addresses[host_id] = await proxied.address()
-        return self._direct.get(address, host_id) or proxied
+        link = self._direct.get(address, host_id)
+        if link is None:  # not up (yet), or a host process that took its place: ask again
+            self._host_addresses.pop(host_id, None)
+        return link or proxied
 
     async def colocated(self, fn: Any, slice_: VirtualSlice, *args: Any) -> Any:
         """Run ``fn`` (made with :func:`atoll.colocated`) on each host of

@@ -202,16 +202,16 @@ async def dispatch(
     host_of = {d: cluster.topology.device(d).host for d in devices}
     hosts = list(dict.fromkeys(host_of.values()))
     call, values, layouts, avals = prepare(function, slice_, devices, hosts, args)
-    answers = {
-        host: (await cluster.host_link(host)).run_colocated(call, values, cluster.owner)
-        for host in hosts
-    }
+    shards: dict[tuple[int, int], Promise[BufferHandle]] = {}  # (output, position)
+    for host in hosts:  # each host's shards are this client's from its call on
+        answer = (await cluster.host_link(host)).run_colocated(call, values, cluster.owner)
+        for p, d in enumerate(devices):
+            if host_of[d] == host:
+                shards.update(
+                    ((o, p), cluster.track(_shard(answer, o, p))) for o in range(len(avals))
+                )
     return [
-        ShardedRef(
-            [cluster.track(_shard(answers[host_of[d]], o, p)) for p, d in enumerate(devices)],
-            aval,
-            layout,
-        )
+        ShardedRef([shards[o, p] for p in range(len(devices))], aval, layout)
         for o, (layout, aval) in enumerate(zip(layouts, avals, strict=True))
     ]
 

@@ -35,6 +35,7 @@ controller keeps answering meanwhile, and holds only the gated slices' runs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -44,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...devices import BufferHandle
+from ...devices._shards import ShardedHandle
 from ...devices._store import StoredBuffer
 from ...kernel import AtollError, Promise, all_settled, forward, log_failure, then
 from .tenancy import check_slice
@@ -162,6 +164,14 @@ class Elastic:
     def _fresh_one(self, value: Any) -> Any:
         if isinstance(value, BufferHandle):  # (a small value rides in its handle: as it is)
             return value if value.value is not None else self.located.get(value.id, value)
+        if isinstance(value, ShardedHandle):  # its shards moved with their slice
+            parts = tuple(self._fresh_one(part) for part in value.parts)
+            if parts == value.parts:
+                return value
+            devices = tuple(part.device_id for part in parts)
+            return dataclasses.replace(
+                value, parts=parts, layout=dataclasses.replace(value.layout, devices=devices)
+            )
         if isinstance(value, Promise):
             if value.done() and value.exception() is None:
                 return self._fresh_one(value.result())

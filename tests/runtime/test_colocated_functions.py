@@ -23,7 +23,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 import atoll
-from atoll.devices import Computation, NotYours, Shard
+from atoll.devices import Computation, NotYours, QuotaExceeded, Shard
 from atoll.devices.jax import JaxDevice
 from atoll.kernel import UsageError
 
@@ -245,3 +245,82 @@ def test_a_layout_places_shards_as_jax_does() -> None:
     replicated = ShardedHandle(parts, Layout.of(range(4), (4,), ("a",), P(), 2), shape, "float32")
     assert [h.id for _, h in replicated.distinct()] == ["b0"]
     assert [h.id for _, h in replicated.distinct(near=1)] == ["b2"]  # this host's own copy
+
+
+async def test_a_call_that_fails_part_way_leaves_nothing_and_shards_are_copies() -> None:
+    """A quota that takes the first output's shards but not the second's:
+    the call fails and the shards it stored are freed (no reference will
+    ever reach them). A function that fills the same array for every call
+    (a loader's buffer) does not change what earlier calls stored."""
+    buffer = np.zeros((ROWS, COLS), np.float32)
+
+    @atoll.colocated(out=[jax.ShapeDtypeStruct((4, 1024), np.float32)] * 2)
+    def two(shard: Shard) -> tuple[np.ndarray, np.ndarray]:
+        n = len(shard.devices)
+        return np.ones((n, 1024), np.float32), np.ones((n, 1024), np.float32)
+
+    @atoll.colocated(out=jax.ShapeDtypeStruct((ROWS, COLS), np.float32))
+    def fill(step: float, shard: Shard) -> np.ndarray:
+        rows = shard.blocks[0][0]
+        buffer[rows] = step
+        return buffer[rows]
+
+    async with atoll.local_cluster(1, 2, 2) as cluster:
+        session = cluster.client("tight")
+        await session.controller.set_tenant("tight", None, None, 3 * 4096 + 100)
+        mesh = await session.devices(4, mesh_shape=(4,), axis_names=("data",))
+        first, second = await session.colocated(two, mesh)
+        with pytest.raises(QuotaExceeded):
+            await session.ready(second)
+        assert sum(u["buffers"] for u in await session.store_usage()) == 0
+        del first, second
+        one = await session.colocated(fill, mesh, 1.0)
+        await session.ready(one)  # (two calls at once would fill it at once)
+        two_ = await session.colocated(fill, mesh, 2.0)
+        np.testing.assert_array_equal(await session.fetch(one), np.ones((ROWS, COLS)))
+        np.testing.assert_array_equal(await session.fetch(two_), np.full((ROWS, COLS), 2.0))
+
+
+async def test_a_plain_function_refuses_references_an_async_one_may_use_them() -> None:
+    class Count(atoll.Actor):
+        def __init__(self) -> None:
+            self.n = 0
+
+        @atoll.endpoint
+        def add(self, n: int) -> int:
+            self.n += n
+            return self.n
+
+    @atoll.colocated(out=jax.ShapeDtypeStruct((4,), np.int32))
+    def plain(counters: dict[int, Any]) -> np.ndarray:
+        return np.zeros(2, np.int32)
+
+    @atoll.colocated(out=jax.ShapeDtypeStruct((4,), np.int32))
+    async def counted(counters: dict[int, Any], shard: Shard) -> np.ndarray:
+        total: int = await counters[shard.host_id].add(len(shard.devices))
+        return np.full(len(shard.devices), total, np.int32)
+
+    async with atoll.local_cluster(1, 2, 2) as cluster:
+        mesh = await cluster.devices(4, mesh_shape=(4,), axis_names=("data",))
+        counters = {h: await cluster.spawn(Count, host=h) for h in (0, 1)}
+        with pytest.raises(UsageError, match="make it an async function"):
+            await cluster.fetch(await cluster.colocated(plain, mesh, counters))
+        await cluster.fetch(await cluster.colocated(counted, mesh, counters))
+        twice = await cluster.fetch(await cluster.colocated(counted, mesh, counters))
+        np.testing.assert_array_equal(twice, [4, 4, 4, 4])  # each host's actor kept count
+
+
+async def test_a_moved_slice_takes_its_shards_and_runs_read_them_there() -> None:
+    @atoll.colocated(out=jax.ShapeDtypeStruct((2, 8192), np.float32))
+    def rows(shard: Shard) -> np.ndarray:
+        r = shard.blocks[0][0]
+        return np.repeat(np.arange(r.start, r.stop, dtype=np.float32)[:, None], 8192, axis=1)
+
+    async with atoll.local_cluster(1, 2, 2) as cluster:
+        mesh = await cluster.devices(2, axis_names=("data",))
+        x = await cluster.colocated(rows, mesh)  # on host 0's devices
+        await cluster.ready(x)
+        await cluster.move(mesh, host=1)
+        total = Computation("total", lambda a: np.asarray(a[:, 0].sum(), np.float32))
+        assert await cluster.fetch(cluster.run(total, 2, [x])) == 1.0
+        np.testing.assert_array_equal((await cluster.fetch(x))[:, 0], [0.0, 1.0])
