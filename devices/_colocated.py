@@ -30,7 +30,7 @@ import anyio
 import numpy as np
 
 from ..kernel import ActorRef, Promise, UsageError
-from ._shards import Index, Layout, ShardedHandle, assemble
+from ._shards import Index, Layout, ShardedHandle, read_whole
 from ._values import BufferHandle
 
 __all__ = ["ArrayArg", "ColocatedCall", "HostBlocks", "Shard", "run_on_host"]
@@ -77,15 +77,10 @@ class ColocatedCall:
     arrays: tuple[ArrayArg | None, ...]
     outputs: tuple[ArrayArg, ...]
     hosts: tuple[int, ...] = field(default=())
+    takes_shard: bool = False  # ``fn`` has a parameter named ``shard``
 
     def layout(self, spec: tuple[Any, ...]) -> Layout:
         return Layout(self.devices, self.mesh_shape, self.axis_names, spec)
-
-    def takes_shard(self) -> bool:
-        try:
-            return "shard" in inspect.signature(self.fn).parameters
-        except (TypeError, ValueError):
-            return False
 
 
 class HostBlocks(Protocol):
@@ -122,7 +117,7 @@ async def run_on_host(
     ]
     boxes = [call.layout(out.spec).block(out.shape, mine) for out in call.outputs]
     kwargs: dict[str, Any] = {}
-    if call.takes_shard():
+    if call.takes_shard:
         where = call.hosts.index(host.host_id) if host.host_id in call.hosts else 0
         devices = tuple(call.devices[p] for p in mine)
         kwargs["shard"] = Shard(host.host_id, where, devices, tuple(boxes))
@@ -148,8 +143,9 @@ def _refuse_references(call: ColocatedCall, values: Sequence[Any]) -> None:
     """A plain function runs on a worker thread, where no reference to an
     actor (a Cap'n Proto object, over host processes) may be touched."""
     for value in values:
-        items = value.values() if isinstance(value, dict) else value
-        inside = items if isinstance(items, (list, tuple)) or isinstance(value, dict) else [value]
+        inside = value.values() if isinstance(value, dict) else value
+        if not isinstance(value, (dict, list, tuple)):
+            inside = [value]
         if any(isinstance(v, (ActorRef, Promise, BufferHandle)) for v in inside):
             raise UsageError(
                 f"{call.name} runs on a worker thread: it cannot take actor references, "
@@ -205,9 +201,7 @@ async def _block(
 
 async def _whole(host: HostBlocks, value: Any, owner: str) -> np.ndarray:
     if isinstance(value, ShardedHandle):
-        near = value.distinct(host.host_id)
-        parts = [(index, await host.bytes_of(part, owner)) for index, part in near]
-        return assemble(value.shape, value.dtype, parts)
+        return await read_whole(value, lambda part: host.bytes_of(part, owner), host.host_id)
     if isinstance(value, BufferHandle):
         return await host.bytes_of(value, owner)
     return np.asarray(value)

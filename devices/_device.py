@@ -56,7 +56,7 @@ from ._host_api import HostEndpoints
 from ._plan import DeviceProgram, PlannedGang, PriorOutput, RunReport, portable, run_key
 from ._plane import IN_PROCESS, DataPlane
 from ._push import Pusher
-from ._shards import ShardedHandle, assemble
+from ._shards import ShardedHandle, read_whole
 from ._store import BufferMissing, ObjectStore, StoredBuffer
 from ._values import Arrival, BufferHandle, Computation, CostModel, DeviceStats
 
@@ -773,9 +773,7 @@ class Device(Actor):
     async def _assembled(self, handle: ShardedHandle, owner: str) -> np.ndarray:
         """A sharded value as one host array: its distinct shards read (each
         once it exists) and put together."""
-        near = handle.distinct(self.host_id)
-        parts = [(index, await self._bytes_of(part, owner)) for index, part in near]
-        return assemble(handle.shape, handle.dtype, parts)
+        return await read_whole(handle, lambda part: self._bytes_of(part, owner), self.host_id)
 
     async def _bytes_of(self, handle: Any, owner: str) -> np.ndarray:
         """An input's bytes in host memory, once they exist (a buffer of this

@@ -531,12 +531,11 @@ class Host(HostEndpoints):
         try:
             values = [await value_of(arg) for arg in args]
             answer.set_result(await run_on_host(self, call, values, owner))
-        except BaseException as exc:
-            where = f"{call.name} on host {self.host_id}"
-            gone = ActorStopped(f"{where}: the host stopped")
-            answer.set_exception(portable(exc, where) if isinstance(exc, Exception) else gone)
-            if not isinstance(exc, Exception):
-                raise
+        except Exception as exc:
+            answer.set_exception(portable(exc, f"{call.name} on host {self.host_id}"))
+        except BaseException:  # cancelled: the host stops
+            answer.set_exception(ActorStopped(f"{call.name}: host {self.host_id} stopped"))
+            raise
 
     async def bytes_of(self, handle: BufferHandle, owner: str) -> np.ndarray:
         """A buffer's bytes, once it exists: from this store, or from its holder."""

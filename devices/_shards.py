@@ -9,15 +9,14 @@ tuple so that nothing below the runtime needs JAX. A
 :class:`~atoll.devices.BufferHandle` per device, each that device's shard,
 made where the device is (colocated Python, ``docs/colocated.md``). A run
 reads it as one array: a JAX gang over the same layout takes the shards as
-they are, on their devices; anything else gets them assembled.
-
-Nothing here is asynchronous.
+they are, on their devices; anything else gets them assembled
+(:func:`read_whole`, which awaits each read; nothing else here waits).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,7 @@ import numpy as np
 
 from ._values import BufferHandle
 
-__all__ = ["Layout", "ShardedHandle", "assemble", "normal_spec"]
+__all__ = ["Layout", "ShardedHandle", "normal_spec", "read_whole"]
 
 Index = tuple[slice, ...]
 
@@ -100,9 +99,6 @@ class Layout:
             out.append(slice(k * size, (k + 1) * size))
         return tuple(out)
 
-    def shard_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-        return tuple(s.stop - s.start for s in self.index(shape, 0))
-
     def holders(self, shape: Sequence[int], among: Sequence[int] | None = None) -> list[int]:
         """Per position, the first position that holds the same part (a
         replica's original); ``among``: only those positions, each then
@@ -165,9 +161,14 @@ class ShardedHandle:
         return [(self.layout.index(self.shape, p), self.parts[p]) for p in sorted(chosen)]
 
 
-def assemble(shape: Sequence[int], dtype: str, parts: Sequence[tuple[Index, Any]]) -> np.ndarray:
-    """The whole array from its distinct parts and where each lies."""
-    out = np.empty(tuple(shape), np.dtype(dtype))
-    for index, part in parts:
-        out[index] = np.asarray(part)
+async def read_whole(
+    handle: ShardedHandle,
+    read: Callable[[BufferHandle], Awaitable[Any]],
+    near: int | None = None,
+) -> np.ndarray:
+    """The whole array of a sharded value: each distinct part read with
+    ``read`` (the copy on host ``near``, where it has one) and put in place."""
+    out = np.empty(handle.shape, np.dtype(handle.dtype))
+    for index, part in handle.distinct(near):
+        out[index] = np.asarray(await read(part))
     return out

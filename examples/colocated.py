@@ -28,8 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +39,6 @@ from jax.sharding import PartitionSpec as P
 
 import atoll
 from atoll.devices import Aval, Shard
-from atoll.devices.jax import JaxDevice
 from atoll.examples import lm
 from atoll.kernel import Actor, ActorRef, endpoint
 
@@ -128,20 +126,10 @@ label = atoll.colocated(
 class ColocatedResult:
     labels: np.ndarray  # (steps, ROWS)
     pids: list[set[int]]  # per step, the processes that labelled its rows
-    client_array_bytes: int  # bytes of arrays this process sent, after the first step
+    # bytes of arrays this process sent after the first step (None in one
+    # process, where nothing is sent: the hosts are here)
+    client_array_bytes: int | None
     tokenized: dict[int, int]  # rows each host's tokenizer tokenized
-
-
-@asynccontextmanager
-async def _cluster(hosts: int) -> AsyncIterator[atoll.Cluster]:
-    if hosts == 0:
-        async with atoll.local_cluster(1, 1, DEVICES, device_cls=JaxDevice) as cluster:
-            yield cluster
-        return
-    from atoll.runtime import ClusterSpec, process_cluster
-
-    async with process_cluster(ClusterSpec(1, hosts, DEVICES // hosts, device_cls=JaxDevice)) as c:
-        yield c
 
 
 async def run(steps: int = 3, hosts: int = 0) -> ColocatedResult:
@@ -150,7 +138,9 @@ async def run(steps: int = 3, hosts: int = 0) -> ColocatedResult:
 
     if hosts not in (0, 1, 2, 4):
         raise ValueError(f"{DEVICES} devices split over 1, 2 or 4 host processes, not {hosts}")
-    async with _cluster(hosts) as cluster:
+    from atoll.examples.train_lm import cluster_for  # (optax only where a model trains)
+
+    async with cluster_for(DEVICES, hosts) as cluster:
         mesh = await cluster.devices(DEVICES, axis_names=("data",))
         scored = mesh.jit(score, in_specs=(None, P("data")), out_specs=P("data"))
         w = atoll.ArrayRef(cluster.put(weights(), 0), Aval((256, CLASSES), "float32"))
@@ -166,7 +156,7 @@ async def run(steps: int = 3, hosts: int = 0) -> ColocatedResult:
             tables.append(labelled[:, 0])
             pids.append({int(p) for p in labelled[:, 1]})
         tokenized = {h: await t.tokenized() for h, t in tokenizers.items()}
-    return ColocatedResult(np.stack(tables), pids, sent, tokenized)
+    return ColocatedResult(np.stack(tables), pids, sent if hosts else None, tokenized)
 
 
 def reference(steps: int = 3) -> np.ndarray:
@@ -190,7 +180,8 @@ async def main(argv: Sequence[str] = ()) -> None:
     where = sorted(set().union(*result.pids))
     print(f"labels of {args.steps} steps x {ROWS} rows, made on the hosts: {result.labels[-1]}")
     print(f"rows prepared and labelled in processes {where} (this one: {os.getpid()})")
-    print(f"array bytes this client sent after the first step: {result.client_array_bytes}")
+    if result.client_array_bytes is not None:
+        print(f"array bytes this client sent after the first step: {result.client_array_bytes}")
     print(f"rows each host's tokenizer tokenized: {result.tokenized}")
     print(f"matches plain numpy and JAX: {same}")
     if not same:

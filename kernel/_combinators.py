@@ -128,28 +128,24 @@ def all_settled(
     """A promise that settles (with None) once every one of ``promises`` has,
     whichever way; callers look at the promises themselves for the outcome.
     ``into``: settle that promise (and return it) rather than a new one."""
-    out: Promise[None] = Promise(label) if into is None else into
-    left = [len(promises)]
+    return when_settled(promises, _nothing, label, into)
 
-    def one(_: Promise[Any]) -> None:
-        left[0] -= 1
-        if left[0] == 0:
-            out.set_result(None)
 
-    if not promises:
-        out.set_result(None)
-    for promise in promises:
-        promise.add_done_callback(one)
-    return out
+def _nothing() -> None:
+    return None
 
 
 def when_settled(
-    promises: Sequence[Promise[Any]], fn: Callable[[], U], label: str = "when settled"
+    promises: Sequence[Promise[Any]],
+    fn: Callable[[], U],
+    label: str = "when settled",
+    into: Promise[U] | None = None,
 ) -> Promise[U]:
     """A promise of ``fn()``, called once every one of ``promises`` has
     settled, whichever way (``then(all_settled(...), ...)`` in one promise:
-    a run's answer is one of these, on every hop)."""
-    out: Promise[U] = Promise(label)
+    a run's answer is one of these, on every hop); ``into``: settle that
+    promise rather than a new one."""
+    out: Promise[U] = Promise(label) if into is None else into
     left = [len(promises)]
 
     def settle() -> None:

@@ -168,9 +168,6 @@ class Caller:
     def __init__(self, name: str, far: int | None, hosts: Hosts, stash: Stash, waits: bool) -> None:
         self.name = name
         self.far = far
-        # a link to a host process: its devices read another host's buffers
-        # by that host's address, so its handles need no reference to it
-        self.to_host = far is not None
         self.hosts = hosts
         self.stash = stash
         self.waits = waits
@@ -245,6 +242,12 @@ class Caller:
         if self.off or (not self.pending and not self.queued):
             return None
         return self.call(wire.SYNC, 0, (), lambda: as_promise(None))
+
+    @property
+    def to_host(self) -> bool:
+        """A link to a host process: its devices read another host's buffers
+        by that host's address, so its handles need no reference to it."""
+        return self.far is not None
 
     def notify(self, kind: int, target: int, args: tuple[Any, ...]) -> bool:
         """Send a notice (no answer comes back) if the lane is up and holds

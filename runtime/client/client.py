@@ -26,7 +26,7 @@ from ...devices import Aval, BufferHandle, Computation, Device, DeviceStats, Hos
 from ...devices import timeline as _timelines
 from ...devices._host_api import HostEndpoints
 from ...devices._runlane import ENDPOINTS, FREE, RUN_CALL, RUN_CALL_DIRECT, RUN_GRAPH
-from ...devices._shards import ShardedHandle, assemble
+from ...devices._shards import ShardedHandle, read_whole
 from ...devices._values import INLINE_VALUE_BYTES
 from ...kernel import (
     Actor,
@@ -625,8 +625,7 @@ class Cluster:
         """The value of a buffer, read from the host that holds it."""
         handle = await value_of(value.promise if isinstance(value, ArrayRef) else value)
         if isinstance(handle, ShardedHandle):  # split over devices: its shards put together
-            parts = [(index, await self.fetch(part)) for index, part in handle.distinct()]
-            return assemble(handle.shape, handle.dtype, parts)
+            return await read_whole(handle, self.fetch)
         if handle.value is not None:  # a small value rides along in its handle
             return handle.value
         try:

@@ -17,6 +17,8 @@ once it ran; the outputs' promises settle when the hosts stored them.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
@@ -47,6 +49,14 @@ class ColocatedFunction:
     in_specs: Sequence[Any] | None = None
     out_specs: Any = None
     name: str = ""
+
+    @functools.cached_property
+    def takes_shard(self) -> bool:
+        """Whether ``fn`` has a parameter named ``shard`` (where it runs)."""
+        try:
+            return "shard" in inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return False
 
     def avals(self, args: Sequence[Any]) -> list[Aval]:
         """The outputs' global avals, for these arguments."""
@@ -176,6 +186,7 @@ def prepare(
         tuple(arrays),
         tuple(outputs),
         tuple(hosts),
+        function.takes_shard,
     )
     return call, values, layouts, avals
 

@@ -46,7 +46,7 @@ async def test_two_islands_cross_the_datacenter_link() -> None:
 async def test_the_hosts_prepare_and_label_what_a_jax_program_scores() -> None:
     result = await colocated.run(steps=2)
     np.testing.assert_array_equal(result.labels, colocated.reference(steps=2))
-    assert result.client_array_bytes == 0  # after the first step, no array left the client
+    assert result.client_array_bytes is None  # one process: nothing goes by socket
     assert result.tokenized == {0: 2 * colocated.ROWS}  # the host's actor kept count
 
 

@@ -8,6 +8,7 @@ bit for bit). Also: the model's pieces, the data, and the command line.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -415,29 +416,17 @@ async def test_the_hosts_input_resumes_exactly_from_a_checkpoint(
         await cluster.save(saved, tmp_path / "ck")
     async with train_lm.cluster_for(2, hosts=0) as cluster:
         back = await cluster.restore(tmp_path / "ck")
-        rest = await train_lm.train(
+        resume = functools.partial(
+            train_lm.train,
             cluster,
             TINY,
-            half,
-            2,
-            start=half,
             state=back["state"],
             input_from="hosts",
             input_state=back["input"],
         )
-        again = rest.slices
+        rest = await resume(half, 2, start=half)
         with pytest.raises(ValueError, match="goes on from step 10, not 3"):
-            await train_lm.train(
-                cluster,
-                TINY,
-                1,
-                2,
-                start=3,
-                state=back["state"],
-                input_from="hosts",
-                input_state=back["input"],
-                slices=again,
-            )
+            await resume(1, 2, start=3, slices=rest.slices)
     assert first.losses + rest.losses == whole.losses
 
 
