@@ -35,6 +35,7 @@ from ._jaxpr import from_jax as from_jax
 from ._models import bert_graph as bert_graph
 from ._models import builtin_graph as builtin_graph
 from ._models import builtin_names as builtin_names
+from ._models import decoder_graph as decoder_graph
 from ._plot import plot_curves as plot_curves
 from ._plot import plot_partition as plot_partition
 from ._policy import Policy as Policy
@@ -68,6 +69,7 @@ __all__ = [
     "bert_graph",
     "builtin_graph",
     "builtin_names",
+    "decoder_graph",
     "dp_split",
     "evaluate",
     "finetune",

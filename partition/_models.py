@@ -23,6 +23,7 @@ __all__ = [
     "builtin_graph",
     "builtin_names",
     "cnn_graph",
+    "decoder_graph",
     "inception_graph",
     "layer_norm",
     "mlp_graph",
@@ -131,6 +132,81 @@ def transformer_graph(
     ids = struct((seq,), jnp.int32)
     name = name or f"transformer_l{layers}_h{hidden}_s{seq}"
     return from_jax(_encoder(heads), params, ids, weight_argnums=(0,), name=name)
+
+
+def _decoder_layer(p: Params, x: Any, heads: int) -> Any:
+    """One pre-norm GPT block: causal self-attention, then the MLP, each residual."""
+    import jax
+    import jax.numpy as jnp
+
+    seq, hidden = x.shape
+    split = (seq, heads, hidden // heads)
+    y = layer_norm(x, p["g1"], p["b1"])
+    q, k, v = (
+        part.reshape(split).transpose(1, 0, 2)
+        for part in jnp.split(y @ p["wqkv"] + p["bqkv"], 3, axis=-1)
+    )
+    scores = jnp.einsum("hqd,hkd->hqk", q, k) / np.sqrt(hidden // heads)
+    causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+    scores = jnp.where(causal, scores, jnp.asarray(-1e9, scores.dtype))
+    ctx = jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), v)
+    x = x + ctx.transpose(1, 0, 2).reshape(seq, hidden) @ p["wo"] + p["bo"]
+    y = layer_norm(x, p["g2"], p["b2"])
+    return x + jax.nn.gelu(y @ p["w1"] + p["c1"]) @ p["w2"] + p["c2"]
+
+
+def decoder_graph(
+    layers: int = 12,
+    hidden: int = 768,
+    heads: int = 12,
+    seq: int = 256,
+    vocab: int = 50257,
+    name: str | None = None,
+) -> OpGraph:
+    """A GPT-style decoder traced by shapes: token and position embeddings,
+    ``layers`` pre-norm blocks of causal attention and MLP, a final norm and
+    the language-model head (a matrix of its own). 11 ops a layer and 4 more:
+    27 layers make 301 ops, 90 layers 994, 272 layers 2,996.
+
+    ``name`` defaults to ``gpt_l{layers}_h{hidden}_s{seq}``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    def layer() -> Params:
+        vec = spec(hidden)
+        return {
+            "wqkv": spec(hidden, 3 * hidden),
+            "bqkv": spec(3 * hidden),
+            "wo": spec(hidden, hidden),
+            "bo": vec,
+            "g1": vec,
+            "b1": vec,
+            "g2": vec,
+            "b2": vec,
+            "w1": spec(hidden, 4 * hidden),
+            "c1": spec(4 * hidden),
+            "w2": spec(4 * hidden, hidden),
+            "c2": vec,
+        }
+
+    def gpt(params: Params, ids: Any) -> Any:
+        x = params["tok"][ids] + params["pos"][: ids.shape[0]]
+        for p in params["layers"]:
+            x = _decoder_layer(p, x, heads)
+        return layer_norm(x, params["gf"], params["bf"]) @ params["head"]
+
+    params = {
+        "tok": spec(vocab, hidden),
+        "pos": spec(seq, hidden),
+        "layers": [layer() for _ in range(layers)],
+        "gf": spec(hidden),
+        "bf": spec(hidden),
+        "head": spec(hidden, vocab),
+    }
+    struct: Any = jax.ShapeDtypeStruct  # untyped in jax's stubs
+    name = name or f"gpt_l{layers}_h{hidden}_s{seq}"
+    return from_jax(gpt, params, struct((seq,), jnp.int32), weight_argnums=(0,), name=name)
 
 
 @functools.cache
@@ -264,6 +340,7 @@ BUILTINS: dict[str, Callable[[], OpGraph]] = {
     "transformer_small": lambda: transformer_graph(4, 256, 4, 64, 8000),
     "mlp": lambda: mlp_graph([1024] * 9),
     "cnn": lambda: cnn_graph([64] * 9),
+    "gpt": lambda: decoder_graph(12, name="gpt"),
 }
 
 

@@ -1,101 +1,38 @@
-"""Solver repair: the valid assignment nearest to any candidate, by OR-Tools CP-SAT.
+"""Repair: the valid assignment nearest to any candidate.
 
 Every method shares this step. The metric is the **total displacement**
 ``sum_i |a[i] - candidate[i]|`` (an L1 distance along the chain): moving a node
-two chiplets costs twice as much as moving it one. The candidate is also given
-to the solver as a hint. A valid candidate is returned unchanged without
-calling the solver.
+two chiplets costs twice as much as moving it one. A valid candidate is
+returned unchanged. Otherwise, in order:
+
+1. an LP gives the nearest assignment under forward flow and the hop limit
+   (:mod:`._nearest`, milliseconds); when it also fits every chiplet's SRAM
+   and uses every chiplet, it is the nearest valid assignment;
+2. otherwise CP-SAT re-solves the nodes the LP put on or next to the
+   chiplets it breaks (a window of ``r`` chiplets either side, ``r`` = 1, 2,
+   4, ...), every other node pinned where the LP put it: a valid assignment
+   near the candidate, not always the nearest;
+3. when no window has one, CP-SAT solves the whole graph, the candidate as
+   its hint (seconds at 1,000 nodes).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ._cost import IntArray, as_assignment, is_valid_array
+from ._cpmodel import SolverModel, build_model, chip_bounds
 from ._errors import InfeasibleError, RepairTimeout
 from ._graph import OpGraph
 from ._hardware import Chiplets
+from ._nearest import OrderLP
 
-if TYPE_CHECKING:
-    from ortools.sat.python import cp_model
+__all__ = ["Repairer", "repair"]
 
-__all__ = ["Repairer", "SolverModel", "build_model", "repair"]
-
-
-@dataclass
-class SolverModel:
-    """A CP-SAT model of the constraints, in the order encoding.
-
-    ``ge[i][k]`` is "node i sits on chip k or later" (``ge[i][0]`` is the
-    constant 1), ``x[i][k]`` is "node i sits on chip k". Forward flow and the
-    hop limit become two-literal implications between ``ge`` variables, which
-    propagate (and relax) far better than integer differences. On a ring,
-    ``wraps`` holds each edge's wrap literal as ``(u, v, span, literal)``:
-    true forces ``chip(v) - chip(u) >= span`` (the edge goes round the wrap
-    link); a hint sets it from the hinted chips.
-    """
-
-    model: cp_model.CpModel
-    x: list[list[cp_model.IntVar]]
-    ge: list[list[cp_model.IntVar | int]]
-    wraps: list[tuple[int, int, int, cp_model.IntVar]] = field(default_factory=list)
-
-    def chips(self, solver: cp_model.CpSolver) -> IntArray:
-        """The assignment in ``solver``'s solution."""
-        return np.array(
-            [sum(int(solver.value(v)) for v in row[1:]) for row in self.ge], dtype=np.int64
-        )
-
-
-def build_model(graph: OpGraph, chiplets: Chiplets) -> SolverModel:
-    """Encode the four constraints of ``docs/partition.md`` as a CP-SAT model
-    (on a ring, the hop limit counts links the shorter way round)."""
-    from ortools.sat.python import cp_model
-
-    model = cp_model.CpModel()
-    n, c, h = len(graph), chiplets.count, chiplets.hop_limit
-    ge: list[list[cp_model.IntVar | int]] = [
-        [1, *(model.new_bool_var(f"ge{i}_{k}") for k in range(1, c)), 0] for i in range(n)
-    ]
-    x = [[model.new_bool_var(f"x{i}_{k}") for k in range(c)] for i in range(n)]
-    for i in range(n):
-        for k in range(1, c - 1):
-            model.add_implication(ge[i][k + 1], ge[i][k])
-        for k in range(c):
-            model.add(x[i][k] == ge[i][k] - ge[i][k + 1])
-    ring = chiplets.topology == "ring"
-    wraps: list[tuple[int, int, int, cp_model.IntVar]] = []
-    for e in graph.edges:
-        # on a ring an edge may instead span c - h chips or more: it wraps round
-        wrap = _wrap_literal(model, ge, e.src, e.dst, c, h) if ring and c - h > h else None
-        if wrap is not None:
-            wraps.append((e.src, e.dst, c - h, wrap))
-        for k in range(1, c):  # forward: chip(dst) >= chip(src)
-            model.add_implication(ge[e.src][k], ge[e.dst][k])
-            if k + h < c and not (ring and c - h <= h):
-                # hop limit: chip(dst) <= chip(src) + h (or the edge wraps)
-                clause = [ge[e.dst][k + h].Not(), ge[e.src][k]]  # type: ignore[union-attr]
-                model.add_bool_or(clause if wrap is None else [*clause, wrap])
-    weights = [int(np.ceil(w)) for w in graph.array("weights")]
-    for k in range(c):
-        heavy = [(w, x[i][k]) for i, w in enumerate(weights) if w > 0]
-        if heavy:  # the weights on a chiplet fit its SRAM
-            model.add(sum(w * v for w, v in heavy) <= int(chiplets.sram_bytes))
-        model.add_at_least_one([x[i][k] for i in range(n)])  # every chiplet used
-    return SolverModel(model, x, ge, wraps)
-
-
-def _wrap_literal(
-    model: cp_model.CpModel, ge: list[list[cp_model.IntVar | int]], u: int, v: int, c: int, h: int
-) -> cp_model.IntVar:
-    """A boolean that, when true, forces ``chip(v) - chip(u) >= c - h``: the edge
-    ``u -> v`` goes the short way round the ring, through the wrap link."""
-    wrap = model.new_bool_var(f"wrap{u}_{v}")
-    model.add(sum(ge[v][1:c]) - sum(ge[u][1:c]) >= c - h).only_enforce_if(wrap)
-    return wrap
+WINDOW_TIME = 0.25  # a window's solve may take this share of the repair's time limit
+WINDOW_SHARE = 0.5  # windows stop growing past this share of the nodes
 
 
 def describe_infeasible(graph: OpGraph, chiplets: Chiplets) -> str:
@@ -121,8 +58,13 @@ def repair_time_limit(graph: OpGraph) -> float:
 
 
 class Repairer:
-    """Repairs candidates for one (graph, chiplets) pair, reusing its CP-SAT model.
+    """Repairs candidates for one (graph, chiplets) pair, reusing its LP and CP-SAT model.
 
+    The LP's assignment, when valid, is the nearest; otherwise ``exact``
+    solves the whole graph (the nearest, in seconds at 1,000 nodes), and
+    by default the windows around the chiplets the LP breaks come first (a
+    valid assignment near the candidate in a fraction of that; see the
+    module's docstring). ``solved`` counts which step found each repair.
     ``time_limit_s`` bounds each solve (None: :func:`repair_time_limit`);
     when it runs out, the nearest valid assignment found so far is returned.
     A solve that finds none in time falls back to a valid partition known
@@ -134,18 +76,25 @@ class Repairer:
     """
 
     def __init__(
-        self, graph: OpGraph, chiplets: Chiplets, time_limit_s: float | None = None
+        self,
+        graph: OpGraph,
+        chiplets: Chiplets,
+        time_limit_s: float | None = None,
+        exact: bool = False,
     ) -> None:
-        self.graph, self.chiplets = graph, chiplets
+        self.graph, self.chiplets, self.exact = graph, chiplets, exact
         self.time_limit_s = repair_time_limit(graph) if time_limit_s is None else time_limit_s
         self._sm: SolverModel | None = None
         self._cache: dict[bytes, IntArray] = {}
         self._known: IntArray | None = None  # a valid assignment: the fallback
         self._split_tried = False
+        self._lp: OrderLP | None = None
         self.fallbacks = 0  # solves that ran out of time and fell back
+        self.solved = {"lp": 0, "window": 0, "whole": 0}  # how each repair was found
 
     def __call__(self, candidate: Any) -> IntArray:
-        """The valid assignment with the least total displacement from ``candidate``."""
+        """A valid assignment near ``candidate``: the one with the least total
+        displacement from it, where the LP finds it or ``exact`` is set."""
         cand = as_assignment(self.graph, self.chiplets, candidate)
         if is_valid_array(self.graph, self.chiplets, cand):
             self._known = cand
@@ -162,8 +111,9 @@ class Repairer:
             self._cache[key] = self._known = found
         return self._cache[key].copy()
 
-    def _fallback(self, cand: IntArray) -> IntArray:
-        """A valid partition known already, for a solve that ran out of time."""
+    def _known_valid(self) -> IntArray | None:
+        """A valid partition known already: the last one returned, else the best
+        contiguous split (None when there is neither)."""
         if self._known is None and not self._split_tried:
             from ._dp import dp_split
 
@@ -171,7 +121,12 @@ class Repairer:
             split = dp_split(self.graph, self.chiplets)
             if split is not None and is_valid_array(self.graph, self.chiplets, split):
                 self._known = split
-        if self._known is None:
+        return self._known
+
+    def _fallback(self, cand: IntArray) -> IntArray:
+        """A valid partition known already, for a solve that ran out of time."""
+        known = self._known_valid()
+        if known is None:
             n, c = len(self.graph), self.chiplets.count
             raise RepairTimeout(
                 f"graph {self.graph.name!r} ({n} nodes) on {c} chiplets: the repair found no "
@@ -180,31 +135,85 @@ class Repairer:
                 f"(repair_time_limit_s={2 * self.time_limit_s:g}, say)"
             )
         self.fallbacks += 1
-        return self._known.copy()
+        return known.copy()
 
     def _solve(self, cand: IntArray) -> IntArray | None:
-        """The nearest valid assignment; None when time ran out with none."""
+        """A valid assignment near ``cand`` (the nearest, where the LP's is valid
+        or the whole graph is solved); None when time ran out with none."""
+        if self._lp is None:
+            self._lp = OrderLP(self.graph, self.chiplets)
+        base = self._lp(cand)
+        if base is not None:
+            bad = self._broken_chips(base)
+            if not bad.size:
+                self.solved["lp"] += 1
+                return base
+            found = None if self.exact else self._around(cand, base, bad)
+            if found is not None:
+                self.solved["window"] += 1
+                return found
+        self.solved["whole"] += 1  # from a valid partition: it has one at once
+        known = self._known_valid()
+        return self._cp_sat(cand, cand if known is None else known, None, self.time_limit_s)
+
+    def _broken_chips(self, a: IntArray) -> IntArray:
+        """The chiplets ``a`` (valid but for SRAM and use) overfills or leaves empty."""
+        c = self.chiplets.count
+        mem = np.bincount(a, weights=self.graph.array("weights"), minlength=c)
+        empty = np.bincount(a, minlength=c) == 0
+        return np.flatnonzero((mem > self.chiplets.sram_bytes) | empty)
+
+    def _around(self, cand: IntArray, base: IntArray, bad: IntArray) -> IntArray | None:
+        """CP-SAT over the nodes ``base`` puts within ``r`` chiplets of a broken one,
+        every other node pinned to ``base``; ``r`` doubles until a window has a
+        valid assignment (None when none has, or time ran out)."""
+        c, ring = self.chiplets.count, self.chiplets.topology == "ring"
+        near = np.abs(base[:, None] - bad[None, :])
+        if ring:
+            near = np.minimum(near, c - near)
+        dist, r = near.min(axis=1), 1
+        # a window of every chiplet, or of most nodes, is the whole solve (from a valid hint)
+        while r < (c // 2 if ring else c - 1) and (dist <= r).mean() <= WINDOW_SHARE:
+            try:
+                found = self._cp_sat(cand, base, dist > r, self.time_limit_s * WINDOW_TIME)
+            except InfeasibleError:  # infeasible with these pins only: widen
+                found = None
+            else:
+                if found is None:  # out of time: a wider window would be slower
+                    return None
+            if found is not None and is_valid_array(self.graph, self.chiplets, found):
+                return found
+            r *= 2
+        return None
+
+    def _cp_sat(
+        self, cand: IntArray, hint: IntArray, pinned: Any, time_s: float
+    ) -> IntArray | None:
+        """CP-SAT's nearest valid assignment to ``cand`` within ``time_s``, hinted at
+        ``hint``, with the nodes where ``pinned`` is true held at ``hint`` (None:
+        none held; the whole graph's model is kept for the next call); None
+        when time ran out with none. Raises :class:`InfeasibleError` when none
+        exists (under the pins: only then is it not a proof)."""
         from ortools.sat.python import cp_model
 
-        if self._sm is None:
-            self._sm = build_model(self.graph, self.chiplets)
-        sm = self._sm
-        sm.model.clear_hints()  # type: ignore[no-untyped-call]
-        terms: list[Any] = []
-        for i, want in enumerate(cand.tolist()):
-            row = sm.ge[i]
-            for k in range(1, self.chiplets.count):  # |chip - want| = sum of wrong ge bits
-                var = row[k]
-                assert not isinstance(var, int)  # only ge[i][0] and ge[i][count] are constants
-                sm.model.add_hint(var, k <= want)
-                terms.append(1 - var if k <= want else var)
-        sm.model.minimize(sum(terms))
+        if pinned is None:
+            if self._sm is None:
+                self._sm = build_model(self.graph, self.chiplets)
+            sm = self._sm
+            sm.model.clear_hints()  # type: ignore[no-untyped-call]
+        else:  # a model of the free nodes only
+            bounds = chip_bounds(self.graph, self.chiplets, hint, pinned)
+            if bounds is None:
+                raise InfeasibleError("the pins leave a node no chiplet")
+            sm = build_model(self.graph, self.chiplets, bounds)
+        sm.hint(hint)
+        sm.model.minimize(_displacement(sm, cand))
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = self.time_limit_s
+        solver.parameters.max_time_in_seconds = time_s
         solver.parameters.num_workers = 1
         solver.parameters.linearization_level = 2
         status = solver.solve(sm.model)
-        if status == cp_model.INFEASIBLE:  # proven: nothing is valid
+        if status == cp_model.INFEASIBLE:  # proven (with no pins): nothing is valid
             raise InfeasibleError(describe_infeasible(self.graph, self.chiplets))
         if status == cp_model.MODEL_INVALID:  # a bug of ours, not a slow solve
             raise RuntimeError(f"the repair model of {self.graph.name!r} is invalid")
@@ -213,8 +222,20 @@ class Repairer:
         return sm.chips(solver)
 
 
+def _displacement(sm: SolverModel, cand: IntArray) -> Any:
+    """``sum_i |chip(i) - cand[i]|`` as the ``ge`` literals that disagree with it."""
+    terms: list[Any] = []
+    for row, want in zip(sm.ge, cand.tolist(), strict=True):
+        for k in range(1, len(row) - 1):
+            var = row[k]
+            if not isinstance(var, int):  # a constant's disagreement is the same for all
+                terms.append(1 - var if k <= want else var)
+    return sum(terms)
+
+
 def repair(
     graph: OpGraph, chiplets: Chiplets, candidate: Any, time_limit_s: float | None = None
 ) -> IntArray:
-    """One-shot :class:`Repairer`: the valid assignment nearest to ``candidate``."""
-    return Repairer(graph, chiplets, time_limit_s)(candidate)
+    """One-shot exact :class:`Repairer`: the valid assignment nearest to ``candidate``
+    (the search's repairer trades that for speed: see :class:`Repairer`)."""
+    return Repairer(graph, chiplets, time_limit_s, exact=True)(candidate)

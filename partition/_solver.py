@@ -8,7 +8,7 @@ time units of 1/200,000 of the total compute time; the objective is the
 largest stage. This is the cost model of :mod:`._cost`, exactly, up to rounding.
 On a ring the model routes each tensor as the cost model does (the shorter
 way, forward on a tie: see :func:`_ring_crossings`) and the hop limit counts
-the shorter way (:func:`._repair.build_model`), so the ring is solved exactly.
+the shorter way (:func:`._cpmodel.build_model`), so the ring is solved exactly.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._cost import IntArray, node_times
+from ._cpmodel import SolverModel, build_model, chip_bounds
 from ._errors import InfeasibleError, RepairTimeout
 from ._graph import OpGraph
 from ._hardware import Chiplets
-from ._repair import SolverModel, build_model, describe_infeasible
+from ._repair import describe_infeasible
 
 __all__ = ["BottleneckModel", "bottleneck_model", "solve_bottleneck", "solver_step"]
 
@@ -48,14 +49,18 @@ class BottleneckModel:
 
 
 def bottleneck_model(
-    graph: OpGraph, chiplets: Chiplets, hint: IntArray | None = None
+    graph: OpGraph,
+    chiplets: Chiplets,
+    hint: IntArray | None = None,
+    bounds: tuple[IntArray, IntArray] | None = None,
 ) -> BottleneckModel:
     """Build the bottleneck model (see the module's docstring), hinted at ``hint``
     when given: every variable, the bottleneck, the ring's routing and wrap
     literals too (a complete hint, which CP-SAT takes as a first solution
-    when it is valid)."""
+    when it is valid). ``bounds``: each node's least and most chiplet
+    (:func:`._cpmodel.chip_bounds`; a pinned node adds no variable)."""
     ring, c = chiplets.topology == "ring", chiplets.count
-    sm = build_model(graph, chiplets)
+    sm = build_model(graph, chiplets, bounds)
     times = node_times(graph, chiplets)
     unit = max(float(times.sum()), 1e-30) / RESOLUTION
     tc = [round(float(t) / unit) for t in times]
@@ -71,7 +76,7 @@ def bottleneck_model(
         crossings = _ring_crossings(sm, u, vs, c, hint) if ring else _chain_crossings(sm, u, vs, c)
         crossed = _links_crossed(hint, u, vs, c, ring) if hint is not None else set()
         for k, z in enumerate(crossings):
-            if hint is not None:
+            if hint is not None and not isinstance(z, int):
                 sm.model.add_hint(z, k in crossed)
                 on_link[k] += cost * (k in crossed)
             link[k].append((cost, z))
@@ -89,7 +94,7 @@ def bottleneck_model(
             own = sum(t for i, t in enumerate(tc) if int(hint[i]) == k)
             hinted.append(own + sum(on_link[s] for s in sides))
     if hint is not None:
-        _add_hint(sm, hint)
+        sm.hint(hint)
         sm.model.add_hint(bottleneck, max(hinted))
     return BottleneckModel(sm, stages, bottleneck, unit, hinted, top)
 
@@ -124,7 +129,12 @@ def solve_bottleneck(
 
     if keep is not None and hint is None:
         raise ValueError("keep pins nodes to the hint's chiplets: give a hint too")
-    bm = bottleneck_model(graph, chiplets, hint)
+    bounds = None
+    if keep is not None and hint is not None:  # a model of the free nodes only
+        bounds = chip_bounds(graph, chiplets, hint, keep)
+        if bounds is None:
+            raise InfeasibleError(f"the pinned nodes of {graph.name!r} leave a node no chiplet")
+    bm = bottleneck_model(graph, chiplets, hint, bounds)
     model, scale = bm.sm.model, 1
     if focus:  # lexicographic: bottleneck first, then the focus stages' slowest
         scale = bm.top + 1
@@ -136,9 +146,6 @@ def solve_bottleneck(
         model.minimize(scale * bm.bottleneck + local)
     else:
         model.minimize(bm.bottleneck)
-    if keep is not None and hint is not None:
-        for i in np.flatnonzero(keep).tolist():
-            model.add(bm.sm.x[i][int(hint[i])] == 1)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit_s
     solver.parameters.num_workers = 1
@@ -192,12 +199,24 @@ def solver_step(
 
 def _chain_crossings(sm: SolverModel, u: int, vs: list[int], c: int) -> list[Any]:
     """Per chain link ``k``: a literal forced on when the tensor of ``u`` crosses it
-    (``u`` at or before ``k``, some consumer after it)."""
-    out = []
+    (``u`` at or before ``k``, some consumer after it); a constant where the
+    nodes' pins settle it."""
+    rows = [sm.ge[u], *(sm.ge[v] for v in vs)]
+    if all(isinstance(lit, int) for row in rows for lit in row):  # all pinned: settled
+        s, far = sum(sm.ge[u][1:c]), max(sum(sm.ge[v][1:c]) for v in vs)
+        return [int(s <= k < far) for k in range(c - 1)]
+    out: list[Any] = []
     for k in range(c - 1):
+        below = sm.ge[u][k + 1]  # 0: u sits at or before k
+        after = [sm.ge[v][k + 1] for v in vs]  # 1: v sits after k
+        fixed = [a for a in after if isinstance(a, int)]
+        if isinstance(below, int) and (below == 1 or 1 in fixed or len(fixed) == len(after)):
+            out.append(int(below == 0 and 1 in fixed))  # settled by the pins
+            continue
         z = sm.model.new_bool_var(f"z{u}_{k}")
-        for v in vs:
-            sm.model.add(z >= sm.ge[v][k + 1] - sm.ge[u][k + 1])
+        for a in after:
+            if not isinstance(a, int) or a == 1:
+                sm.model.add(z >= a - below)
         out.append(z)
     return out
 
@@ -283,15 +302,3 @@ def _links_crossed(hint: IntArray, u: int, vs: list[int], c: int, ring: bool) ->
     if ring and back:
         return set(range(s)) | set(range(near, c))
     return set(range(s, hi))
-
-
-def _add_hint(sm: SolverModel, hint: IntArray) -> None:
-    """Hint every ``ge``, ``x`` and wrap literal of the model at the assignment ``hint``."""
-    for i, chip in enumerate(hint.tolist()):
-        for k, var in enumerate(sm.ge[i]):
-            if not isinstance(var, int):  # ge[i][0] and ge[i][count] are constants
-                sm.model.add_hint(var, k <= chip)
-        for k, var in enumerate(sm.x[i]):
-            sm.model.add_hint(var, k == chip)
-    for u, v, span, wrap in sm.wraps:
-        sm.model.add_hint(wrap, int(hint[v]) - int(hint[u]) >= span)

@@ -187,6 +187,7 @@ def test_public_api_is_pinned() -> None:
             "bert_graph",
             "builtin_graph",
             "builtin_names",
+            "decoder_graph",
             "dp_split",
             "evaluate",
             "finetune",
