@@ -715,6 +715,11 @@ def _parser() -> argparse.ArgumentParser:
     """The command line of ``atoll bench partition``."""
     parser = argparse.ArgumentParser(prog="atoll bench partition", description=__doc__)
     parser.add_argument("--small", action="store_true", help="the quick configuration")
+    parser.add_argument(
+        "--large",
+        action="store_true",
+        help="graphs of 300 to 3,000 ops instead (atoll bench partition --large --help)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--policy", type=Path, help="use this pre-trained policy (.npz)")
     parser.add_argument(
@@ -748,7 +753,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point: ``python benchmarks/partition.py [--small] [--json]``."""
+    """Entry point: ``python benchmarks/partition.py [--small] [--json]``; with
+    ``--large``, the large graphs (:mod:`atoll.benchmarks.partition_large`)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if "--large" in given:
+        from atoll.benchmarks import partition_large
+
+        return partition_large.main([a for a in given if a != "--large"])
     args = _parser().parse_args(argv)
     cfg = _configure(Config.small() if args.small else Config(), args)
     rows, _ = run_bench(cfg, args.policy, echo=True, curves=args.curves)
