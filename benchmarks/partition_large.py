@@ -16,6 +16,9 @@ reference: the best partition known, from ``benchmarks/partition_reference.json`
 warm-started from the better for a generous time; the file says what each
 took, and whether CP-SAT proved the value optimal). RL also gets the time its
 search first came within 1% (``rl_to_1pct_s``) and 2% of the reference.
+``--transfer BUDGET`` adds the paper's transfer: the time the fine-tuned
+shipped policy takes to reach what training from scratch reaches in BUDGET
+evaluations, against scratch's own (:func:`run_transfer`).
 
 ``--tiny`` is the version the test suite runs: a 3-layer decoder on 4
 chiplets, its reference made on the spot. Nothing here is asynchronous;
@@ -42,7 +45,7 @@ from atoll.partition._cost import valid_throughput
 from atoll.partition._models import moe_graph, transformer_graph
 from atoll.partition._solver import solve_bottleneck
 
-__all__ = ["CASES", "GRAPHS", "Case", "main", "make_reference", "run_case"]
+__all__ = ["CASES", "GRAPHS", "Case", "main", "make_reference", "run_case", "run_transfer"]
 
 REFERENCE = Path(__file__).with_name("partition_reference.json")
 NEAR = (0.01, 0.02)  # "within 1% / 2% of the reference"
@@ -157,6 +160,37 @@ def run_case(
     return rows
 
 
+def run_transfer(case: Case, budget: int, seed: int = 1, log: list[str] | None = None) -> list[Row]:
+    """The paper's transfer on a large graph: the policy alone (no DP hint, no
+    solver, no local moves) trained from scratch for ``budget`` evaluations,
+    then the shipped pre-trained policy fine-tuned until it reaches scratch's
+    best. Rows: scratch's best and when it first got there, when the
+    fine-tuned policy got there (strictly, and to within 1%), and the ratios."""
+    from atoll.partition import Policy
+
+    graph, chips = case.build()
+    log = log if log is not None else []
+    alone: dict[str, Any] = {"rl_hint": False, "rl_local": 0, "rl_solver_s": 0.0}
+    search(graph, chips, "rl", 9, Policy(seed=99), seed=99, **alone)  # compile for neither
+    scratch = search(graph, chips, "rl", budget, Policy(seed=seed), seed=seed, **alone)
+    best = scratch.throughput
+    tuned = search(graph, chips, "rl", budget, Policy.pretrained(), seed, stop_at=best, **alone)
+    rows = [_row(f"{case.name}_transfer_scratch_best", best, "1/s")]
+    for label, level in (("", best), ("_1pct", 0.99 * best)):
+        at_scratch, at_tuned = _reach(scratch, level), _reach(tuned, level)
+        ratio = None if at_scratch is None or at_tuned is None else at_scratch / max(at_tuned, 1e-6)
+        rows += [
+            _row(f"{case.name}_transfer_scratch{label}_s", at_scratch, "s"),
+            _row(f"{case.name}_transfer_tuned{label}_s", at_tuned, "s"),
+            _row(f"{case.name}_transfer_speedup{label}", ratio, "x"),
+        ]
+        log.append(
+            f"    transfer{label or ' (strict)'}: scratch {at_scratch} s, fine-tuned {at_tuned} s"
+            + ("" if ratio is None else f": {ratio:.1f}x")
+        )
+    return rows
+
+
 def make_reference(
     case: Case, solver_s: float, sa_budget: int = 300, log: list[str] | None = None
 ) -> dict[str, Any]:
@@ -252,6 +286,8 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
         ref = refs.get(case.name, {}).get("throughput")
         if not args.make_reference or args.tiny:
             rows += run_case(case, ref, args.budget, log)
+        if args.transfer:
+            rows += run_transfer(case, args.transfer, log=log)
         print("\n".join(log[-8:]), file=sys.stderr, flush=True)
     return rows, log
 
@@ -264,6 +300,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--cases", nargs="+", help="only these cases (GRAPH_cCOUNT[_ring])")
     parser.add_argument("--every", action="store_true", help="every graph x 8/16/32 x chain/ring")
     parser.add_argument("--budget", type=int, default=64, help="SA's and random's budget")
+    parser.add_argument(
+        "--transfer",
+        type=int,
+        default=0,
+        metavar="BUDGET",
+        help="also the transfer rows: scratch trains for BUDGET evaluations (0: none)",
+    )
     parser.add_argument(
         "--make-reference",
         action="store_true",

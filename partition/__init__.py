@@ -3,8 +3,8 @@
 Place the operations of a computation graph onto a chain or a ring of chiplets
 (or the devices of a pipeline) for the highest throughput. Every method
 returns only valid partitions, because every candidate goes through the same
-CP-SAT repair. A bare chiplet count means ``Chiplets.default_for`` the graph,
-and ``method="rl"`` fine-tunes the pre-trained policy shipped with atoll
+repair (an LP, then CP-SAT). A bare chiplet count means ``Chiplets.default_for``
+the graph, and ``method="rl"`` fine-tunes the pre-trained policy shipped with atoll
 (``Policy.pretrained()``). The policy trains on ``synthetic_cases`` only; the
 held-out architectures in ``_heldout.py`` test it. See ``docs/partition.md``
 for the constraints, the cost model and the methods.

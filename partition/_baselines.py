@@ -1,7 +1,7 @@
 """Baselines at an equal budget of evaluated (repaired) partitions.
 
-Each evaluation is one candidate, repaired by the shared CP-SAT step, then
-scored by the cost model. ``Tracker`` keeps the best so far and the curve.
+Each evaluation is one candidate, repaired by the shared step (an LP, then
+CP-SAT), then scored by the cost model. ``Tracker`` keeps the best so far and the curve.
 """
 
 from __future__ import annotations

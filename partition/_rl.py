@@ -1,8 +1,8 @@
 """Training the policy: REINFORCE with a batch-mean baseline, Adam, plain JAX.
 
 Each step samples a batch of candidate assignments from the policy's
-per-node logits, repairs every one with the shared CP-SAT step, and rewards
-each with the log-throughput of its repaired partition. The repair is part of
+per-node logits, repairs every one with the shared step (an LP, then
+CP-SAT), and rewards each with the log-throughput of its repaired partition. The repair is part of
 the environment; the action credited is the candidate the policy emitted.
 (Crediting the repaired assignment instead was tried: the policy collapsed
 onto one chiplet, whose repairs it then imitated.) The advantage is the

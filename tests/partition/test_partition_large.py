@@ -14,7 +14,7 @@ from atoll.benchmarks import partition_large as large
 def test_the_tiny_large_run_gives_every_method_a_gap_to_its_reference(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert bench.main(["--large", "--tiny", "--json"]) == 0
+    assert bench.main(["--large", "--tiny", "--transfer", "16", "--json"]) == 0
     rows = {r["case"]: r["value"] for r in map(json.loads, capsys.readouterr().out.splitlines())}
     for method in ("rl", "sa", "random", "solver"):
         assert rows[f"tiny_c4_{method}"] > 0 and rows[f"tiny_c4_{method}_s"] >= 0
@@ -23,6 +23,8 @@ def test_the_tiny_large_run_gives_every_method_a_gap_to_its_reference(
     assert rows["tiny_c4_rl_gap_pct"] <= 1.0  # a 37-op graph: RL as shipped finds the best
     assert rows["tiny_c4_rl_to_1pct_s"] is not None
     assert rows["tiny_c4_rl_vs_best_baseline"] >= 1.0
+    assert rows["tiny_c4_transfer_scratch_best"] > 0 and rows["tiny_c4_transfer_scratch_s"] >= 0
+    assert "tiny_c4_transfer_speedup" in rows and "tiny_c4_transfer_speedup_1pct" in rows
 
 
 def test_cases_parse_and_unknown_ones_are_refused() -> None:
