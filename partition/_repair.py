@@ -12,8 +12,12 @@ returned unchanged. Otherwise, in order:
    chiplets it breaks (a window of ``r`` chiplets either side, ``r`` = 1, 2,
    4, ...), every other node pinned where the LP put it: a valid assignment
    near the candidate, not always the nearest;
-3. when no window has one, CP-SAT solves the whole graph, the candidate as
-   its hint (seconds at 1,000 nodes).
+3. when no window has one, CP-SAT solves the whole graph from a valid
+   partition known (the last repair, else the best contiguous split), so it
+   has one at once (seconds at 1,000 nodes).
+
+Every CP-SAT model here holds only the nodes free to move
+(:mod:`._cpmodel`). Nothing here is asynchronous.
 """
 
 from __future__ import annotations

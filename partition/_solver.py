@@ -76,9 +76,10 @@ def bottleneck_model(
         crossings = _ring_crossings(sm, u, vs, c, hint) if ring else _chain_crossings(sm, u, vs, c)
         crossed = _links_crossed(hint, u, vs, c, ring) if hint is not None else set()
         for k, z in enumerate(crossings):
-            if hint is not None and not isinstance(z, int):
-                sm.model.add_hint(z, k in crossed)
+            if hint is not None:
                 on_link[k] += cost * (k in crossed)
+                if not isinstance(z, int):  # a constant needs no hint
+                    sm.model.add_hint(z, k in crossed)
             link[k].append((cost, z))
     top = sum(tc) + sum(w for lk in link for w, _ in lk)
     bottleneck = sm.model.new_int_var(0, top, "T")

@@ -94,6 +94,7 @@ def test_a_model_of_the_free_nodes_solves_as_the_whole_model_with_pins(
     constraints, as before."""
     from ortools.sat.python import cp_model
 
+    from atoll.partition._cpmodel import chip_bounds
     from atoll.partition._solver import bottleneck_model, solve_bottleneck
 
     rng = np.random.default_rng(seed)
@@ -110,6 +111,11 @@ def test_a_model_of_the_free_nodes_solves_as_the_whole_model_with_pins(
     solver.parameters.num_workers = 1
     assert solver.solve(whole.sm.model) == cp_model.OPTIMAL and small["optimal"]
     assert small["objective_s"] == pytest.approx(solver.objective_value * whole.unit)
+    # the hint's stage times count the pinned nodes' traffic too (a complete, valid hint)
+    bounds = chip_bounds(g, chips, start, keep)
+    hinted = bottleneck_model(g, chips, start, bounds)
+    want = P.stage_times(g, chips, start) / hinted.unit
+    assert np.allclose(hinted.hinted, want, rtol=1e-3, atol=len(g))
 
 
 def test_chip_bounds_follow_flow_and_hops_from_the_pins() -> None:
