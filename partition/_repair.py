@@ -14,7 +14,8 @@ returned unchanged. Otherwise, in order:
    near the candidate, not always the nearest;
 3. when no window has one, CP-SAT solves the whole graph from a valid
    partition known (the last repair, else the best contiguous split), so it
-   has one at once (seconds at 1,000 nodes).
+   has one at once (seconds at 1,000 nodes; a quarter of the time limit
+   unless ``exact``).
 
 Every CP-SAT model here holds only the nodes free to move
 (:mod:`._cpmodel`). Nothing here is asynchronous.
@@ -158,7 +159,10 @@ class Repairer:
                 return found
         self.solved["whole"] += 1  # from a valid partition: it has one at once
         known = self._known_valid()
-        return self._cp_sat(cand, cand if known is None else known, None, self.time_limit_s)
+        # not exact: the search wants a valid partition near the candidate, not the proof
+        # that none is nearer, which for a far candidate takes the whole time limit
+        time_s = self.time_limit_s * (1.0 if self.exact or known is None else WINDOW_TIME)
+        return self._cp_sat(cand, cand if known is None else known, None, time_s)
 
     def _broken_chips(self, a: IntArray) -> IntArray:
         """The chiplets ``a`` (valid but for SRAM and use) overfills or leaves empty."""

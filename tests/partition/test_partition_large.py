@@ -50,4 +50,5 @@ def test_the_stored_references_name_known_cases() -> None:
     for name, entry in large.load_references().items():
         large.Case.parse(name)
         assert entry["throughput"] > 0 and entry["cpsat"][0] <= entry["throughput"]
-        assert entry["bound"] is None or entry["bound"] >= entry["throughput"] * (1 - 1e-6)
+        # a bound on the rounded model (node times in 1/200,000 of the total): 0.1% slack
+        assert entry["bound"] is None or entry["bound"] >= entry["throughput"] * (1 - 1e-3)
