@@ -1,8 +1,10 @@
 """``atoll bench partition --large``: the partitioner on graphs of 300 to 3,000 ops.
 
 Graphs traced by ``from_jax`` from real model families: GPT-style decoders
-of about 300, 1,000 and 3,000 ops (``decoder_graph``), BERT-large, and a
-mixture-of-experts encoder (branches: eight experts a layer). Each case is a
+of about 300, 1,000 and 3,000 ops (``decoder_graph``), BERT-large, a
+mixture-of-experts encoder (branches: eight experts a layer), and two
+architectures of the held-out set at this scale: a GRU unrolled over 72
+steps (1,000 ops) and a T5-like encoder-decoder of 24 + 24 layers. Each case is a
 graph on ``Chiplets.default_for`` at a chiplet count and topology. Every
 method runs on it:
 
@@ -42,6 +44,7 @@ import numpy as np
 from atoll.benchmarks._common import Row, emit, system_column, table, unit_column
 from atoll.partition import Chiplets, OpGraph, Partition, decoder_graph, search
 from atoll.partition._cost import valid_throughput
+from atoll.partition._heldout import gru_graph, t5_graph
 from atoll.partition._models import moe_graph, transformer_graph
 from atoll.partition._solver import solve_bottleneck
 
@@ -56,6 +59,11 @@ GRAPHS: dict[str, Callable[[], OpGraph]] = {
     "gpt3000": lambda: decoder_graph(272, name="gpt3000"),
     "bert_large": lambda: transformer_graph(24, 1024, 16, 128, name="bert_large"),
     "moe": lambda: moe_graph(16, 768, 8),
+    # architectures the policy never trained on, at this scale: a GRU unrolled over
+    # 72 steps (its recurrent weights shared by every step) and an encoder-decoder
+    # whose encoder output feeds every decoder layer (edges that span the graph)
+    "gru1000": lambda: gru_graph(steps=72),
+    "t5_large": lambda: t5_graph(layers=24),
     "tiny": lambda: decoder_graph(3, 128, 4, 32, 1000, name="gpt_tiny"),
 }
 
@@ -102,6 +110,8 @@ CASES = (  # the default run: the issue's targets first
     Case("moe", 8),
     Case("moe", 16, "ring"),
     Case("gpt3000", 16),
+    Case("gru1000", 8),
+    Case("t5_large", 16),
 )
 EVERY = tuple(
     Case(g, c, t) for g in GRAPHS if g != "tiny" for c in (8, 16, 32) for t in ("chain", "ring")
