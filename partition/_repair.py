@@ -111,7 +111,7 @@ class Repairer:
             found = self._solve(cand)
             if found is None:  # out of time: a valid one known (cached: asked again, the
                 # same candidate would only spend the time again)
-                self._cache[key] = self._fallback(cand)
+                self._cache[key] = self.fallback()
                 return self._cache[key].copy()
             self._cache[key] = self._known = found
         return self._cache[key].copy()
@@ -128,8 +128,9 @@ class Repairer:
                 self._known = split
         return self._known
 
-    def _fallback(self, cand: IntArray) -> IntArray:
-        """A valid partition known already, for a solve that ran out of time."""
+    def fallback(self) -> IntArray:
+        """A valid partition known already, for a solve that ran out of time
+        (counted in ``fallbacks``); :class:`RepairTimeout` when none is known."""
         known = self._known_valid()
         if known is None:
             n, c = len(self.graph), self.chiplets.count

@@ -57,3 +57,12 @@ def test_the_default_repair_time_grows_with_the_graph() -> None:
     big = type("G", (), {"__len__": lambda self: 1000})()
     assert repair_time_limit(big) == pytest.approx(15.0)
     assert _repair.Repairer(bert_graph(), Chiplets.default_for(bert_graph(), 4)).time_limit_s == 5.0
+
+
+def test_the_solver_out_of_time_falls_back_to_a_valid_partition() -> None:
+    """``method="solver"`` with no time to find anything: the best contiguous split,
+    marked, not an error (a 673-op graph on a ring of 16 took longer than RL did)."""
+    graph = bert_graph()
+    part = search(graph, 4, method="solver", time_limit_s=1e-9)
+    assert part.valid and part.throughput > 0
+    assert part.extra["fell_back"] and not part.extra["optimal"]
