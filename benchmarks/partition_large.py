@@ -294,7 +294,7 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
             if not args.tiny:
                 store_references({case.name: refs[case.name]})
         ref = refs.get(case.name, {}).get("throughput")
-        if not args.make_reference or args.tiny:
+        if (not args.make_reference or args.tiny) and not args.transfer_only:
             rows += run_case(case, ref, args.budget, log)
         if args.transfer:
             rows += run_transfer(case, args.transfer, log=log)
@@ -316,6 +316,9 @@ def _parser() -> argparse.ArgumentParser:
         default=0,
         metavar="BUDGET",
         help="also the transfer rows: scratch trains for BUDGET evaluations (0: none)",
+    )
+    parser.add_argument(
+        "--transfer-only", action="store_true", help="only the transfer rows (with --transfer)"
     )
     parser.add_argument(
         "--make-reference",
