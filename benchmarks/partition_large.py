@@ -9,13 +9,14 @@ graph on ``Chiplets.default_for`` at a chiplet count and topology. Every
 method runs on it:
 
 - ``rl``: RL as shipped, the plain call ``search(graph, chiplets)``;
-- ``sa`` and ``random`` at RL's default budget (an equal budget);
+- ``sa`` and ``random`` at RL's default budget (an equal budget:
+  ``default_budget``, 64 up to 256 ops, a quarter of the ops beyond, up to 256);
 - ``solver``: CP-SAT on the bottleneck for as long as RL took (an equal time).
 
 Each gets its throughput, its wall time, and its gap to the case's
 reference: the best partition known, from ``benchmarks/partition_reference.json``
-(made by ``--make-reference``: RL as shipped and a long SA, then CP-SAT
-warm-started from the better for a generous time; the file says what each
+(made by ``--make-reference``: RL at twice its default budget and a long
+SA, then CP-SAT warm-started from the better for a generous time; the file says what each
 took, and whether CP-SAT proved the value optimal). RL also gets the time its
 search first came within 1% (``rl_to_1pct_s``) and 2% of the reference.
 ``--transfer BUDGET`` adds the paper's transfer: the time the fine-tuned
@@ -46,6 +47,7 @@ from atoll.partition import Chiplets, OpGraph, Partition, decoder_graph, search
 from atoll.partition._cost import valid_throughput
 from atoll.partition._heldout import gru_graph, t5_graph
 from atoll.partition._models import moe_graph, transformer_graph
+from atoll.partition._search import default_budget
 from atoll.partition._solver import solve_bottleneck
 
 __all__ = ["CASES", "GRAPHS", "Case", "main", "make_reference", "run_case", "run_transfer"]
@@ -137,9 +139,10 @@ def load_references(path: Path = REFERENCE) -> dict[str, dict[str, Any]]:
 
 
 def run_case(
-    case: Case, reference: float | None, budget: int = 64, log: list[str] | None = None
+    case: Case, reference: float | None, budget: int | None = None, log: list[str] | None = None
 ) -> list[Row]:
-    """Every method on ``case``, with gaps to ``reference`` (None: no gap rows)."""
+    """Every method on ``case``, with gaps to ``reference`` (None: no gap rows);
+    SA and random at ``budget`` (None: RL's, the search's default)."""
     graph, chips = case.build()
     log = log if log is not None else []
     log.append(f"  {case.name}: {len(graph)} ops, {chips.count} chiplets ({chips.topology})")
@@ -204,13 +207,14 @@ def run_transfer(case: Case, budget: int, seed: int = 1, log: list[str] | None =
 def make_reference(
     case: Case, solver_s: float, sa_budget: int = 300, log: list[str] | None = None
 ) -> dict[str, Any]:
-    """A best-known value for ``case``: RL as shipped and a long SA, then CP-SAT
-    warm-started from the better for ``solver_s`` seconds. Returns the entry
+    """A best-known value for ``case``: RL at twice its default budget and a long
+    SA, then CP-SAT warm-started from the better for ``solver_s`` seconds. Returns the entry
     stored in the reference file (the value, CP-SAT's bound, and what each took)."""
     graph, chips = case.build()
     log = log if log is not None else []
     start = time.perf_counter()
-    rl, sa = search(graph, chips), search(graph, chips, "sa", sa_budget)
+    rl = search(graph, chips, budget=2 * default_budget(graph))  # twice the plain call's
+    sa = search(graph, chips, "sa", sa_budget)
     best = max((rl, sa), key=lambda p: p.throughput)
     hint = np.array(best.assignment, dtype=np.int64)
     assignment, stats = solve_bottleneck(graph, chips, solver_s, hint=hint)
@@ -253,11 +257,13 @@ def store_references(entries: dict[str, dict[str, Any]], path: Path = REFERENCE)
     cases = {**load_references(path), **entries}
     doc = {
         "how": (
-            "atoll bench partition --large --make-reference CASE...: RL as shipped and SA "
-            "(budget in 'sa'), then CP-SAT on the bottleneck warm-started from the better "
-            "for the seconds in 'cpsat' (value, seconds taken, limit); 'throughput' is the "
-            "best of them, 'bound' CP-SAT's proven upper bound, 'optimal' whether it proved "
-            "the value optimal, 'dp' the contiguous split's value"
+            "atoll bench partition --large --make-reference CASE...: RL at twice its "
+            "default budget ('rl': value, seconds) and SA (budget in 'sa'), then CP-SAT on "
+            "the bottleneck warm-started from the better for the seconds in 'cpsat' (value, "
+            "seconds taken, limit); 'throughput' is the best of them, 'bound' CP-SAT's "
+            "proven upper bound (on its model, whose node times are rounded to 1/200,000 "
+            "of the total), 'optimal' whether it proved the value optimal, 'dp' the "
+            "contiguous split's value"
         ),
         "cases": dict(sorted(cases.items())),
     }
@@ -309,7 +315,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--tiny", action="store_true", help="a 3-layer decoder: the tests' run")
     parser.add_argument("--cases", nargs="+", help="only these cases (GRAPH_cCOUNT[_ring])")
     parser.add_argument("--every", action="store_true", help="every graph x 8/16/32 x chain/ring")
-    parser.add_argument("--budget", type=int, default=64, help="SA's and random's budget")
+    parser.add_argument(
+        "--budget", type=int, help="SA's and random's budget (default: RL's, by the graph)"
+    )
     parser.add_argument(
         "--transfer",
         type=int,

@@ -39,7 +39,12 @@ def add_commands(subparsers: Any) -> None:
     p.add_argument("graph", help=f"a JSON file, module.py:function, or one of {builtin_names()}")
     p.add_argument("--chiplets", type=int, default=4)
     p.add_argument("--method", choices=METHODS, default="rl")
-    p.add_argument("--budget", type=int, default=64, help="evaluated partitions")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="evaluated partitions (default: 64, a quarter of the ops past 256 ops, up to 256)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--sram-mib",
