@@ -121,12 +121,14 @@ def search(
 
 
 def default_budget(graph: OpGraph) -> int:
-    """The evaluations a search gets by default: 64, and a quarter of the ops
-    past 256 ops, up to 256 (at 1,000 ops: 250). On a GRU of 1,000 ops at 8
-    chiplets RL as shipped ended 19% short of the best known with 64, and
-    reached it with 256: the solver's windows, a quarter of a graph's ops
-    at a time, need that many steps (``docs/partition.md``, at production scale)."""
-    return min(256, max(64, len(graph) // 4))
+    """The evaluations a search gets by default: 64 up to 256 ops; beyond, a
+    quarter of the ops (250 at 1,000 ops), but no more than 256,000 / ops
+    (85 at 3,000 ops), since an evaluation costs more the larger the graph.
+    On a GRU of 1,000 ops at 8 chiplets RL as shipped ended 19% short of the
+    best known with 64 evaluations, and reached it with 256: its solver's
+    windows need that many steps (``docs/partition.md``, at production scale)."""
+    n = max(len(graph), 1)
+    return max(64, min(n // 4, 256_000 // n))
 
 
 def _solver(

@@ -43,7 +43,7 @@ def add_commands(subparsers: Any) -> None:
         "--budget",
         type=int,
         default=None,
-        help="evaluated partitions (default: 64, a quarter of the ops past 256 ops, up to 256)",
+        help="evaluated partitions (default: 64, more on graphs past 256 ops: default_budget)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
