@@ -224,7 +224,8 @@ def make_reference(
     graph, chips = case.build()
     log = log if log is not None else []
     start = time.perf_counter()
-    rl = search(graph, chips, budget=2 * default_budget(graph))  # twice the plain call's
+    rl_budget = 2 * default_budget(graph)  # twice the plain call's
+    rl = search(graph, chips, budget=rl_budget)
     sa = search(graph, chips, "sa", sa_budget)
     best = max((rl, sa), key=lambda p: p.throughput)
     hint = np.array(best.assignment, dtype=np.int64)
@@ -236,7 +237,7 @@ def make_reference(
         "bound": 1.0 / stats["bound_s"] if stats["bound_s"] > 0 else None,
         "optimal": bool(stats["optimal"]),
         "ops": len(graph),
-        "rl": [rl.throughput, rl.wall_s],
+        "rl": [rl.throughput, rl.wall_s, rl_budget],
         "sa": [sa.throughput, sa.wall_s, sa_budget],
         "dp": dp,
         "cpsat": [valid_throughput(graph, chips, assignment), stats["solve_s"], solver_s],
@@ -269,8 +270,9 @@ def store_references(entries: dict[str, dict[str, Any]], path: Path = REFERENCE)
     doc = {
         "how": (
             "atoll bench partition --large --make-reference CASE...: RL at twice its "
-            "default budget ('rl': value, seconds) and SA (budget in 'sa'), then CP-SAT on "
-            "the bottleneck warm-started from the better for the seconds in 'cpsat' (value, "
+            "default budget ('rl': value, seconds, budget; the entries made before "
+            "63a8beb ran it at 64) and SA (likewise, 'sa'), then CP-SAT on the "
+            "bottleneck warm-started from the better for the seconds in 'cpsat' (value, "
             "seconds taken, limit); 'throughput' is the best of them, 'bound' CP-SAT's "
             "proven upper bound (on its model, whose node times are rounded to 1/200,000 "
             "of the total), 'optimal' whether it proved the value optimal, 'dp' the "
