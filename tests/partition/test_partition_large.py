@@ -52,3 +52,14 @@ def test_the_stored_references_name_known_cases() -> None:
         assert entry["throughput"] > 0 and entry["cpsat"][0] <= entry["throughput"]
         # a bound on the rounded model (node times in 1/200,000 of the total): 0.1% slack
         assert entry["bound"] is None or entry["bound"] >= entry["throughput"] * (1 - 1e-3)
+
+
+def test_the_default_budget_grows_with_the_graph_and_then_shrinks() -> None:
+    from atoll.partition._search import default_budget
+
+    def ops(n: int) -> object:
+        return type("G", (), {"__len__": lambda self: n})()
+
+    sizes = (28, 256, 301, 1000, 1500, 2996)
+    got = [default_budget(ops(n)) for n in sizes]  # type: ignore[arg-type]
+    assert got == [64, 64, 75, 250, 170, 85]
