@@ -59,8 +59,8 @@ class OrderLP:
         limit (None when the LP has none: a ring's sides chosen badly)."""
         from scipy.optimize import linprog
 
-        lo, hi = self._spans(candidate)
         span = self._diff @ candidate  # each edge's span as the candidate has it
+        lo, hi = self._spans(span)
         b_ub = np.concatenate([span - lo, hi - span])
         top = self.count - 1
         bounds = np.stack(
@@ -74,15 +74,14 @@ class OrderLP:
         out: IntArray = (candidate + np.rint(moved)).astype(np.int64)
         return out
 
-    def _spans(self, candidate: IntArray) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        """Per edge, the least and the most span allowed."""
-        m = self._diff.shape[0]
-        c, h = self.count, self.hop
+    def _spans(self, span: NDArray[np.float64]) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """Per edge, the least and the most span allowed (``span``: the candidate's)."""
+        m, c, h = len(span), self.count, self.hop
         lo, hi = np.zeros(m), np.full(m, float(min(h, c - 1)))
         if self.ring:
             if c - h <= h + 1:  # every span is at most h links the shorter way
                 hi[:] = c - 1
             else:  # the side each edge's candidate took
-                wraps = (self._diff @ candidate) >= c - h
+                wraps = span >= c - h
                 lo[wraps], hi[wraps] = c - h, c - 1
         return lo, hi
