@@ -322,7 +322,11 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="atoll bench partition --large", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="atoll bench partition --large",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--large", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--tiny", action="store_true", help="a 3-layer decoder: the tests' run")
