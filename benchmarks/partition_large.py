@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from atoll.benchmarks._common import Row, emit, system_column, table, unit_column
+from atoll.benchmarks.partition import Log, _first_reach
 from atoll.partition import Chiplets, OpGraph, Partition, decoder_graph, search
 from atoll.partition._cost import valid_throughput
 from atoll.partition._heldout import gru_graph, t5_graph
@@ -125,12 +126,6 @@ def _row(case: str, value: float | None, unit: str, system: str = "atoll") -> Ro
     return Row("partition_large", case, system, value, unit)
 
 
-def _reach(part: Partition, level: float) -> float | None:
-    """The wall time at which ``part``'s search first reached ``level`` (None: never)."""
-    walls = part.extra.get("history_wall_s", ())
-    return next((t for t, tp in zip(walls, part.history, strict=True) if tp >= level), None)
-
-
 def load_references(path: Path = REFERENCE) -> dict[str, dict[str, Any]]:
     """The stored reference of every case made so far, by case name."""
     if not path.exists():
@@ -174,7 +169,7 @@ def run_case(
         )
     if reference is not None:
         for near in NEAR:
-            at = _reach(parts["rl"], (1.0 - near) * reference)
+            at = _first_reach(parts["rl"], (1.0 - near) * reference)
             rows.append(_row(f"{case.name}_rl_to_{round(100 * near)}pct_s", at, "s"))
             log.append(f"    rl within {near:.0%} of the reference after {at} s")
     others = max((parts[m].throughput for m in ("sa", "random") if m in parts), default=0.0)
@@ -201,7 +196,7 @@ def run_transfer(case: Case, budget: int, seed: int = 1, log: list[str] | None =
     tuned = search(graph, chips, "rl", budget, Policy.pretrained(), seed, stop_at=best, **alone)
     rows = [_row(f"{case.name}_transfer_scratch_best", best, "1/s")]
     for label, level in (("", best), ("_1pct", 0.99 * best)):
-        at_scratch, at_tuned = _reach(scratch, level), _reach(tuned, level)
+        at_scratch, at_tuned = _first_reach(scratch, level), _first_reach(tuned, level)
         ratio = None if at_scratch is None or at_tuned is None else at_scratch / max(at_tuned, 1e-6)
         rows += [
             _row(f"{case.name}_transfer_scratch{label}_s", at_scratch, "s"),
@@ -303,11 +298,10 @@ def _cases(args: argparse.Namespace) -> tuple[Case, ...]:
 
 
 def _run(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
-    cases, log, rows = _cases(args), [], list[Row]()
+    cases, log, rows = _cases(args), Log(echo=True), list[Row]()
     refs = load_references()
     for case in cases:
         log.append(f"[{case.name}]")
-        print(log[-1], file=sys.stderr, flush=True)
         if args.make_reference:
             refs[case.name] = make_reference(case, args.reference_s, args.sa_budget, log)
             if not args.tiny:
@@ -317,7 +311,6 @@ def _run(args: argparse.Namespace) -> tuple[list[Row], list[str]]:
             rows += run_case(case, ref, args.budget, log, args.methods.split(","))
         if args.transfer:
             rows += run_transfer(case, args.transfer, log=log)
-        print("\n".join(log[-8:]), file=sys.stderr, flush=True)
     return rows, log
 
 
@@ -361,8 +354,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: ``atoll bench partition --large [--cases ...] [--json]``."""
     args = _parser().parse_args(argv)
-    if args.tiny and args.make_reference is False:
-        args.make_reference = True  # the tiny case's reference is made on the spot
+    if args.tiny:  # the tiny case's reference is made on the spot, and not stored
+        args.make_reference = True
         args.reference_s, args.sa_budget = min(args.reference_s, 10.0), 16
     rows, _ = _run(args)
     emit(rows, args.json, format_table)

@@ -51,7 +51,10 @@ def test_on_a_ring_the_lp_keeps_each_edge_on_its_side(seed: int) -> None:
     cand = np.sort(rng.integers(0, 6, len(g))).astype(np.int64)
     cand[-3:] = 5  # the last nodes on the last chiplet: edges into them may wrap
     got = OrderLP(g, chips)(cand)
-    if got is not None and is_valid_array(g, chips, got):  # valid, not always the nearest
+    assert got is not None  # the candidate is sorted: every edge keeps its own side
+    span = got[g.array("dst")] - got[g.array("src")]
+    assert span.min() >= 0 and chips.hops(span).max() <= chips.hop_limit
+    if is_valid_array(g, chips, got):  # valid, not always the nearest
         assert np.abs(got - cand).sum() >= np.abs(_whole(g, chips, cand) - cand).sum()
 
 
