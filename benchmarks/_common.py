@@ -27,8 +27,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 
 __all__ = [
     "Column",
+    "Log",
     "Row",
     "emit",
+    "first_reach",
     "median_time",
     "p99",
     "progress_bars",
@@ -212,3 +214,25 @@ def wait_for_line(process: subprocess.Popen[str], prefix: str) -> str:
             raise AtollError(f"process {process.pid} ended before printing {prefix!r}")
         if line.startswith(prefix):
             return line
+
+
+# -- partition searches ----------------------------------------------------------
+class Log(list[str]):
+    """Log lines, echoed to stderr as they come when ``echo`` is set."""
+
+    def __init__(self, echo: bool = False) -> None:
+        super().__init__()
+        self.echo = echo
+
+    def append(self, line: str) -> None:
+        """Keep ``line`` (and print it at once when echoing)."""
+        super().append(line)
+        if self.echo:
+            print(line, file=sys.stderr, flush=True)
+
+
+def first_reach(part: Any, target: float) -> float | None:
+    """The wall time at which a partition search (its ``Partition``, ``part``)
+    first reached ``target`` (None: never)."""
+    walls = part.extra["history_wall_s"]
+    return next((t for t, tp in zip(walls, part.history, strict=True) if tp >= target), None)

@@ -40,7 +40,15 @@ from typing import Any
 
 import numpy as np
 
-from atoll.benchmarks._common import Row, emit, system_column, table, unit_column
+from atoll.benchmarks._common import (
+    Log,
+    Row,
+    emit,
+    first_reach,
+    system_column,
+    table,
+    unit_column,
+)
 from atoll.partition import (
     METHODS,
     Chiplets,
@@ -120,20 +128,6 @@ class Config:
             ablation=True,
             workers=1,
         )
-
-
-class Log(list[str]):
-    """Log lines, echoed to stderr as they come when ``echo`` is set."""
-
-    def __init__(self, echo: bool = False) -> None:
-        super().__init__()
-        self.echo = echo
-
-    def append(self, line: str) -> None:
-        """Keep ``line`` (and print it at once when echoing)."""
-        super().append(line)
-        if self.echo:
-            print(line, file=sys.stderr, flush=True)
 
 
 def _row(case: str, value: float, unit: str, system: str = "atoll") -> Row:
@@ -236,12 +230,6 @@ def _hinted_solver(
         _row(f"{case}_solver_hinted_optimal", float(bool(hinted.extra["optimal"])), "bool"),
         _row(f"{case}_solver_hinted_solve_s", hinted.extra["solve_s"], "s"),
     ]
-
-
-def _first_reach(part: Partition, target: float) -> float | None:
-    """The wall time at which ``part``'s search first reached ``target`` (None: never)."""
-    walls = part.extra["history_wall_s"]
-    return next((t for t, tp in zip(walls, part.history, strict=True) if tp >= target), None)
 
 
 def _best_by(part: Partition, wall_s: float) -> float:
@@ -431,9 +419,9 @@ def _transfer(
     scratch = search(g, chips, "rl", budget, Policy(seed=seed), seed=seed, **alone)
     target = scratch.throughput
     tuned = search(g, chips, "rl", budget, copy.deepcopy(policy), seed, stop_at=target, **alone)
-    wall_scratch = _first_reach(scratch, target)
+    wall_scratch = first_reach(scratch, target)
     assert wall_scratch is not None  # its history ends at its throughput
-    wall_tuned = _first_reach(tuned, target)
+    wall_tuned = first_reach(tuned, target)
     speedup = _speedup(scratch, tuned, target)
     at_1s = _best_by(scratch, 1.0)
     near = _speedup(scratch, tuned, NEAR * target)
@@ -470,7 +458,7 @@ NEAR = 0.99  # the secondary transfer rows: time to within 1% of scratch's final
 
 def _speedup(scratch: Partition, tuned: Partition, level: float) -> float:
     """Scratch's time to ``level`` over the fine-tuned policy's (0: it never got there)."""
-    wall_scratch, wall_tuned = _first_reach(scratch, level), _first_reach(tuned, level)
+    wall_scratch, wall_tuned = first_reach(scratch, level), first_reach(tuned, level)
     if wall_scratch is None or wall_tuned is None:
         return 0.0
     return wall_scratch / max(wall_tuned, 1e-6)

@@ -42,8 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from atoll.benchmarks._common import Row, emit, system_column, table, unit_column
-from atoll.benchmarks.partition import Log, _first_reach
+from atoll.benchmarks._common import Log, Row, emit, first_reach, system_column, table, unit_column
 from atoll.partition import Chiplets, OpGraph, Partition, decoder_graph, search
 from atoll.partition._cost import valid_throughput
 from atoll.partition._heldout import gru_graph, t5_graph
@@ -169,7 +168,7 @@ def run_case(
         )
     if reference is not None:
         for near in NEAR:
-            at = _first_reach(parts["rl"], (1.0 - near) * reference)
+            at = first_reach(parts["rl"], (1.0 - near) * reference)
             rows.append(_row(f"{case.name}_rl_to_{round(100 * near)}pct_s", at, "s"))
             log.append(f"    rl within {near:.0%} of the reference after {at} s")
     others = max((parts[m].throughput for m in ("sa", "random") if m in parts), default=0.0)
@@ -196,7 +195,7 @@ def run_transfer(case: Case, budget: int, seed: int = 1, log: list[str] | None =
     tuned = search(graph, chips, "rl", budget, Policy.pretrained(), seed, stop_at=best, **alone)
     rows = [_row(f"{case.name}_transfer_scratch_best", best, "1/s")]
     for label, level in (("", best), ("_1pct", 0.99 * best)):
-        at_scratch, at_tuned = _first_reach(scratch, level), _first_reach(tuned, level)
+        at_scratch, at_tuned = first_reach(scratch, level), first_reach(tuned, level)
         ratio = None if at_scratch is None or at_tuned is None else at_scratch / max(at_tuned, 1e-6)
         rows += [
             _row(f"{case.name}_transfer_scratch{label}_s", at_scratch, "s"),
