@@ -552,8 +552,8 @@ class Device(Actor):
         (:meth:`answer_after`)."""
         later = self.answer_after(outputs)
         made = GangOutputs(outputs, pushed=later is not None)
-        if later is not None:
-            forward(_after(later, as_promise(outputs)), made)
+        if later is not None:  # (what _after does, with no promise between)
+            later.add_done_callback(functools.partial(_settle_with, made, outputs))
         return made
 
     async def _lean_input(self, value: Any) -> Any:
@@ -866,6 +866,16 @@ def _every(promises: Sequence[Promise[None]]) -> Promise[None]:
 
     all_settled(promises).add_done_callback(settled)
     return out
+
+
+def _settle_with(out: Promise[T], value: T, later: Promise[Any]) -> None:
+    """Settle ``out`` with ``value`` now that ``later`` did (with its error,
+    if it failed)."""
+    error = later.exception()
+    if error is not None:
+        out.set_exception(error)
+    else:
+        out.set_result(value)
 
 
 def _after(later: Promise[None] | None, promise: Promise[T]) -> Promise[T]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel import ActorRef
-from ..transports.dtypes import dtype_from_wire, raw_bytes, wire_dtype
+from ..transports.dtypes import dtype_from_wire, dtype_name, raw_bytes, wire_dtype
 from ..transports.inproc import read_only
 from ._host_api import HostEndpoints
 
@@ -69,7 +69,7 @@ class BufferHandle:
     ) -> BufferHandle:
         """The handle of ``array``, stored as ``buffer_id`` on that host,
         whose process serves at ``address`` ('' : in this process)."""
-        shape, dtype, nbytes = tuple(array.shape), str(array.dtype), int(array.nbytes)
+        shape, dtype, nbytes = tuple(array.shape), dtype_name(array.dtype), int(array.nbytes)
         small = isinstance(array, np.ndarray) and nbytes <= INLINE_VALUE_BYTES
         value = read_only(array) if small else None  # nobody writes into a stored value
         return cls(
@@ -84,6 +84,13 @@ class BufferHandle:
             address,
             value,
         )
+
+    def __copy__(self) -> BufferHandle:
+        """Another handle of the same buffer (another reference, for whoever
+        counts handles), made from the fields as they are."""
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        return clone
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as its fields in order, a small value as its bytes: a

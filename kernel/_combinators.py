@@ -12,8 +12,7 @@ loop's thread.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from ._errors import ActorStopped, HostLost
@@ -35,6 +34,12 @@ __all__ = [
 T = TypeVar("T")
 U = TypeVar("U")
 
+# _BASE: each settle here fails its promise with whatever it raised, not only
+# an Exception: a cancellation or an exit raised inside a callback would
+# otherwise escape past the promise machinery (which only logs Exception) and
+# leave the promise pending. Those that are not an Exception are raised
+# again once the promise holds them.
+
 
 def then(promise: Promise[T], fn: Callable[[T], U], label: str = "") -> Promise[U]:
     """A promise of ``fn(value)``; returns at once, settles when ``promise`` does."""
@@ -50,7 +55,7 @@ def then(promise: Promise[T], fn: Callable[[T], U], label: str = "") -> Promise[
             out._resolve(fn(done._value))
         except Exception as exc:
             out._reject(exc)
-        except BaseException as exc:  # see _failing
+        except BaseException as exc:  # see _BASE
             out._reject(exc)
             raise
 
@@ -67,33 +72,24 @@ def flatten(promise: Promise[Promise[T] | T], label: str = "") -> Promise[T]:
     out: Promise[T] = Promise(label or "flat")
 
     def outer(done: Promise[Promise[T] | T]) -> None:
-        error = done.exception()
+        error = done._error
         if error is not None:
-            out.set_exception(error)
+            out._reject(error)
             return
-        with _failing(out):
-            forward(as_promise(done.result()), out)
+        inner = done._value
+        try:  # see _BASE
+            if isinstance(inner, Promise):
+                out._follow(inner)
+            else:
+                out._resolve(inner)
+        except Exception as exc:
+            out._reject(exc)
+        except BaseException as exc:
+            out._reject(exc)
+            raise
 
     promise.add_done_callback(outer)
     return out
-
-
-@contextmanager
-def _failing(out: Promise[Any]) -> Iterator[None]:
-    """Fail ``out`` with whatever the block raises, so it never hangs.
-
-    Any exception counts, not only :class:`Exception`: a cancellation or an
-    exit raised inside a callback would otherwise escape past the promise
-    machinery (which only logs ``Exception``) and leave ``out`` pending. Those
-    that are not an ``Exception`` are raised again once ``out`` holds them.
-    """
-    try:
-        yield
-    except Exception as exc:
-        out.set_exception(exc)
-    except BaseException as exc:
-        out.set_exception(exc)
-        raise
 
 
 def forward(source: Promise[T], target: Promise[T]) -> None:
@@ -153,7 +149,7 @@ def when_settled(
             out._resolve(fn())
         except Exception as exc:
             out._reject(exc)
-        except BaseException as exc:  # see _failing
+        except BaseException as exc:  # see _BASE
             out._reject(exc)
             raise
 
@@ -164,8 +160,11 @@ def when_settled(
 
     if not promises:
         settle()
-    for promise in promises:
-        promise.add_done_callback(one)
+    elif len(promises) == 1:  # (most runs: one device) no count to keep
+        promises[0].add_done_callback(lambda _: settle())
+    else:
+        for promise in promises:
+            promise.add_done_callback(one)
     return out
 
 

@@ -139,12 +139,13 @@ class Promise(Generic[T]):
     # -- resolution -----------------------------------------------------
     def add_done_callback(self, callback: Callable[[Promise[T]], None]) -> None:
         """Run ``callback(self)`` when done (at once if already done)."""
-        if self.done():
+        # (done() inlined here and below: these run several times per run)
+        if self._value is not _PENDING or self._error is not None:
             _run_callback(callback, self)
-            return
-        if self._callbacks is None:
-            self._callbacks = []
-        self._callbacks.append(callback)
+        elif self._callbacks is None:
+            self._callbacks = [callback]
+        else:
+            self._callbacks.append(callback)
 
     def set_result(self, value: T) -> None:
         """Resolve it (no-op if already done). For actors that answer later."""
@@ -155,13 +156,13 @@ class Promise(Generic[T]):
         self._reject(error)
 
     def _resolve(self, value: T) -> None:
-        if self.done():
+        if self._value is not _PENDING or self._error is not None:
             return
         self._value = value
         self._settle()
 
     def _reject(self, error: BaseException) -> None:
-        if self.done():
+        if self._value is not _PENDING or self._error is not None:
             return
         self._error = error
         self._settle()
@@ -170,15 +171,22 @@ class Promise(Generic[T]):
         self._canceller = None
         self._pipe = None
         self._answer = None
-        waiting, self._event = self._event, None
-        for waiter in waiting or ():
-            if not isinstance(waiter, asyncio.Future):  # an anyio event (trio)
-                waiter.set()
-            elif not waiter.done():  # a cancelled waiter cancelled its future
-                waiter.set_result(None)
-        callbacks, self._callbacks = self._callbacks, None
-        for callback in callbacks or ():
-            _run_callback(callback, self)
+        waiting = self._event
+        if waiting is not None:
+            self._event = None
+            for waiter in waiting:
+                if not isinstance(waiter, asyncio.Future):  # an anyio event (trio)
+                    waiter.set()
+                elif not waiter.done():  # a cancelled waiter cancelled its future
+                    waiter.set_result(None)
+        callbacks = self._callbacks
+        if callbacks is not None:
+            self._callbacks = None
+            for callback in callbacks:
+                try:  # (_run_callback, inlined)
+                    callback(self)
+                except Exception:  # a broken callback must not stop the others
+                    _log.exception("promise callback %r failed", callback)
 
     def _follow(self, other: Promise[T]) -> None:
         """Settle like ``other`` does (used to forward pipelined calls)."""

@@ -209,8 +209,9 @@ class _Cell:
             COUNTS["actor_messages"] += 1
 
     def _prepare(self, call: Call) -> None:
-        call.args = tuple(_share(a) for a in call.args)
-        call.kwargs = {k: _share(v) for k, v in call.kwargs.items()}
+        call.args = tuple(map(_share, call.args))
+        if call.kwargs:
+            call.kwargs = {k: _share(v) for k, v in call.kwargs.items()}
         call.promise._canceller = lambda reason: self._cancel_call(call, reason)
 
     async def stop(self, grace: float | None) -> None:
@@ -666,13 +667,18 @@ async def _resolve_all(
 
 
 def _has_promise(value: Any) -> bool:
+    if type(value) in _PLAIN:  # the common arguments, at the cost of one look-up
+        return False
     if isinstance(value, Promise):
         return True
     if isinstance(value, (list, tuple)):
-        return any(_has_promise(v) for v in value)
+        return any(map(_has_promise, value))
     if isinstance(value, dict):
-        return any(_has_promise(v) for v in value.values())
+        return any(map(_has_promise, value.values()))
     return False
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None), bytes})
 
 
 async def _resolve(value: Any) -> Any:

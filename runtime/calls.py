@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import Aval, Computation
+from ..transports.dtypes import dtype_name
 from .graph import Graph, GraphBuilder, SliceSpec
 
 __all__ = ["UNKNOWN_AVAL", "call_graph", "device_of_slice", "device_slice"]
@@ -44,5 +45,5 @@ def _aval(value: Any) -> Aval:
     """An input's aval in a call's graph: a value's own; unknown for a handle
     or a promise (the graph only needs its inputs' count to be planned)."""
     if isinstance(value, np.ndarray):
-        return Aval(tuple(value.shape), str(value.dtype))
+        return Aval(tuple(value.shape), dtype_name(value.dtype))
     return UNKNOWN_AVAL

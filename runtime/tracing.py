@@ -22,6 +22,7 @@ from typing import Any
 from ..devices import Aval, JaxKernel
 from ..devices._jax_kernel import fn_key
 from ..kernel import AtollError, UsageError
+from ..transports.dtypes import dtype_name
 from .graph import Graph, GraphBuilder, SliceSpec, ValueRef
 
 __all__ = [
@@ -143,7 +144,7 @@ def _add_node(builder: GraphBuilder, placed: PlacedFunction, args: tuple[Any, ..
     _check_divisible(placed, "argument", [t.shape for t in leaves], in_specs)
     _check_divisible(placed, "output", [tuple(s.shape) for s in out_leaves], out_specs)
     kernel = JaxKernel(flat, placed.name, tuple(in_specs), tuple(out_specs))
-    avals = [Aval(tuple(s.shape), str(s.dtype)) for s in out_leaves]
+    avals = [Aval(tuple(s.shape), dtype_name(s.dtype)) for s in out_leaves]
     refs = builder.add(kernel, placed.slice, [t.ref for t in leaves], avals, placed.name)
     return jax.tree_util.tree_unflatten(
         out_tree, [Traced(r, a) for r, a in zip(refs, avals, strict=True)]
@@ -293,11 +294,11 @@ def aval_of(value: Any) -> Aval:
     if isinstance(aval, Aval):
         return aval
     if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return Aval(tuple(value.shape), str(value.dtype))
+        return Aval(tuple(value.shape), dtype_name(value.dtype))
     import numpy as np
 
     array = np.asarray(value)
-    return Aval(tuple(array.shape), str(array.dtype))
+    return Aval(tuple(array.shape), dtype_name(array.dtype))
 
 
 def _replicated() -> Any:

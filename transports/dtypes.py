@@ -14,12 +14,29 @@ from __future__ import annotations
 
 import importlib
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
-__all__ = ["dtype_from_wire", "raw_bytes", "wire_dtype"]
+__all__ = ["dtype_from_wire", "dtype_name", "raw_bytes", "wire_dtype"]
 
 _ML_MODULE = "ml_dtypes"
+
+
+def dtype_name(dtype: Any) -> str:
+    """``str(dtype)`` (``'float32'``, ``'bfloat16'``), remembered per dtype:
+    numpy works it out in Python each time, and every run's outputs name
+    theirs."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = str(dtype)
+        if len(_NAMES) < _NAMES_KEPT:
+            _NAMES[dtype] = name
+    return name
+
+
+_NAMES: dict[Any, str] = {}
+_NAMES_KEPT = 1024
 
 
 def _is_ml(dtype: np.dtype) -> bool:

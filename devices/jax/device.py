@@ -58,6 +58,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from ...kernel import Promise, endpoint, failed
+from ...transports.dtypes import dtype_name
 from .. import timeline
 from .._device import Device, GangOutputs, LeanGang
 from .._gang import GangTask
@@ -195,7 +196,7 @@ class JaxDevice(Device):
             key = (
                 "computation",
                 fn_key(computation.fn),
-                *((a.shape, str(a.dtype)) for a in arrays),
+                *((a.shape, dtype_name(a.dtype)) for a in arrays),
             )
             return self._cached(key, lambda: jax.jit(computation.fn), arrays)
 
@@ -602,7 +603,7 @@ class JaxDevice(Device):
             kernel.out_specs,
             tuple(d.id for d in mesh.devices.flat),
             mesh.axis_names,
-            tuple((a.shape, str(a.dtype)) for a in arrays),
+            tuple((a.shape, dtype_name(a.dtype)) for a in arrays),
             replicated,
         )
         whole = PartitionSpec()  # type: ignore[no-untyped-call]

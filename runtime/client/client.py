@@ -46,6 +46,7 @@ from ...kernel import (
     then,
     value_of,
 )
+from ...transports.dtypes import dtype_name
 from ...transports.inproc import read_only
 from ..graph import Graph, ValueRef
 from ..latency import Wire, over
@@ -679,7 +680,7 @@ class Cluster:
         from . import checkpoints
 
         def own(handle: BufferHandle) -> ArrayRef:
-            aval = Aval(tuple(handle.shape), str(handle.dtype))
+            aval = Aval(tuple(handle.shape), dtype_name(handle.dtype))
             return ArrayRef(self._refs.track(as_promise(handle)), aval)
 
         ref = self.device_ref(device)

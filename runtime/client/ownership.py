@@ -34,6 +34,7 @@ import asyncio
 import functools
 import logging
 import sys
+import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -86,6 +87,9 @@ class Ownership:
         self._free = free or _free_many
         self.freed = 0  # buffers freed because their references went
         self._post = threadsafe_caller()
+        # on the loop's own thread (where most references go) asyncio's plain
+        # call_soon, which does not wake the loop through its self-pipe
+        self._loop, self._thread = running_asyncio_loop(), threading.get_ident()
         self._live: dict[str, int] = {}  # buffer id -> references alive
         self._hosts: dict[str, ActorRef[Any]] = {}  # buffer id -> its host
         self._readers: dict[str, list[Promise[Any]]] = {}  # buffer id -> runs reading it
@@ -276,7 +280,10 @@ class Ownership:
         if not self._scheduled:
             self._scheduled = True
             try:
-                self._post(self._drain)
+                if self._loop is not None and threading.get_ident() == self._thread:
+                    self._loop.call_soon(self._drain)
+                else:
+                    self._post(self._drain)
             except RuntimeError:  # the loop is gone, and the cluster with it
                 self._scheduled = False
 

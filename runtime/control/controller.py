@@ -44,6 +44,7 @@ from ...kernel import (
     when_settled,
 )
 from ...kernel.lowlevel import call_soon
+from ...transports.dtypes import dtype_name
 from ..calls import call_graph, device_of_slice
 from ..graph import Graph, ValueRef
 from ..latency import Wire, over
@@ -762,7 +763,7 @@ _CALLS_KEPT = 1024  # one-node graphs of low-level calls kept (by shape)
 def _input_kind(value: Any) -> tuple[Any, ...]:
     """What of a call's input its graph depends on: an array's shape and dtype."""
     if isinstance(value, np.ndarray):
-        return (tuple(value.shape), str(value.dtype))
+        return (tuple(value.shape), dtype_name(value.dtype))
     return ()
 
 

@@ -95,6 +95,19 @@ async def empty_stores(cluster: atoll.Cluster) -> None:
     assert sum(u["arrivals"] for u in usage) == 0
 
 
+async def emptied_stores(cluster: atoll.Cluster) -> None:
+    """The stores empty once the frees sent last land: those are notices
+    (nothing answers them), from the client and from the controller, which
+    frees outputs read in place once the whole run is over, after the client
+    had its answer. Each look is a round trip to every host; 5 s at most."""
+    with anyio.fail_after(5):
+        while True:
+            usage = await cluster.store_usage()
+            if not sum(u["buffers"] + u["arrivals"] for u in usage):
+                return
+            await anyio.sleep(0.01)
+
+
 async def test_a_chain_runs_compiled_with_per_gang_results_and_time() -> None:
     clock = VirtualClock()
     async with compiled_cluster(1, 4, 1, clock=clock) as cluster:
@@ -274,7 +287,7 @@ async def test_over_host_processes_a_declined_push_is_read_in_place() -> None:
         assert (await cluster.controller.plan_stats())["compiled_runs"] == 3
         assert (await cluster.store_usage())[1]["pushes_declined"] == 3
         await cluster.free(filler)
-        await empty_stores(cluster)
+        await emptied_stores(cluster)
 
 
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "per-gang"])
