@@ -180,6 +180,11 @@ class RunReport:
                 self.held.append(handle.id)
         return unkept
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its fields in order (a report crosses a lane on every
+        run; the default is a state dictionary)."""
+        return RunReport, (self.outputs, self.errors, self.held, self.answered, self.idle)
+
     def output(self, node: int, index: int) -> Any:
         """Output ``index`` of ``node``, or the error its gang failed with."""
         if node in self.errors:

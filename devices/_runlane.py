@@ -36,6 +36,7 @@ import itertools
 import logging
 import pickle
 import struct
+import threading
 import time
 import traceback
 from collections import deque
@@ -103,10 +104,16 @@ class Aside(Exception):
     """Something in a message must travel by Cap'n Proto."""
 
 
-def _here(buffer_id: str, host_id: int, *rest: Any) -> BufferHandle:  # pragma: no cover
-    """Stands for a handle of the far end's host; a decoder puts its own
-    function in its place (see :func:`loads`)."""
-    raise AtollError("a run lane's handle was decoded without its hosts")
+def _here(buffer_id: str, host_id: int, *rest: Any) -> BufferHandle:
+    """A handle of the far end's host, as :func:`loads` reads it: its host's
+    reference from the hosts that call was given."""
+    hosts = getattr(_decoding, "hosts", None)
+    if hosts is None:
+        raise AtollError("a run lane's handle was decoded without its hosts")
+    return _handle(buffer_id, hosts[host_id], host_id, *rest)
+
+
+_decoding = threading.local()  # the hosts of the message loads() reads now, if any
 
 
 def _same(value: Any) -> Any:
@@ -121,6 +128,8 @@ class _Pickler(pickle.Pickler):
         self.array_bytes = 0  # arrays in the message (counted once it is made)
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) in _PICKLED_AS_IS:  # (a run's report, its errors...) one look-up
+            return NotImplemented
         if isinstance(obj, BufferHandle):
             _, (buffer_id, _ref, *rest) = obj.__reduce__()
             if self.host_id is None or obj.host_id == self.host_id:
@@ -139,11 +148,21 @@ class _Pickler(pickle.Pickler):
             if obj.nbytes > LARGEST_ARRAY:
                 raise Aside(obj)
             self.array_bytes += obj.nbytes
-        if isinstance(obj, (type, FunctionType)) and by_value(obj):
-            from ..transports.capnp import _byvalue  # (cloudpickle: only when needed)
+            return NotImplemented
+        if isinstance(obj, (type, FunctionType)):
+            if by_value(obj):
+                from ..transports.capnp import _byvalue  # (cloudpickle: only when needed)
 
-            return _byvalue.reduce(obj, _aside)  # what it captures that is _aside raises
+                return _byvalue.reduce(obj, _aside)  # what it captures that is _aside raises
+            return NotImplemented
+        if len(_PICKLED_AS_IS) < _AS_IS_KEPT:  # none of the above: nor is its kind, ever
+            _PICKLED_AS_IS.add(type(obj))
         return NotImplemented
+
+
+# kinds the pickler passes to pickle's own reduction, found so as they came
+_PICKLED_AS_IS: set[type] = set()
+_AS_IS_KEPT = 4096
 
 
 def _far(buffer_id: str, *rest: Any) -> BufferHandle:
@@ -196,24 +215,32 @@ Hosts = Mapping[int, "ActorRef[HostEndpoints]"] | Sequence["ActorRef[HostEndpoin
 
 
 class _Unpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, hosts: Hosts) -> None:
+    """Reads a message again when plain ``pickle.loads`` could not import
+    something it names: this one says what, where, and what to do."""
+
+    def __init__(self, data: bytes) -> None:
         super().__init__(io.BytesIO(data))
-        self.hosts = hosts
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == __name__ and name == "_here":
-            return functools.partial(_made_here, self.hosts)
         return find_class(super().find_class, module, name)  # says what is missing
 
 
-def _made_here(hosts: Hosts, buffer_id: str, *rest: Any) -> BufferHandle:
-    host_id = rest[0]
-    return _handle(buffer_id, hosts[host_id], *rest)
-
-
 def loads(data: bytes, hosts: Hosts) -> Any:
-    """A message :func:`dumps` made; its handles' hosts from ``hosts``."""
-    return _Unpickler(data, hosts).load()
+    """A message :func:`dumps` made; its handles' hosts from ``hosts``.
+
+    Plain ``pickle.loads`` (no unpickler of our own per message, whose
+    ``find_class`` runs in Python for every name): :func:`_here` finds the
+    hosts where this call left them. What it cannot import is read again
+    by an unpickler that says so (:class:`~atoll.transports._imports.CannotImport`).
+    """
+    before = getattr(_decoding, "hosts", None)  # (a message read while reading one)
+    _decoding.hosts = hosts
+    try:
+        return pickle.loads(data)
+    except (ImportError, AttributeError):
+        return _Unpickler(data).load()
+    finally:
+        _decoding.hosts = before
 
 
 # -- the receiving ends ----------------------------------------------------------

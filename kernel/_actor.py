@@ -51,12 +51,20 @@ class EndpointSpec:
     among the arguments before the handler starts, so the handler sees plain
     values. Set it False for endpoints that forward promises onwards without
     waiting (a controller dispatching ahead of the data).
+
+    ``share_args``: when True (the default) a caller in the same process hands
+    its arguments over as the transport shares them (the in-process one: numpy
+    arrays as read-only views, so the handler cannot write into the caller's
+    memory). Set it False for an endpoint that never writes into an array it
+    is given and only passes its arguments on (a controller, a scheduler):
+    walking every argument on every call is then a cost for nothing.
     """
 
     name: str
     resolve_args: bool
     signature: inspect.Signature
     positional: tuple[int, int | None] = (0, None)  # (required, most; None = *args)
+    share_args: bool = True
 
     def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Raise TypeError if the call does not fit the signature.
@@ -74,19 +82,19 @@ class EndpointSpec:
 @overload
 def endpoint(fn: F, /) -> F: ...
 @overload
-def endpoint(*, resolve_args: bool = True) -> Callable[[F], F]: ...
-def endpoint(fn: Any = None, /, *, resolve_args: bool = True) -> Any:
+def endpoint(*, resolve_args: bool = True, share_args: bool = True) -> Callable[[F], F]: ...
+def endpoint(fn: Any = None, /, *, resolve_args: bool = True, share_args: bool = True) -> Any:
     """Mark an actor method as callable through an :class:`ActorRef`.
 
     Usable bare (``@endpoint``) or with options
-    (``@endpoint(resolve_args=False)``). The method may be ``async def`` or
-    plain; either way callers get a promise.
+    (``@endpoint(resolve_args=False)``; see :class:`EndpointSpec`). The
+    method may be ``async def`` or plain; either way callers get a promise.
     """
 
     def mark(method: F) -> F:
         sig = inspect.signature(method)
         method.__atoll_endpoint__ = EndpointSpec(  # type: ignore[attr-defined]
-            method.__name__, resolve_args, sig, _positional(sig)
+            method.__name__, resolve_args, sig, _positional(sig), share_args
         )
         return method
 

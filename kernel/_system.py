@@ -209,9 +209,11 @@ class _Cell:
             COUNTS["actor_messages"] += 1
 
     def _prepare(self, call: Call) -> None:
-        call.args = tuple(map(_share, call.args))
-        if call.kwargs:
-            call.kwargs = {k: _share(v) for k, v in call.kwargs.items()}
+        spec = self.cls.__endpoints__.get(call.endpoint)
+        if spec is None or spec.share_args:
+            call.args = tuple(map(_share, call.args))
+            if call.kwargs:
+                call.kwargs = {k: _share(v) for k, v in call.kwargs.items()}
         call.promise._canceller = lambda reason: self._cancel_call(call, reason)
 
     async def stop(self, grace: float | None) -> None:

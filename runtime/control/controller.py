@@ -360,7 +360,7 @@ class Controller(Actor):
             self.elastic.track([slice_id], promise)
         return promise
 
-    @endpoint(resolve_args=False)
+    @endpoint(resolve_args=False, share_args=False)
     def run_graph(
         self,
         graph: Graph,
@@ -413,7 +413,7 @@ class Controller(Actor):
         self.runs.observe(answer)
         return answer
 
-    @endpoint(resolve_args=False)
+    @endpoint(resolve_args=False, share_args=False)
     def run_call(
         self,
         computation: Computation,

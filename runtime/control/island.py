@@ -214,7 +214,7 @@ class IslandScheduler(Actor):
                 del self._runs[instruction.gang_id]
             self._send_part(held, instruction.device)
 
-    @endpoint(resolve_args=False)
+    @endpoint(resolve_args=False, share_args=False)
     def run_plan(
         self,
         compiled: CompiledPlan,
@@ -256,7 +256,7 @@ class IslandScheduler(Actor):
         self._carry_out(instructions)
         return reports
 
-    @endpoint(resolve_args=False)
+    @endpoint(resolve_args=False, share_args=False)
     def run_plans(self, runs: Sequence[RunArgs]) -> list[Taken]:
         """Several runs, in order, each as :meth:`run_plan` takes it: what one
         turn of the controller's loop sent this island, in one message. Per
