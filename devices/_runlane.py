@@ -53,9 +53,7 @@ from ..kernel import (
     Promise,
     as_promise,
     failed,
-    flatten,
     log_failure,
-    then,
     when_settled,
 )
 from ..kernel.lowlevel import counts
@@ -128,7 +126,18 @@ class _Pickler(pickle.Pickler):
         self.array_bytes = 0  # arrays in the message (counted once it is made)
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) in _PICKLED_AS_IS:  # (a run's report, its errors...) one look-up
+        kind = type(obj)
+        if kind in _PICKLED_AS_IS:  # (a run's report, its errors...) one look-up
+            return NotImplemented
+        if kind is FunctionType or isinstance(obj, type):  # named by the message
+            if obj in _BY_REFERENCE:  # (each of its functions and classes, every time)
+                return NotImplemented
+            if by_value(obj):
+                from ..transports.capnp import _byvalue  # (cloudpickle: only when needed)
+
+                return _byvalue.reduce(obj, _aside)  # what it captures that is _aside raises
+            if len(_BY_REFERENCE) < _AS_IS_KEPT:
+                _BY_REFERENCE.add(obj)
             return NotImplemented
         if isinstance(obj, BufferHandle):
             _, (buffer_id, _ref, *rest) = obj.__reduce__()
@@ -149,19 +158,15 @@ class _Pickler(pickle.Pickler):
                 raise Aside(obj)
             self.array_bytes += obj.nbytes
             return NotImplemented
-        if isinstance(obj, (type, FunctionType)):
-            if by_value(obj):
-                from ..transports.capnp import _byvalue  # (cloudpickle: only when needed)
-
-                return _byvalue.reduce(obj, _aside)  # what it captures that is _aside raises
-            return NotImplemented
         if len(_PICKLED_AS_IS) < _AS_IS_KEPT:  # none of the above: nor is its kind, ever
-            _PICKLED_AS_IS.add(type(obj))
+            _PICKLED_AS_IS.add(kind)
         return NotImplemented
 
 
-# kinds the pickler passes to pickle's own reduction, found so as they came
+# what the pickler passes to pickle's own reduction, found so as they came:
+# kinds of values, and functions and classes that travel by reference
 _PICKLED_AS_IS: set[type] = set()
+_BY_REFERENCE: set[Any] = set()
 _AS_IS_KEPT = 4096
 
 
@@ -504,14 +509,23 @@ class _ControllerEnd(_End):
 def _settled(answer: Promise[Any]) -> Promise[Any]:
     """A run's answer (a list of handles, or of their promises) once every
     promise in it settled: an answer goes whole, as values and failures."""
+    out: Promise[Any] = Promise("answer")
 
-    def whole(values: Any) -> Promise[Any]:
-        if _is_direct(values):
-            return as_promise(values)
-        inner = [v for v in values if isinstance(v, Promise)]
-        return when_settled(inner, lambda: values) if inner else as_promise(values)
+    def whole(done: Promise[Any]) -> None:
+        error = done.exception()
+        if error is not None:
+            out.set_exception(error)
+            return
+        values = done.result()
+        try:
+            inner = [] if _is_direct(values) else [v for v in values if isinstance(v, Promise)]
+        except Exception as exc:  # not a list: said as the answer
+            out.set_exception(exc)
+            return
+        when_settled(inner, lambda: values, into=out)
 
-    return flatten(then(answer, whole))
+    answer.add_done_callback(whole)
+    return out
 
 
 def _cannot_send(value: Any, error: Exception) -> BadCall:

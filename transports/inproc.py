@@ -41,7 +41,9 @@ def share_read_only(value: Any) -> Any:
     if kind in _AS_IS:  # the common arguments, at the cost of one look-up
         return value
     if kind is list:
-        return [share_read_only(v) for v in value]
+        return list(map(share_read_only, value))
+    if kind is tuple:
+        return tuple(map(share_read_only, value))
     if kind is dict:
         return {k: share_read_only(v) for k, v in value.items()}
     if isinstance(value, np.ndarray):

@@ -40,7 +40,6 @@ from ...kernel import (
     forward,
     log_failure,
     process_counters,
-    then,
     when_settled,
 )
 from ...kernel.lowlevel import call_soon
@@ -406,9 +405,7 @@ class Controller(Actor):
             outs, done = run.outs, run.done
         else:
             run, (outs, done) = None, self._gang_by_gang(compiled, plan_, graph, inputs, owner)
-        answer: Promise[Any] = _together(outs, done)
-        if run is not None and run.reply is not None:
-            answer = then(answer, functools.partial(_unless_answered, run))
+        answer: Promise[Any] = _together(outs, done, run)
         self.elastic.track(plan_.slices, answer)
         self.runs.observe(answer)
         return answer
@@ -768,13 +765,18 @@ def _input_kind(value: Any) -> tuple[Any, ...]:
 
 
 def _together(
-    outs: Sequence[Promise[BufferHandle]], done: Promise[None]
-) -> Promise[list[BufferHandle | Promise[BufferHandle]]]:
+    outs: Sequence[Promise[BufferHandle]], done: Promise[None], run: _CompiledRun | None = None
+) -> Promise[list[BufferHandle | Promise[BufferHandle]] | str]:
     """One answer for a run: every output (a handle, or its failed promise),
-    once all of them and ``done`` settled."""
-    return when_settled(
-        [*outs, done], lambda: [out.result() if out.exception() is None else out for out in outs]
-    )
+    once all of them and ``done`` settled; ``DIRECT`` if ``run``'s device
+    sent them to the client itself."""
+
+    def whole() -> list[BufferHandle | Promise[BufferHandle]] | str:
+        if run is not None and run.answered:
+            return runlane.DIRECT
+        return [out.result() if out.exception() is None else out for out in outs]
+
+    return when_settled([*outs, done], whole)
 
 
 def _hand_out(
@@ -807,11 +809,6 @@ def _reports_of(
         else:
             reports.update((device, failed(error)) for device in part.programs)
     return reports
-
-
-def _unless_answered(run: _CompiledRun, answer: Any) -> Any:
-    """A run's answer, or ``DIRECT`` if its device sent it to the client."""
-    return runlane.DIRECT if run.answered else answer
 
 
 def _output(node: int, index: int, out: Promise[BufferHandle], report: Promise[RunReport]) -> None:
