@@ -318,7 +318,7 @@ class Device(Actor):
             self._release_points.pop(plan_id, None)
             self._fused.pop(plan_id, None)
 
-    @endpoint(resolve_args=False)
+    @endpoint(resolve_args=False, cancellable=False)
     async def run_plan(
         self,
         plan_id: int,

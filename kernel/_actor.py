@@ -58,6 +58,13 @@ class EndpointSpec:
     memory). Set it False for an endpoint that never writes into an array it
     is given and only passes its arguments on (a controller, a scheduler):
     walking every argument on every call is then a cost for nothing.
+
+    ``cancellable``: when True (the default) an ``async`` handler runs in a
+    cancel scope of its own, so that cancelling its call's promise stops it
+    where it waits. Set it False for a hot endpoint whose calls nobody
+    cancels once they run: a scope costs microseconds on every call. Its
+    queued calls still cancel, and stopping or cancelling the actor still
+    stops it.
     """
 
     name: str
@@ -65,6 +72,7 @@ class EndpointSpec:
     signature: inspect.Signature
     positional: tuple[int, int | None] = (0, None)  # (required, most; None = *args)
     share_args: bool = True
+    cancellable: bool = True
 
     def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Raise TypeError if the call does not fit the signature.
@@ -82,8 +90,17 @@ class EndpointSpec:
 @overload
 def endpoint(fn: F, /) -> F: ...
 @overload
-def endpoint(*, resolve_args: bool = True, share_args: bool = True) -> Callable[[F], F]: ...
-def endpoint(fn: Any = None, /, *, resolve_args: bool = True, share_args: bool = True) -> Any:
+def endpoint(
+    *, resolve_args: bool = True, share_args: bool = True, cancellable: bool = True
+) -> Callable[[F], F]: ...
+def endpoint(
+    fn: Any = None,
+    /,
+    *,
+    resolve_args: bool = True,
+    share_args: bool = True,
+    cancellable: bool = True,
+) -> Any:
     """Mark an actor method as callable through an :class:`ActorRef`.
 
     Usable bare (``@endpoint``) or with options
@@ -94,7 +111,7 @@ def endpoint(fn: Any = None, /, *, resolve_args: bool = True, share_args: bool =
     def mark(method: F) -> F:
         sig = inspect.signature(method)
         method.__atoll_endpoint__ = EndpointSpec(  # type: ignore[attr-defined]
-            method.__name__, resolve_args, sig, _positional(sig), share_args
+            method.__name__, resolve_args, sig, _positional(sig), share_args, cancellable
         )
         return method
 

@@ -252,7 +252,9 @@ class _Cell:
     def _cancel_call(self, call: Call, reason: str) -> bool:
         if call.promise.done():
             return False
-        if call is self._current and self._call_scope is not None:
+        if call is self._current:
+            if self._call_scope is None:  # running, and not cancellable (EndpointSpec)
+                return False
             call.cancelled = reason
             self._call_scope.cancel()
             return True
@@ -319,6 +321,8 @@ class _Cell:
             begun = self._begin(instance, call)
             if isinstance(begun, _Done):  # it ran to its end: nothing to cancel
                 failure = begun.failure
+            elif not self.cls.__endpoints__[call.endpoint].cancellable:  # no scope to pay for
+                failure = await begun
             else:
                 with anyio.CancelScope() as scope:
                     self._call_scope = scope

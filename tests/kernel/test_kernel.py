@@ -19,6 +19,7 @@ from atoll.kernel import (
     ActorSystem,
     AtollError,
     BadCall,
+    CallCancelled,
     Directive,
     MailboxFull,
     Promise,
@@ -199,6 +200,58 @@ async def test_numpy_arrays_are_shared_not_copied() -> None:
     assert np.shares_memory(held, big)
     assert not held.flags.writeable  # a receiver cannot scribble on the sender
     assert big.flags.writeable
+
+
+async def test_an_endpoint_that_only_passes_its_arguments_on_takes_them_as_they_are() -> None:
+    """``@endpoint(share_args=False)``: no read-only view is made (a relay
+    never writes into what it is given); the default still makes one."""
+
+    class Relay(Actor):
+        @endpoint(share_args=False)
+        def keep(self, values: list[np.ndarray]) -> list[np.ndarray]:
+            return values
+
+        @endpoint
+        def shared(self, values: list[np.ndarray]) -> list[np.ndarray]:
+            return values
+
+    array = np.zeros(4, np.float32)
+    async with ActorSystem() as system:
+        ref = system.spawn(Relay)
+        [kept] = await ref.keep([array])
+        [shared] = await ref.shared([array])
+    assert kept is array
+    assert shared is not array and np.shares_memory(shared, array)
+    assert not shared.flags.writeable
+
+
+async def test_a_running_call_of_an_endpoint_that_is_not_cancellable_runs_to_its_end() -> None:
+    """``@endpoint(cancellable=False)``: no cancel scope per call, so a
+    running call cannot be cancelled (``cancel`` says so), while a queued
+    one can, and stopping the actor still stops a running one."""
+    go = anyio.Event()
+
+    class Worker(Actor):
+        @endpoint(cancellable=False)
+        async def work(self, x: int) -> int:
+            await go.wait()
+            return x
+
+    async with ActorSystem() as system:
+        ref = system.spawn(Worker)
+        running, queued = ref.work(1), ref.work(2)
+        await wait_idle()
+        assert not running.cancel("too late")
+        assert queued.cancel("not wanted")
+        go.set()
+        assert await running == 1
+        await expect(CallCancelled, queued)
+        go = anyio.Event()
+        stuck = ref.work(3)
+        await wait_idle()
+        with anyio.fail_after(5):
+            await ref.cancel("enough")
+        await expect(ActorCancelled, stuck)
 
 
 async def test_promise_argument_is_resolved_by_the_receiver() -> None:
