@@ -37,6 +37,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ...devices import BufferHandle, Computation
 from ...kernel import Promise
 from ...kernel.config import settings
@@ -57,10 +59,20 @@ class _Made:
 
 @dataclass
 class _Run:
-    graph: Graph
+    made_graph: Graph | None  # None: a low-level call's, made when needed (see graph)
     inputs: list[Any]  # values, handles, outside promises, or _Made
     outputs: list[weakref.ref[Promise[BufferHandle]]]  # one per graph output
     call: tuple[Computation, int] | None = None  # a low-level call: (computation, device)
+    args: Sequence[Any] = ()  # a low-level call's arguments' arrays (None for the others)
+
+    @property
+    def graph(self) -> Graph:
+        """The run's graph. A low-level call's is made only for a batch that
+        joins it to others: one that goes on its own sends only the call."""
+        if self.made_graph is None:
+            assert self.call is not None
+            self.made_graph = call_graph(*self.call, self.args)
+        return self.made_graph
 
 
 @dataclass
@@ -111,8 +123,7 @@ class RunBatcher:
         """Queue one low-level call (``args`` as the client resolved them): a
         graph of one node on a slice pinned to ``device``; its promise."""
         promise: Promise[BufferHandle] = Promise(f"run {computation.name}")
-        graph = call_graph(computation, device, args)
-        self.add_graph(graph, list(args), owner, [promise], (computation, device))
+        self._add(None, list(args), owner, [promise], (computation, device))
         return promise
 
     def add_graph(
@@ -121,10 +132,20 @@ class RunBatcher:
         inputs: list[Any],
         owner: str,
         outputs: Sequence[Promise[BufferHandle]],
-        call: tuple[Computation, int] | None = None,
     ) -> None:
         """Queue one run of ``graph``; ``outputs`` (a promise per graph output)
-        follow its outputs once it is sent. ``call``: it is a low-level call."""
+        follow its outputs once it is sent."""
+        self._add(graph, inputs, owner, outputs)
+
+    def _add(
+        self,
+        graph: Graph | None,
+        inputs: list[Any],
+        owner: str,
+        outputs: Sequence[Promise[BufferHandle]],
+        call: tuple[Computation, int] | None = None,
+    ) -> None:
+        """Queue a run: of ``graph``, or the low-level ``call`` reading ``inputs``."""
         if self._batch is not None and self._batch.owner != owner:
             self.flush()
         if self._batch is None:
@@ -135,7 +156,10 @@ class RunBatcher:
         mine = [self._made_by(batch, x) for x in inputs]
         index = len(batch.runs)
         refs = [weakref.ref(p) for p in outputs]
-        batch.runs.append(_Run(graph, mine, refs, call))
+        # (a call keeps its arrays for its graph, not its promises: an earlier
+        # run's output it reads must still go once nobody else holds it)
+        args = [x if isinstance(x, np.ndarray) else None for x in inputs] if call else ()
+        batch.runs.append(_Run(graph, mine, refs, call, args))
         for k, promise in enumerate(outputs):
             batch.made[promise] = (index, k)
         if not self._batching:
