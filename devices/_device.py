@@ -19,6 +19,7 @@ import copy
 import functools
 import logging
 import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
@@ -129,6 +130,10 @@ class Device(Actor):
         # handle, or the error the gang failed with (see PriorOutput)
         self._earlier: dict[int, dict[tuple[int, int], BufferHandle | BaseException]] = {}
         self._failed_runs: dict[int, AtollError] = {}  # runs that never ran here, by epoch
+        # pushes of outputs not computed yet, in the order they were made (see
+        # push_outputs), and whether a task of this device is sending them
+        self._later_pushes: deque[_LaterPush] = deque()
+        self._pushing = False
 
     @property
     def clock(self) -> Clock:
@@ -256,32 +261,43 @@ class Device(Actor):
         for target in targets:
             if target.host_id == self.host_id:
                 self.pusher.deliver_here(target, outputs[target.output])
-        pushed: Promise[list[BufferHandle]] = Promise("pushed once computed")
-        self.ctx.start_soon(self._push_when_ready, ready, remote, outputs, owner, held, pushed)
-        return pushed
+        later = _LaterPush(ready, remote, outputs, owner, held, Promise("pushed once computed"))
+        self._later_pushes.append(later)
+        if not self._pushing:  # one task sends them, while some wait (not a task each)
+            self._pushing = True
+            self.ctx.start_soon(self._push_in_order)
+        return later.pushed
 
-    async def _push_when_ready(
-        self,
-        ready: Promise[None],
-        targets: Sequence[PushTarget],
-        outputs: list[BufferHandle],
-        owner: str,
-        held: list[str] | None,
-        pushed: Promise[list[BufferHandle]],
-    ) -> None:
+    async def _push_in_order(self) -> None:
+        """Send the pushes of outputs not computed yet, each once its outputs
+        exist, in the order they were made: this device's outputs come to
+        exist in the order its gangs were enqueued, so none waits behind one
+        that exists later than itself. If the device stops, those not sent
+        fail with ``ActorStopped``."""
+        try:
+            while self._later_pushes:
+                await self._push_when_ready(self._later_pushes[0])
+                self._later_pushes.popleft()
+        except BaseException:  # cancelled: the device stopped
+            stopped = ActorStopped(f"device {self.device_id} stopped")
+            while self._later_pushes:
+                self._later_pushes.popleft().pushed.set_exception(stopped)
+            raise
+        finally:
+            self._pushing = False
+
+    async def _push_when_ready(self, later: _LaterPush) -> None:
+        targets, outputs, pushed = later.targets, later.outputs, later.pushed
         try:
             try:
-                await ready
+                await later.ready
             except Exception as exc:  # never computed: its readers fail with why
                 await self.pusher.fail(targets, exc)
                 self.pusher.drop(outputs)
                 raise
-            forward(await self.pusher.push(targets, outputs, owner, held), pushed)
+            forward(await self.pusher.push(targets, outputs, later.owner, later.held), pushed)
         except Exception as exc:
             pushed.set_exception(exc)
-        except BaseException:  # cancelled: the device stopped
-            pushed.set_exception(ActorStopped(f"device {self.device_id} stopped"))
-            raise
 
     def _pending(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
         """One promise that every output here exists (None: they all do)."""
@@ -805,6 +821,18 @@ def live_stats(store: ObjectStore, device_ids: Iterable[int]) -> list[DeviceStat
     spends its device time in the handler), where a scrape must not."""
     found = [_LIVE.get((store, device_id)) for device_id in device_ids]
     return [device.stats() for device in found if device is not None]
+
+
+@dataclass(slots=True)
+class _LaterPush:
+    """A gang's pushes to other hosts, waiting for its outputs to exist."""
+
+    ready: Promise[None]
+    targets: Sequence[PushTarget]
+    outputs: list[BufferHandle]
+    owner: str
+    held: list[str] | None
+    pushed: Promise[list[BufferHandle]]
 
 
 class _InputFailed(Exception):
