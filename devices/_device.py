@@ -131,9 +131,9 @@ class Device(Actor):
         self._earlier: dict[int, dict[tuple[int, int], BufferHandle | BaseException]] = {}
         self._failed_runs: dict[int, AtollError] = {}  # runs that never ran here, by epoch
         # pushes of outputs not computed yet, in the order they were made (see
-        # push_outputs), and whether a task of this device is sending them
+        # push_outputs); what wakes the task that sends them, while it waits
         self._later_pushes: deque[_LaterPush] = deque()
-        self._pushing = False
+        self._pushes_wake: Promise[None] | None = None  # None: no such task yet
 
     @property
     def clock(self) -> Clock:
@@ -263,28 +263,33 @@ class Device(Actor):
                 self.pusher.deliver_here(target, outputs[target.output])
         later = _LaterPush(ready, remote, outputs, owner, held, Promise("pushed once computed"))
         self._later_pushes.append(later)
-        if not self._pushing:  # one task sends them, while some wait (not a task each)
-            self._pushing = True
+        if self._pushes_wake is None:  # one task sends them all (not a task each)
+            self._pushes_wake = Promise("pushes")
             self.ctx.start_soon(self._push_in_order)
+        else:
+            self._pushes_wake.set_result(None)  # (a no-op while it is not waiting)
         return later.pushed
 
     async def _push_in_order(self) -> None:
         """Send the pushes of outputs not computed yet, each once its outputs
         exist, in the order they were made: this device's outputs come to
         exist in the order its gangs were enqueued, so none waits behind one
-        that exists later than itself. If the device stops, those not sent
-        fail with ``ActorStopped``."""
+        that exists later than itself. The task lives as long as the device;
+        when it stops, the pushes not sent fail with ``ActorStopped``."""
         try:
-            while self._later_pushes:
-                await self._push_when_ready(self._later_pushes[0])
-                self._later_pushes.popleft()
+            while True:
+                while self._later_pushes:
+                    await self._push_when_ready(self._later_pushes[0])
+                    self._later_pushes.popleft()
+                wake: Promise[None] = Promise("pushes")
+                self._pushes_wake = wake
+                await wake
         except BaseException:  # cancelled: the device stopped
+            self._pushes_wake = None
             stopped = ActorStopped(f"device {self.device_id} stopped")
             while self._later_pushes:
                 self._later_pushes.popleft().pushed.set_exception(stopped)
             raise
-        finally:
-            self._pushing = False
 
     async def _push_when_ready(self, later: _LaterPush) -> None:
         targets, outputs, pushed = later.targets, later.outputs, later.pushed
