@@ -212,3 +212,24 @@ async def test_a_frame_for_a_host_not_there_is_handed_back(
         lambda: lost == [stray], "the stray frame handed back, unacknowledged", every=0.001
     )
     assert got == []
+
+
+async def test_a_frame_for_a_host_that_stopped_here_is_said_quietly(
+    listening: tuple[str, list[lane.LaneMessage]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A push still on its way as its reader's host stops (a cluster going
+    down with work in flight) is not a warning; one for a host that never
+    took frames here is. Either way the sender gets its frame back."""
+    address, _ = listening
+    lane.register(8, lambda _: None)
+    lane.register(8, None)
+    for host, level in ((8, "INFO"), (9, "WARNING")):
+        caplog.clear()
+        assert await lane.connect(address, TOKEN)
+        lost: list[lane.LaneMessage] = []
+        with caplog.at_level("INFO", "atoll.transports.dataplane.lane"):
+            sent = lane.LaneMessage(host, ("k",), "", 0, np.zeros(1, np.float32))
+            assert lane.send(address, sent, lost.append)
+            await eventually(lambda: lost, "the frame handed back", every=0.001)
+        said = [r for r in caplog.records if "which is not here" in r.getMessage()]
+        assert [r.levelname for r in said] == [level]

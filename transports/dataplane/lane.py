@@ -104,9 +104,14 @@ stats = {
 def register(host: int, sink: Sink | None) -> None:
     """Deliver frames for host ``host`` to ``sink`` (None: stop)."""
     if sink is None:
-        _sinks.pop(host, None)
+        if _sinks.pop(host, None) is not None:
+            _stopped.add(host)
     else:
         _sinks[host] = sink
+        _stopped.discard(host)
+
+
+_stopped: set[int] = set()  # hosts that took frames here and stopped
 
 
 async def serve(host: str, token: bytes, clock: Clock | None = None) -> str:
@@ -302,7 +307,9 @@ class _Receiver(asyncio.Protocol):
             return
         sink = _sinks.get(host)
         if sink is None:  # unacknowledged, so its sender pushes it some other way
-            _log.warning("lane closed: a frame for host %s, which is not here", host)
+            # (a host that stopped here: a push still on its way as a cluster stops)
+            level = logging.INFO if host in _stopped else logging.WARNING
+            _log.log(level, "lane closed: a frame for host %s, which is not here", host)
             self._drop()
             return
         try:
