@@ -274,12 +274,19 @@ class Device(Actor):
         """Send the pushes of outputs not computed yet, each once its outputs
         exist, in the order they were made: this device's outputs come to
         exist in the order its gangs were enqueued, so none waits behind one
-        that exists later than itself. The task lives as long as the device;
-        when it stops, the pushes not sent fail with ``ActorStopped``."""
+        that exists later than itself. A push that may have to wait (a lane
+        not open yet, a value too large for one, a host to dial) goes in a
+        task of its own, in nobody's way. The task lives as long as the
+        device; when it stops, the pushes not sent fail with ``ActorStopped``."""
         try:
             while True:
                 while self._later_pushes:
-                    await self._push_when_ready(self._later_pushes[0])
+                    later = self._later_pushes[0]
+                    if await self._computed(later):
+                        if self.pusher.by_open_lanes(later.targets, later.outputs):
+                            await self._push(later)  # (no wait: down lanes open already)
+                        else:  # it may wait (a host to dial): not in the others' way
+                            self.ctx.start_soon(self._push, later)
                     self._later_pushes.popleft()
                 wake: Promise[None] = Promise("pushes")
                 self._pushes_wake = wake
@@ -291,18 +298,30 @@ class Device(Actor):
                 self._later_pushes.popleft().pushed.set_exception(stopped)
             raise
 
-    async def _push_when_ready(self, later: _LaterPush) -> None:
-        targets, outputs, pushed = later.targets, later.outputs, later.pushed
+    async def _computed(self, later: _LaterPush) -> bool:
+        """Wait for a push's outputs to exist; False if they never will (its
+        readers and its promise then fail with why)."""
         try:
+            await later.ready
+            return True
+        except Exception as exc:  # never computed: its readers fail with why
             try:
-                await later.ready
-            except Exception as exc:  # never computed: its readers fail with why
-                await self.pusher.fail(targets, exc)
-                self.pusher.drop(outputs)
-                raise
-            forward(await self.pusher.push(targets, outputs, later.owner, later.held), pushed)
+                await self.pusher.fail(later.targets, exc)
+                self.pusher.drop(later.outputs)
+            finally:
+                later.pushed.set_exception(exc)
+            return False
+
+    async def _push(self, later: _LaterPush) -> None:
+        """Push outputs that exist; ``later.pushed`` settles as the push does."""
+        try:
+            pushed = await self.pusher.push(later.targets, later.outputs, later.owner, later.held)
+            forward(pushed, later.pushed)
         except Exception as exc:
-            pushed.set_exception(exc)
+            later.pushed.set_exception(exc)
+        except BaseException:  # cancelled: the device stopped
+            later.pushed.set_exception(ActorStopped(f"device {self.device_id} stopped"))
+            raise
 
     def _pending(self, outputs: Sequence[BufferHandle]) -> Promise[None] | None:
         """One promise that every output here exists (None: they all do)."""

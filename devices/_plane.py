@@ -63,6 +63,11 @@ class DataPlane:
         deliver goes to ``resend`` with the host it was for."""
         return False
 
+    def lane_open(self, address: str) -> bool:
+        """Whether a push to the host process at ``address`` goes down a lane
+        that is open already (no host to dial first)."""
+        return False
+
     async def serve_lanes(self) -> str:
         """Start taking pushes by lane; where ('' : this process takes none)."""
         return ""
@@ -93,6 +98,9 @@ class ProcessPlane(DataPlane):
             if ref is not None:
                 return ref
         return await super().host_ref(host_id, address, known, system)
+
+    def lane_open(self, address: str) -> bool:
+        return bool(address) and settings().push_lanes and bool(self._lanes.get(address))
 
     async def send_by_lane(
         self, target: PushTarget, message: LaneMessage, resend: Resend, system: ActorSystem

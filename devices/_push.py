@@ -37,6 +37,7 @@ from ..kernel import (
     when_settled,
 )
 from ..transports.dataplane.lane import LaneMessage
+from ..transports.dataplane.lane import fits as lane_fits
 from . import timeline
 from ._errors import DeviceError
 from ._gang import PushTarget
@@ -128,6 +129,22 @@ class Pusher:
             return self._pushed(answers, unreachable, outputs)
 
         return when_settled(answers, pushed, "pushed")
+
+    def by_open_lanes(self, targets: Sequence[PushTarget], outputs: list[BufferHandle]) -> bool:
+        """Whether every push of ``outputs`` to another host goes down a lane
+        that is open already (``push`` then has nothing to wait for)."""
+        for target in targets:
+            if target.host_id == self.host_id:
+                continue
+            if not self.plane.lane_open(target.address):
+                return False
+            try:
+                array = np.asarray(self.store.get(outputs[target.output].id))
+            except BufferMissing:  # push says what is wrong
+                return False
+            if not lane_fits(array):
+                return False
+        return True
 
     def deliver_here(self, target: PushTarget, handle: BufferHandle) -> None:
         """A reader on this host: one more reference per inbox key, delivered."""

@@ -7,6 +7,7 @@ a sender in one loop, over real TCP on loopback.
 from __future__ import annotations
 
 import asyncio
+import functools
 import pickle
 import struct
 from collections.abc import AsyncIterator
@@ -230,6 +231,6 @@ async def test_a_frame_for_a_host_that_stopped_here_is_said_quietly(
         with caplog.at_level("INFO", "atoll.transports.dataplane.lane"):
             sent = lane.LaneMessage(host, ("k",), "", 0, np.zeros(1, np.float32))
             assert lane.send(address, sent, lost.append)
-            await eventually(lambda: lost, "the frame handed back", every=0.001)
+            await eventually(functools.partial(bool, lost), "the frame handed back", every=0.001)
         said = [r for r in caplog.records if "which is not here" in r.getMessage()]
         assert [r.levelname for r in said] == [level]
