@@ -192,9 +192,6 @@ class SharePolicy:
         full = self._full
         if len(full) == len(self._devices):  # every device is full: no one goes
             return None
-        first = self._lowest()  # (most events: it goes, and nothing need be sorted)
-        if first is None or full.isdisjoint(first[0]):
-            return None if first is None else first[1]
         waiting = [
             (c.pass_, i, c.queue[0].devices, n)
             for i, (n, c) in enumerate(clients.items())
@@ -210,16 +207,6 @@ class SharePolicy:
             elif not full.issuperset(devices):
                 reserved.update(devices)  # held for this client: no one behind takes them
         return None
-
-    def _lowest(self) -> tuple[tuple[int, ...], str] | None:
-        """The head gang's devices and the name of the client first in line
-        (lowest pass, the earliest to come on a tie), or None if none waits."""
-        best: ClientShare | None = None
-        best_name = ""
-        for name, client in self._clients.items():
-            if client.queue and (best is None or client.pass_ < best.pass_):
-                best, best_name = client, name
-        return None if best is None else (best.queue[0].devices, best_name)
 
     def _dispatch(self, cause: int, name: str) -> list[Instruction]:
         client = self._clients[name]
