@@ -275,18 +275,21 @@ class Device(Actor):
         exist, in the order they were made: this device's outputs come to
         exist in the order its gangs were enqueued, so none waits behind one
         that exists later than itself. A push that may have to wait (a lane
-        not open yet, a value too large for one, a host to dial) goes in a
-        task of its own, in nobody's way. The task lives as long as the
+        not open yet, a value too large for one, a host to dial), and the
+        failure of one whose outputs never came, go in a task of their own,
+        in nobody's way. The task lives as long as the
         device; when it stops, the pushes not sent fail with ``ActorStopped``."""
         try:
             while True:
                 while self._later_pushes:
                     later = self._later_pushes[0]
-                    if await self._computed(later):
-                        if self.pusher.by_open_lanes(later.targets, later.outputs):
-                            await self._push(later)  # (no wait: down lanes open already)
-                        else:  # it may wait (a host to dial): not in the others' way
-                            self.ctx.start_soon(self._push, later)
+                    with suppress(Exception):  # (its failure is _push_when_ready's to say)
+                        await later.ready
+                    ready = later.ready.exception() is None
+                    if ready and self.pusher.by_open_lanes(later.targets, later.outputs):
+                        await self._push_when_ready(later)  # (no wait: down lanes open already)
+                    else:  # it may wait (a host to dial): not in the others' way
+                        self.ctx.start_soon(self._push_when_ready, later)
                     self._later_pushes.popleft()
                 wake: Promise[None] = Promise("pushes")
                 self._pushes_wake = wake
@@ -298,23 +301,16 @@ class Device(Actor):
                 self._later_pushes.popleft().pushed.set_exception(stopped)
             raise
 
-    async def _computed(self, later: _LaterPush) -> bool:
-        """Wait for a push's outputs to exist; False if they never will (its
-        readers and its promise then fail with why)."""
+    async def _push_when_ready(self, later: _LaterPush) -> None:
+        """Push ``later``'s outputs once they exist (their readers fail with
+        why if they never will); ``later.pushed`` settles as the push does."""
         try:
-            await later.ready
-            return True
-        except Exception as exc:  # never computed: its readers fail with why
             try:
+                await later.ready
+            except Exception as exc:  # never computed: its readers fail with why
                 await self.pusher.fail(later.targets, exc)
                 self.pusher.drop(later.outputs)
-            finally:
-                later.pushed.set_exception(exc)
-            return False
-
-    async def _push(self, later: _LaterPush) -> None:
-        """Push outputs that exist; ``later.pushed`` settles as the push does."""
-        try:
+                raise
             pushed = await self.pusher.push(later.targets, later.outputs, later.owner, later.held)
             forward(pushed, later.pushed)
         except Exception as exc:
