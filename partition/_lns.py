@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
+from ._background import BackgroundSolve
 from ._baselines import Tracker, _bottleneck_neighbour
 from ._cost import IntArray, stage_times
 from ._solver import solver_step
@@ -66,7 +67,11 @@ def windows(count: int, slow: int, size: int, ring: bool = False) -> list[tuple[
 
 
 def lns_polish(
-    tracker: Tracker, rng: np.random.Generator, seed: int = 0, window_s: float = WINDOW_S
+    tracker: Tracker,
+    rng: np.random.Generator,
+    seed: int = 0,
+    window_s: float = WINDOW_S,
+    background: BackgroundSolve | None = None,
 ) -> None:
     """Improve ``tracker.best`` window by window until the budget is spent or the
     whole problem is proved optimal (see the module's docstring).
@@ -76,17 +81,53 @@ def lns_polish(
     budget is left, kicks: a few random moves off the best partition's
     slowest stage (:func:`._baselines._bottleneck_neighbour`, valid without
     a repair), one evaluation, and a short descent from there (windows of
-    :data:`FIRST_WINDOW` and one more chiplet, at ``window_s``)."""
+    :data:`FIRST_WINDOW` and one more chiplet, at ``window_s``).
+
+    With a ``background`` solve (:mod:`._background`, already started) every
+    step first takes what it found, when that beats the partition the
+    windows walk from; its last partition is taken when the windows end
+    (one evaluation is kept back for it)."""
     count = tracker.chiplets.count
-    if _descend(tracker, tracker.best, rng, seed, window_s, MAX_WINDOW_S, count):
-        return
-    while tracker.left > 0 and tracker.best is not None:
-        kicked = tracker.best
-        for _ in range(int(rng.integers(KICK[0], KICK[1] + 1))):
-            kicked = _bottleneck_neighbour(tracker.graph, tracker.chiplets, kicked, rng)
-        kicked, _ = tracker.evaluate(kicked)
-        if _descend(tracker, kicked, rng, seed, window_s, window_s, FIRST_WINDOW + 1):
+    held = 1 if background is not None and tracker.left > 1 else 0
+    tracker.held += held
+    try:
+        if _descend(tracker, tracker.best, rng, seed, window_s, MAX_WINDOW_S, count, background):
             return
+        while tracker.left > 0 and tracker.best is not None:
+            kicked = tracker.best
+            for _ in range(int(rng.integers(KICK[0], KICK[1] + 1))):
+                kicked = _bottleneck_neighbour(tracker.graph, tracker.chiplets, kicked, rng)
+            kicked, _ = tracker.evaluate(kicked)
+            top = FIRST_WINDOW + 1
+            if _descend(tracker, kicked, rng, seed, window_s, window_s, top, background):
+                return
+    finally:
+        tracker.held -= held
+    if background is not None and tracker.left > 0 and tracker.best is not None:
+        best = stage_times(tracker.graph, tracker.chiplets, tracker.best)
+        background.stop()
+        _taken(tracker, background, best)
+
+
+def _proved(background: BackgroundSolve | None, times: NDArray[np.float64]) -> bool:
+    """Whether the background solve has ended proving its partition optimal, and
+    stage times ``times`` are as fast (nothing is left to find)."""
+    if background is None or not background.done or not background.optimal:
+        return False
+    found = background.found()
+    return found is not None and float(times.max()) <= found[1] * (1 + 1e-9)
+
+
+def _taken(
+    tracker: Tracker, background: BackgroundSolve | None, times: NDArray[np.float64]
+) -> IntArray | None:
+    """The background solve's partition, evaluated, when it is faster than stage
+    times ``times`` (the slowest stage, strictly); else None."""
+    found = background.found() if background is not None else None
+    if found is None or found[1] >= float(times.max()) * (1 - 1e-9) or tracker.left <= 0:
+        return None
+    taken, _ = tracker.evaluate(found[0])
+    return taken
 
 
 def _descend(
@@ -97,6 +138,7 @@ def _descend(
     window_s: float,
     max_s: float,
     max_size: int,
+    background: BackgroundSolve | None = None,
 ) -> bool:
     """Window steps from ``start`` until no window of up to ``max_size`` chiplets
     improves it at up to ``max_s`` per window, or the budget is spent. Every
@@ -111,6 +153,13 @@ def _descend(
         return False
     current, times = start, stage_times(graph, chips, start)
     while tracker.left > 0:
+        taken = _taken(tracker, background, times)
+        if taken is not None:  # the whole-graph solve beside the windows got further
+            current, times = taken, stage_times(graph, chips, taken)
+            size, step_s, tried, proved = min(FIRST_WINDOW, count), window_s, set(), set()
+            continue  # (the evaluation may have been the last)
+        if _proved(background, times):
+            return True
         slow = int(np.argmax(times))
         todo = [w for w in windows(count, slow, size, ring) if w not in tried | proved]
         if not todo:

@@ -40,6 +40,7 @@ __all__ = ["Adam", "LocalWalk", "TrainLog", "finetune", "pretrain"]
 ENTROPY = 1e-3  # weight of the entropy bonus (1e-2 was tried: no better on BERT)
 MAX_TEMPERATURE = 16.0  # sampling temperature cap while fine-tuning is stuck
 MAX_LOCAL = 64  # the most local moves after one batch (see LocalWalk)
+STALLED = 0.005  # a gain of the best below this share does not reset a patience
 
 
 @dataclass
@@ -218,6 +219,7 @@ def finetune(
     hint: IntArray | None = None,
     imitate: bool = False,
     local: int = 0,
+    patience: int | None = None,
 ) -> TrainLog:
     """Train ``policy`` on one graph until the tracker's budget is spent.
 
@@ -230,7 +232,10 @@ def finetune(
     :func:`_next_temperature`). With ``local`` each batch is followed by an
     annealed walk of at least that many local moves from the best partition
     so far, whose length adapts to how well it pays (:class:`LocalWalk`): a
-    local search beside the policy, within the same budget.
+    local search beside the policy, within the same budget. With ``patience``
+    it stops early, leaving the rest of the budget, once that many
+    evaluations have passed without raising the best by :data:`STALLED`
+    (RL as shipped then hands the rest to the solver's windows).
     """
     enc, adam, log = encode(tracker.graph, tracker.chiplets), Adam(lr), TrainLog()
     start = time.perf_counter()
@@ -242,7 +247,8 @@ def finetune(
         return tracker.evaluate(candidate)[1]
 
     temp, walker = 1.0, LocalWalk(floor=local, steps=max(tracker.left, 1))
-    while tracker.left > 0:
+    stall = _Stall(tracker, patience)
+    while tracker.left > 0 and not stall.stalled():
         best = (tracker.best, tracker.best_tp) if imitate and tracker.best is not None else None
         k, before = min(batch, tracker.left), tracker.best_tp
         _, rewards = _train_step(policy, adam, enc, k, rng, score_fn, best, temp)
@@ -252,6 +258,21 @@ def finetune(
             walker.adapt(sampled, walker.walk(tracker, rng))
         log.add(len(tracker.history), tracker.best_tp, rewards, start)
     return log
+
+
+class _Stall:
+    """Whether a search's best has stopped rising: ``patience`` evaluations
+    without a gain of :data:`STALLED` (never, without a patience)."""
+
+    def __init__(self, tracker: Tracker, patience: int | None) -> None:
+        self._tracker, self._patience = tracker, patience
+        self._mark, self._at = tracker.best_tp, len(tracker.history)
+
+    def stalled(self) -> bool:
+        t = self._tracker
+        if t.best_tp > self._mark * (1 + STALLED):
+            self._mark, self._at = t.best_tp, len(t.history)
+        return self._patience is not None and len(t.history) - self._at >= self._patience
 
 
 def _next_temperature(temp: float, rewards: NDArray[np.float64]) -> float:
