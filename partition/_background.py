@@ -63,14 +63,14 @@ class BackgroundSolve:
 
     :meth:`found` returns the best partition the solver has reported so far,
     with its slowest stage in seconds, or None before the first; :meth:`stop`
-    ends the search, waits for the thread, and returns the same, with whether
-    CP-SAT proved it optimal. Use it as a context manager so the thread never
-    outlives the search."""
+    ends the search, waits for the thread and returns the same; :attr:`optimal`
+    says whether CP-SAT proved it. As a context manager it starts the thread
+    on entry and stops it on exit, so the thread never outlives the search."""
 
     def __init__(
         self, graph: OpGraph, chiplets: Chiplets, hint: IntArray, seed: int = 0, workers: int = 1
     ) -> None:
-        self._graph, self._chiplets = graph, chiplets
+        self.graph, self.chiplets = graph, chiplets
         self._hint = np.array(hint, dtype=np.int64)
         self._seed, self._workers = seed, max(1, min(workers, MAX_WORKERS))
         self._lock = threading.Lock()
@@ -89,7 +89,8 @@ class BackgroundSolve:
         self.stop()
 
     def found(self) -> tuple[IntArray, float] | None:
-        """The best partition found so far and its slowest stage (seconds), or None."""
+        """The best partition found so far and its slowest stage in seconds (the
+        solver's measure, each node's time rounded), or None."""
         with self._lock:
             return self._best
 
@@ -128,7 +129,7 @@ class BackgroundSolve:
         from ortools.sat.python import cp_model
 
         try:
-            bm = bottleneck_model(self._graph, self._chiplets, self._hint)
+            bm = bottleneck_model(self.graph, self.chiplets, self._hint)
             bm.sm.model.minimize(bm.bottleneck)
             solver = cp_model.CpSolver()
             solver.parameters.num_workers = self._workers
