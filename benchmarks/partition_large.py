@@ -170,7 +170,8 @@ def run_case(
         for near in NEAR:
             at = first_reach(parts["rl"], (1.0 - near) * reference)
             rows.append(_row(f"{case.name}_rl_to_{round(100 * near)}pct_s", at, "s"))
-            log.append(f"    rl within {near:.0%} of the reference after {at} s")
+            when = "never" if at is None else f"after {at:.1f} s"
+            log.append(f"    rl within {near:.0%} of the reference: {when}")
     others = max((parts[m].throughput for m in ("sa", "random") if m in parts), default=0.0)
     if others > 0:
         vs = parts["rl"].throughput / others

@@ -26,9 +26,13 @@ When no window improves even at 2 seconds, the rest of the budget goes to
 kicks (an iterated local search): a few random moves off the best
 partition's slowest stage, one evaluation, then a short descent from there
 with windows of 3 and 4 chiplets at 0.5 seconds; every kick starts again
-from the best. The polish stops early, leaving the rest of the budget,
-only when CP-SAT proves the whole problem optimal.
-Nothing here is asynchronous: each step is one blocking CP-SAT call.
+from the best. Beside all of it a whole-graph solve may run on a spare
+core (:mod:`._background`): after each step the windows take what it found
+when that is faster than where they stand. The polish stops early, leaving
+the rest of the budget, only when CP-SAT proves the whole problem optimal
+(in a window of every chiplet, or in that solve).
+Each step is one blocking CP-SAT call on the caller's thread; the solve
+beside them runs in a thread of its own.
 """
 
 from __future__ import annotations

@@ -68,6 +68,12 @@ def add_commands(subparsers: Any) -> None:
         help="rl: share of the budget for CP-SAT's window-by-window polish (0: none)",
     )
     p.add_argument(
+        "--no-background",
+        action="store_true",
+        help="rl: no whole-graph CP-SAT solve on a spare core beside the windows "
+        "(results then repeat run to run)",
+    )
+    p.add_argument(
         "--policy", type=Path, help="load this .npz policy (default: the shipped pre-trained one)"
     )
     p.add_argument("--save-policy", type=Path, help="save the fine-tuned policy (.npz)")
@@ -195,6 +201,7 @@ def _run_search(
             time_limit_s=args.time_limit,
             rl_solver_s=args.solver_seed,
             rl_lns=args.lns_share,
+            rl_background=not args.no_background,
         )
     finally:
         bar.finish()

@@ -89,3 +89,17 @@ def test_rl_as_shipped_with_it_stays_valid_and_leaves_no_thread() -> None:
     assert not _running()
     off = P.search(g, chips, "rl", budget=20, seed=0, rl_solver_s=0.2, rl_background=False)
     assert off.valid and not _running()
+
+
+def test_fine_tuning_that_stalls_leaves_the_rest_of_the_budget() -> None:
+    g, chips = _chain(), P.Chiplets(5, link_bytes_per_s=5e10)
+    best, _ = _solver.solve_bottleneck(g, chips, 60.0)
+    policy = P.Policy.pretrained()
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=100)
+    # handed the optimum as its hint, nothing can raise the best: it stops
+    P.finetune(policy, tracker, np.random.default_rng(0), hint=best, patience=8)
+    assert 10 <= len(tracker.history) <= 2 + 8 + 8  # the greedy, the hint, then one batch past
+    assert tracker.left > 0
+    never = Tracker(g, chips, Repairer(g, chips), budget=30)
+    P.finetune(policy, never, np.random.default_rng(0), hint=best)  # no patience: all of it
+    assert len(never.history) == 30

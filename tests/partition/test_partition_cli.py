@@ -265,3 +265,21 @@ def test_rl_as_shipped_over_seeds_gives_median_worst_and_each(
         "x_s1": 10.0,
         "x_s2": 11.0,
     }
+
+
+def test_no_background_turns_the_solve_beside_the_windows_off(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from atoll.partition import _search
+
+    class Refused:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            raise AssertionError("a background solve was started")
+
+    monkeypatch.setattr(_search, "BackgroundSolve", Refused)
+    monkeypatch.setattr(_search, "spare_cores", lambda: 1)
+    argv = ["partition", "mlp", "--chiplets", "2", "--budget", "12", "--solver-seed", "0.2"]
+    assert run_cli([*argv, "--no-background", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["valid"]
+    with pytest.raises(AssertionError, match="background solve was started"):
+        run_cli(argv)
