@@ -51,6 +51,7 @@ class SolverModel:
     x: list[list[Lit]]
     ge: list[list[Lit]]
     wraps: list[tuple[int, int, int, Any]] = field(default_factory=list)
+    free: list[int] | None = None  # the nodes with a variable (None: not known)
 
     def chips(self, solver: cp_model.CpSolver) -> IntArray:
         """The assignment in ``solver``'s solution."""
@@ -59,7 +60,9 @@ class SolverModel:
     def hint(self, assignment: IntArray) -> None:
         """Hint every ``ge``, ``x`` and wrap literal at ``assignment``."""
         add = self.model.add_hint
-        for i, chip in enumerate(assignment.tolist()):
+        chips = assignment.tolist()
+        for i in range(len(chips)) if self.free is None else self.free:
+            chip = chips[i]
             for k, var in enumerate(self.ge[i]):
                 if not isinstance(var, int):
                     add(var, k <= chip)
@@ -132,8 +135,19 @@ def build_model(
     model = cp_model.CpModel()
     n, c, h = len(graph), chiplets.count, chiplets.hop_limit
     lo, hi = bounds if bounds is not None else ([0] * n, [c - 1] * n)
-    ge = [_order_literals(model, i, int(lo[i]), int(hi[i]), c) for i in range(n)]
-    x = [[_on_chip(model, ge[i][k], ge[i][k + 1]) for k in range(c)] for i in range(n)]
+    spans = list(zip(np.asarray(lo).tolist(), np.asarray(hi).tolist(), strict=True))
+    ge = [
+        [1] * (low + 1) + [0] * (c - low)  # pinned: constants only
+        if low == high
+        else _order_literals(model, i, low, high, c)
+        for i, (low, high) in enumerate(spans)
+    ]
+    x = [
+        [0] * low + [1] + [0] * (c - low - 1)
+        if low == high
+        else [_on_chip(model, ge[i][k], ge[i][k + 1]) for k in range(c)]
+        for i, (low, high) in enumerate(spans)
+    ]
     ring = chiplets.topology == "ring"
     wraps: list[tuple[int, int, int, Any]] = []
     for e in graph.edges:
@@ -154,7 +168,8 @@ def build_model(
     _add_sram(model, graph, chiplets, x)
     for k in range(c):  # every chiplet used
         clause(model, [x[i][k] for i in range(n)])
-    return SolverModel(model, x, ge, wraps)
+    free = [i for i, (low, high) in enumerate(spans) if low < high]
+    return SolverModel(model, x, ge, wraps, free)
 
 
 def _order_literals(model: cp_model.CpModel, i: int, lo: int, hi: int, c: int) -> list[Lit]:

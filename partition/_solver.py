@@ -58,46 +58,133 @@ def bottleneck_model(
     when given: every variable, the bottleneck, the ring's routing and wrap
     literals too (a complete hint, which CP-SAT takes as a first solution
     when it is valid). ``bounds``: each node's least and most chiplet
-    (:func:`._cpmodel.chip_bounds`; a pinned node adds no variable)."""
-    ring, c = chiplets.topology == "ring", chiplets.count
+    (:func:`._cpmodel.chip_bounds`; a pinned node adds no variable, and on a
+    chain a tensor whose nodes are all pinned only adds a constant to the
+    links it crosses, summed with numpy: a window's model is built in time
+    that grows with its free nodes, not with the graph)."""
+    c, n = chiplets.count, len(graph)
     sm = build_model(graph, chiplets, bounds)
     times = node_times(graph, chiplets)
     unit = max(float(times.sum()), 1e-30) / RESOLUTION
-    tc = [round(float(t) / unit) for t in times]
-    consumers: dict[int, list[int]] = {}
-    for e in graph.edges:
-        consumers.setdefault(e.src, []).append(e.dst)
-    link: list[list[tuple[int, Any]]] = [[] for _ in range(chiplets.links)]
-    on_link = [0] * len(link)  # the hint's bytes on each link, in time units
-    for u, vs in consumers.items():
-        cost = round(float(graph.nodes[u].output_bytes) / chiplets.link_bytes_per_s / unit)
-        if cost == 0:
-            continue
-        crossings = _ring_crossings(sm, u, vs, c, hint) if ring else _chain_crossings(sm, u, vs, c)
-        crossed = _links_crossed(hint, u, vs, c, ring) if hint is not None else set()
-        for k, z in enumerate(crossings):
-            if hint is not None:
-                on_link[k] += cost * (k in crossed)
-                if not isinstance(z, int):  # a constant needs no hint
-                    sm.model.add_hint(z, k in crossed)
-            link[k].append((cost, z))
-    top = sum(tc) + sum(w for lk in link for w, _ in lk)
+    tc = np.rint(times / unit).astype(np.int64)
+    cost = np.rint(graph.array("out") / chiplets.link_bytes_per_s / unit).astype(np.int64)
+    lo, hi = bounds if bounds is not None else (np.zeros(n, np.int64), np.full(n, c - 1))
+    links = _Links(chiplets.links, c, hint)
+    if sm.free is not None:  # the pinned nodes' compute, per chiplet, as constants
+        pinned = np.ones(n, dtype=bool)
+        pinned[np.asarray(sm.free, dtype=np.int64)] = False
+        links.pinned = np.bincount(np.asarray(lo)[pinned], weights=tc[pinned], minlength=c)
+    _add_tensors(sm, graph, chiplets, cost, (np.asarray(lo), np.asarray(hi)), links)
+    top = int(tc.sum()) + chiplets.links * int(cost[_has_consumers(graph, n)].sum())
     bottleneck = sm.model.new_int_var(0, top, "T")
+    own = np.bincount(hint, weights=tc, minlength=c) if hint is not None else None
     stages, hinted = [], []
     for k in range(c):
-        stage = [t * sm.x[i][k] for i, t in enumerate(tc) if t]
-        sides = [s for s in ({(k - 1) % c, k} if ring else (k - 1, k)) if 0 <= s < len(link)]
-        for side in sides:  # stage k pays links k - 1 and k (mod count on a ring)
-            stage += [w * z for w, z in link[side]]
-        sm.model.add(bottleneck >= sum(stage))
-        stages.append(sum(stage))
-        if hint is not None:
-            own = sum(t for i, t in enumerate(tc) if int(hint[i]) == k)
-            hinted.append(own + sum(on_link[s] for s in sides))
+        ends = {(k - 1) % c, k} if chiplets.topology == "ring" else {k - 1, k}
+        sides = sorted(s for s in ends if 0 <= s < chiplets.links)  # links k - 1 and k
+        stage = _stage(sm, tc, k, links, sides)
+        sm.model.add(bottleneck >= stage)
+        stages.append(stage)
+        if own is not None:
+            hinted.append(int(own[k]) + sum(int(links.hinted[s]) for s in sides))
     if hint is not None:
         sm.hint(hint)
         sm.model.add_hint(bottleneck, max(hinted))
     return BottleneckModel(sm, stages, bottleneck, unit, hinted, top)
+
+
+class _Links:
+    """What each link carries in the model: a constant (tensors whose nodes are
+    all pinned) and ``(cost, literal)`` terms; and the hint's load on it. Also
+    the compute of the pinned nodes on each chiplet (a constant of its stage)."""
+
+    def __init__(self, count: int, chips: int, hint: IntArray | None) -> None:
+        self.const = np.zeros(count, dtype=np.int64)
+        self.terms: list[list[tuple[int, Any]]] = [[] for _ in range(count)]
+        self.hint = hint
+        self.hinted = np.zeros(count, dtype=np.int64)  # the hint's load, in time units
+        self.pinned: NDArray[Any] = np.zeros(chips)  # the pinned nodes' compute, per chip
+
+
+def _has_consumers(graph: OpGraph, n: int) -> NDArray[np.bool_]:
+    has = np.zeros(n, dtype=bool)
+    has[graph.array("src")] = True
+    return has
+
+
+def _add_tensors(
+    sm: SolverModel,
+    graph: OpGraph,
+    chiplets: Chiplets,
+    cost: IntArray,
+    bounds: tuple[IntArray, IntArray],
+    links: _Links,
+) -> None:
+    """Each tensor's crossing literals on the links (see the module's docstring),
+    and, with a hint, the hint's load on each link and each literal's hint."""
+    ring, c, n = chiplets.topology == "ring", chiplets.count, len(graph)
+    src, dst = graph.array("src"), graph.array("dst")
+    lo, hi = bounds
+    pinned = lo == hi
+    free_readers = np.zeros(n, dtype=np.int64)
+    np.add.at(free_readers, src, ~pinned[dst])
+    far = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(far, src, lo[dst])
+    paid = _has_consumers(graph, n) & (cost > 0)
+    settled = paid & pinned & (free_readers == 0) & (not ring)
+    if links.hint is not None and not ring:  # the chain: from the chip to the farthest reader
+        hfar = np.full(n, -1, dtype=np.int64)
+        np.maximum.at(hfar, src, links.hint[dst])
+        links.hinted += _spans(links.hint[paid], hfar[paid], cost[paid], len(links.const))
+    links.const += _spans(lo[settled], far[settled], cost[settled], len(links.const))
+    consumers: dict[int, list[int]] = {}
+    for u, v in zip(src.tolist(), dst.tolist(), strict=True):
+        if paid[u] and not settled[u]:
+            consumers.setdefault(u, []).append(v)
+    hint = links.hint
+    for u, vs in consumers.items():
+        w = int(cost[u])
+        crossings = _ring_crossings(sm, u, vs, c, hint) if ring else _chain_crossings(sm, u, vs, c)
+        crossed = _links_crossed(hint, u, vs, c, ring) if hint is not None else set()
+        for k, z in enumerate(crossings):
+            if ring and k in crossed:
+                links.hinted[k] += w
+            if isinstance(z, int):
+                links.const[k] += w * z
+                continue
+            if hint is not None:
+                sm.model.add_hint(z, k in crossed)
+            links.terms[k].append((w, z))
+
+
+def _spans(start: IntArray, end: IntArray, weight: IntArray, count: int) -> IntArray:
+    """Per link ``k``: the sum of ``weight`` over spans with ``start <= k < end``."""
+    diff = np.zeros(count + 1, dtype=np.int64)
+    keep = end > start
+    np.add.at(diff, start[keep], weight[keep])
+    np.add.at(diff, end[keep], -weight[keep])
+    return np.cumsum(diff)[:count]
+
+
+def _stage(sm: SolverModel, tc: IntArray, k: int, links: _Links, sides: list[int]) -> Any:
+    """Stage ``k``'s time as one linear expression: the compute of the nodes on
+    it and the traffic on its links ``sides``, constants summed apart."""
+    from ortools.sat.python import cp_model
+
+    const, lits, coefs = int(links.pinned[k]), [], []
+    for i in range(len(tc)) if sm.free is None else sm.free:
+        x = sm.x[i][k]
+        if isinstance(x, int):
+            const += int(tc[i]) * x
+        elif tc[i]:
+            lits.append(x)
+            coefs.append(int(tc[i]))
+    for side in sides:
+        const += int(links.const[side])
+        for w, z in links.terms[side]:
+            lits.append(z)
+            coefs.append(w)
+    return cp_model.LinearExpr.weighted_sum(lits, coefs) + const
 
 
 def solve_bottleneck(
