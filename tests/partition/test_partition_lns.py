@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from atoll import partition as P
-from atoll.partition import _heldout, _lns, _solver
+from atoll.partition import _cpmodel, _heldout, _lns, _solver
 from atoll.partition._baselines import Tracker
 from atoll.partition._progress import ProgressBar
 from atoll.partition._repair import Repairer
@@ -258,3 +258,29 @@ def test_a_progress_bar_that_stops_short_ends_its_line() -> None:
     bar(10, 10, 2.0)  # a finished bar ends its own line
     bar.finish()
     assert out.getvalue().count("\n") == 2
+
+
+@pytest.mark.parametrize("topology", ["chain", "ring"])
+def test_a_windows_model_prices_each_stage_as_the_cost_model(topology: str) -> None:
+    """With most nodes pinned (their compute and the tensors between them are
+    constants of the model), each stage's expression at the hint, and the
+    hinted stage times, are the cost model's, and the hint is a solution."""
+    from ortools.sat.python import cp_model
+
+    g = _heldout.heldout_graph("wavenet")
+    chips = P.Chiplets.default_for(g, 8, topology=topology)
+    start = Repairer(g, chips)(np.arange(len(g)) * 8 // len(g))
+    times = P.stage_times(g, chips, start)
+    for window in ((0, 1, 2), (3, 4, 5), (5, 6, 7)):
+        keep = ~np.isin(start, window)
+        bounds = _cpmodel.chip_bounds(g, chips, start, keep)
+        bm = _solver.bottleneck_model(g, chips, start, bounds)
+        assert bm.sm.free is not None and set(bm.sm.free) <= set(np.flatnonzero(~keep).tolist())
+        np.testing.assert_allclose(np.array(bm.hinted) * bm.unit, times, rtol=1e-3)
+        bm.sm.model.minimize(bm.bottleneck)
+        solver = cp_model.CpSolver()
+        solver.parameters.fix_variables_to_their_hinted_value = True
+        solver.parameters.num_workers = 1
+        assert solver.solve(bm.sm.model) == cp_model.OPTIMAL
+        at_hint = [solver.value(stage) for stage in bm.stages]
+        assert at_hint == bm.hinted
