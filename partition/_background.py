@@ -63,7 +63,7 @@ class BackgroundSolve:
 
     :meth:`found` returns the best partition the solver has reported so far,
     with its slowest stage in seconds, or None before the first; :meth:`stop`
-    ends the search, waits for the thread and returns the same; :attr:`optimal`
+    ends the search and waits for the thread; :attr:`optimal`
     says whether CP-SAT proved it. As a context manager it starts the thread
     on entry and stops it on exit, so the thread never outlives the search."""
 
@@ -111,7 +111,7 @@ class BackgroundSolve:
         self._thread.join(timeout_s)
         return self.done
 
-    def stop(self) -> tuple[IntArray, float] | None:
+    def stop(self) -> None:
         """Stop the solve (at once: CP-SAT checks the flag often) and wait for it."""
         self._stopped.set()
         while self._thread.is_alive():  # a stop asked before CP-SAT starts is lost: ask again
@@ -123,7 +123,6 @@ class BackgroundSolve:
         if self._error is not None:
             _log.warning("the whole-graph solve beside the windows failed: %r", self._error)
             self._error = None
-        return self.found()
 
     def _run(self) -> None:
         from ortools.sat.python import cp_model

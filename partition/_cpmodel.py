@@ -51,7 +51,7 @@ class SolverModel:
     x: list[list[Lit]]
     ge: list[list[Lit]]
     wraps: list[tuple[int, int, int, Any]] = field(default_factory=list)
-    free: list[int] | None = None  # the nodes with a variable (None: not known)
+    free: list[int] = field(default_factory=list)  # the nodes with a variable
 
     def chips(self, solver: cp_model.CpSolver) -> IntArray:
         """The assignment in ``solver``'s solution."""
@@ -61,7 +61,7 @@ class SolverModel:
         """Hint every ``ge``, ``x`` and wrap literal at ``assignment``."""
         add = self.model.add_hint
         chips = assignment.tolist()
-        for i in range(len(chips)) if self.free is None else self.free:
+        for i in self.free:  # (a pinned node's literals are all constants)
             chip = chips[i]
             for k, var in enumerate(self.ge[i]):
                 if not isinstance(var, int):

@@ -69,11 +69,10 @@ def bottleneck_model(
     tc = np.rint(times / unit).astype(np.int64)
     cost = np.rint(graph.array("out") / chiplets.link_bytes_per_s / unit).astype(np.int64)
     lo, hi = bounds if bounds is not None else (np.zeros(n, np.int64), np.full(n, c - 1))
-    links = _Links(chiplets.links, c, hint)
-    if sm.free is not None:  # the pinned nodes' compute, per chiplet, as constants
-        pinned = np.ones(n, dtype=bool)
-        pinned[np.asarray(sm.free, dtype=np.int64)] = False
-        links.pinned = np.bincount(np.asarray(lo)[pinned], weights=tc[pinned], minlength=c)
+    links = _Links(chiplets.links, hint)
+    pinned = np.ones(n, dtype=bool)  # the pinned nodes' compute, per chiplet: constants
+    pinned[np.asarray(sm.free, dtype=np.int64)] = False
+    fixed = np.bincount(np.asarray(lo)[pinned], weights=tc[pinned], minlength=c)
     _add_tensors(sm, graph, chiplets, cost, (np.asarray(lo), np.asarray(hi)), links)
     top = int(tc.sum()) + chiplets.links * int(cost[_has_consumers(graph, n)].sum())
     bottleneck = sm.model.new_int_var(0, top, "T")
@@ -82,7 +81,7 @@ def bottleneck_model(
     for k in range(c):
         ends = {(k - 1) % c, k} if chiplets.topology == "ring" else {k - 1, k}
         sides = sorted(s for s in ends if 0 <= s < chiplets.links)  # links k - 1 and k
-        stage = _stage(sm, tc, k, links, sides)
+        stage = _stage(sm, tc, int(fixed[k]), k, links, sides)
         sm.model.add(bottleneck >= stage)
         stages.append(stage)
         if own is not None:
@@ -95,15 +94,13 @@ def bottleneck_model(
 
 class _Links:
     """What each link carries in the model: a constant (tensors whose nodes are
-    all pinned) and ``(cost, literal)`` terms; and the hint's load on it. Also
-    the compute of the pinned nodes on each chiplet (a constant of its stage)."""
+    all pinned) and ``(cost, literal)`` terms; and the hint's load on it."""
 
-    def __init__(self, count: int, chips: int, hint: IntArray | None) -> None:
+    def __init__(self, count: int, hint: IntArray | None) -> None:
         self.const = np.zeros(count, dtype=np.int64)
         self.terms: list[list[tuple[int, Any]]] = [[] for _ in range(count)]
         self.hint = hint
         self.hinted = np.zeros(count, dtype=np.int64)  # the hint's load, in time units
-        self.pinned: NDArray[Any] = np.zeros(chips)  # the pinned nodes' compute, per chip
 
 
 def _has_consumers(graph: OpGraph, n: int) -> NDArray[np.bool_]:
@@ -166,13 +163,16 @@ def _spans(start: IntArray, end: IntArray, weight: IntArray, count: int) -> IntA
     return np.cumsum(diff)[:count]
 
 
-def _stage(sm: SolverModel, tc: IntArray, k: int, links: _Links, sides: list[int]) -> Any:
+def _stage(
+    sm: SolverModel, tc: IntArray, fixed: int, k: int, links: _Links, sides: list[int]
+) -> Any:
     """Stage ``k``'s time as one linear expression: the compute of the nodes on
-    it and the traffic on its links ``sides``, constants summed apart."""
+    it (``fixed``: the pinned ones') and the traffic on its links ``sides``,
+    constants summed apart."""
     from ortools.sat.python import cp_model
 
-    const, lits, coefs = int(links.pinned[k]), [], []
-    for i in range(len(tc)) if sm.free is None else sm.free:
+    const, lits, coefs = fixed, [], []
+    for i in sm.free:
         x = sm.x[i][k]
         if isinstance(x, int):
             const += int(tc[i]) * x
