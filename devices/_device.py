@@ -22,7 +22,7 @@ import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 import anyio
@@ -54,7 +54,15 @@ from . import timeline
 from ._errors import DeviceError, UnsupportedKernel
 from ._gang import GangTask, PushTarget
 from ._host_api import HostEndpoints
-from ._plan import DeviceProgram, PlannedGang, PriorOutput, RunReport, portable, run_key
+from ._plan import (
+    PUSHED_IN,
+    DeviceProgram,
+    PlannedGang,
+    PriorOutput,
+    RunReport,
+    portable,
+    run_key,
+)
 from ._plane import IN_PROCESS, DataPlane
 from ._push import Pusher
 from ._shards import ShardedHandle, read_whole
@@ -134,6 +142,8 @@ class Device(Actor):
         # push_outputs); what wakes the task that sends them, while it waits
         self._later_pushes: deque[_LaterPush] = deque()
         self._pushes_wake: Promise[None] | None = None  # None: no such task yet
+        # gangs that wait aside for their inputs (see run_plan), by run
+        self._aside: dict[int, list[_Aside]] = {}
 
     @property
     def clock(self) -> Clock:
@@ -375,6 +385,19 @@ class Device(Actor):
         a run report that waits for it. Outputs that no one keeps are freed
         once the run's last gang here has taken its inputs.
 
+        **A gang may wait aside.** A gang on this device alone one of whose
+        inputs is not here yet (a push still on its way, a promise, the
+        output of a gang that waits aside) waits for them in a task of its
+        own, and the gangs behind it, of this run and of the runs after it,
+        go on this device's stream first, as independent work goes on an
+        accelerator's other streams: a device is not left idle behind a
+        dependency while it has work that is ready. Gangs of one device meet
+        no partner, so the island's order still holds where it matters: a
+        gang over several devices waits until no gang here waits aside, and
+        every device meets its partners in the island's order. Nor does a
+        gang wait aside while this host's store is half full or more: work
+        out of order keeps more values alive at once.
+
         ``reply`` (a client's call, when this device makes all of the run's
         outputs): the outputs go straight to the client too, as the answer
         to its call (``RunReport.answered`` says whether they went).
@@ -387,29 +410,99 @@ class Device(Actor):
                 del self._failed_runs[next(iter(self._failed_runs))]
             raise error
         values = dict(zip(program.inputs, inputs, strict=True))
-        report = RunReport()
-        made: dict[tuple[int, int] | None, BufferHandle | Promise[Any]] = {}
-        ran: dict[int, tuple[PlannedGang, str, list[str], Promise[Any]]] = {}
-        prefix = run_key(epoch)
+        run = _Run(program, epoch, owner, values, run_key(epoch))
         release, fused = self._release_points[plan_id], self._fused.get(plan_id, {})
-        passed: dict[int, list[str]] = {}  # by node: what a fused segment passed on here
         step = 0
         while step < len(program.gangs):
             segment = fused.get(step)
             if segment is not None and await self.run_segment(
-                segment, epoch, values, made, owner, report, passed
+                segment, epoch, run.values, run.made, owner, run.report, run.passed
             ):
-                self._release(range(step, segment.end), release, ran, report, passed, program)
+                self._release(range(step, segment.end), release, run)
                 step = segment.end
                 continue
             gang = program.gangs[step]
-            ran[step] = await self._run_program_gang(gang, epoch, prefix, values, made, owner)
-            self._release([step], release, ran, report, passed, program)
+            given = gang.given(run.values, run.made)
+            if len(gang.devices) > 1:
+                while self._aside:  # (rare: gangs of one device wait aside)
+                    await self._ran_aside(*self._aside)
+            elif self._gang_waits(gang, run.prefix, given) and self.store.roomy():
+                self._wait_aside(run, step, given, release)
+                step += 1
+                continue
+            run.ran[step] = await self._run_program_gang(gang, run, given, [])
+            self._release([step], release, run)
             step += 1
-        outs = [out for *_, out in ran.values()]
+        outs = [out for *_, out in run.ran.values()]
         if all(out.done() for out in outs):  # (most runs: no promise for the answer)
-            return self._run_ended(report, reply)
-        return when_settled(outs, functools.partial(self._run_ended, report, reply), "run")
+            return self._run_ended(run.report, reply)
+        return when_settled(outs, functools.partial(self._run_ended, run.report, reply), "run")
+
+    def _gang_waits(self, gang: PlannedGang, prefix: str, given: Sequence[Any]) -> bool:
+        """Whether ``gang`` would wait for one of its inputs (``given``, or a
+        push under its inbox key after the run's ``prefix``)."""
+        for index, value in enumerate(given):
+            if value is None and gang.inputs[index] == PUSHED_IN:
+                if not self.store.landed(f"{prefix}/{gang.node}/{index}"):
+                    return True
+            elif self.input_waits(value):
+                return True
+        return False
+
+    def input_waits(self, value: Any) -> bool:
+        """Whether an input is not here yet: a promise not settled, the output
+        of a gang that waits aside."""
+        if isinstance(value, Promise):
+            return not value.done()
+        return isinstance(value, PriorOutput) and value.run in self._aside
+
+    def _wait_aside(self, run: _Run, step: int, given: list[Any], release: list[list[int]]) -> None:
+        """Run gang ``step`` of ``run`` once its inputs are here, in a task
+        (see :meth:`run_plan`). Meanwhile its outputs are promises for the
+        gangs after it, and so is its entry in ``run.ran``, settled after
+        the gang's own, so that the run's report takes the gang in first."""
+        aside = _Aside(run, step, release)
+        gang = aside.gang
+        run.ran[step] = (gang, aside.gang_id, aside.held, aside.outs)
+        for index in range(len(gang.outputs)):
+            run.made[gang.node, index] = then(aside.outs, functools.partial(_item, index))
+        self._aside.setdefault(run.epoch, []).append(aside)
+        self.ctx.start_soon(self._run_aside, aside, given)
+
+    async def _run_aside(self, aside: _Aside, given: list[Any]) -> None:
+        settled: Promise[Any] = failed(ActorStopped(f"device {self.device_id} stopped"))
+        try:
+            *_, settled = await self._run_program_gang(aside.gang, aside.run, given, aside.held)
+        except Exception as exc:  # (the gang's own failures are in its promise)
+            settled = failed(exc)
+            self._keep_earlier(aside.run.epoch, aside.gang.node, exc, len(aside.gang.outputs))
+        finally:  # cancelled too (the device stopped): its run's report says so
+            self._went_aside(aside, settled)
+
+    def _went_aside(self, aside: _Aside, settled: Promise[Any]) -> None:
+        """A gang that waited aside went (``settled``: its outputs): it is
+        released as any gang of its run, and no longer waits aside."""
+        if aside.ran.done():  # (the device stopped first)
+            return
+        run, step = aside.run, aside.step
+        run.ran[step] = (aside.gang, aside.gang_id, aside.held, settled)
+        self._release([step], aside.release, run)
+        forward(settled, aside.outs)
+        waiting = self._aside[run.epoch]
+        waiting.remove(aside)
+        if not waiting:
+            del self._aside[run.epoch]
+        aside.ran.set_result(None)
+
+    def _ran_aside(self, *epochs: int) -> Promise[Any]:
+        """Once the gangs of runs ``epochs`` that wait aside went."""
+        return all_settled([aside.ran for e in epochs for aside in self._aside.get(e, ())])
+
+    async def on_stop(self) -> None:
+        """Gangs that wait aside fail, whether or not they began (the device stopped)."""
+        for aside in [each for waiting in self._aside.values() for each in waiting]:
+            self._went_aside(aside, failed(ActorStopped(f"device {self.device_id} stopped")))
+        await super().on_stop()
 
     def _run_ended(self, report: RunReport, reply: Reply | None) -> RunReport:
         """The run ended here: its report, saying whether the device ran dry,
@@ -435,57 +528,42 @@ class Device(Actor):
             report.answered = runlane.answer(client, request, self.host_id, values)
 
     async def _run_program_gang(
-        self,
-        gang: PlannedGang,
-        epoch: int,
-        prefix: str,
-        values: dict[int, Any],
-        made: dict[tuple[int, int] | None, Any],
-        owner: str,
+        self, gang: PlannedGang, run: _Run, given: list[Any], held: list[str]
     ) -> tuple[PlannedGang, str, list[str], Promise[Any]]:
-        """One gang of a compiled run, as :meth:`run_plan` keeps it; its
-        outputs (or its failure) go into ``made`` for the gangs after it."""
-        held: list[str] = []
-        given = gang.given(values, made)
+        """One gang of a compiled run (its inputs ``given``), as
+        :meth:`run_plan` keeps it; its outputs (or its failure) go into
+        ``run.made`` for the gangs after it."""
         if self.runs_alone(gang):  # no barrier, no inbox, no push: the lean path
-            gang_id = f"{prefix}/{gang.node}"
-            out = await self.run_alone(gang, gang_id, given, owner)
+            gang_id = f"{run.prefix}/{gang.node}"
+            out = await self.run_alone(gang, gang_id, given, run.owner)
         else:
-            task = gang.task(epoch, self.host_id, self.device_id)
+            task = gang.task(run.epoch, self.host_id, self.device_id)
             gang_id = task.gang_id
-            out = await self._run_gang_task(task, given, owner, held)
+            out = await self._run_gang_task(task, given, run.owner, held)
             early = out.exception() if out.done() else None
             if early is not None:  # failed before pushing
                 await self.pusher.fail(task.push, portable(early, gang_id))
         if isinstance(out, GangOutputs):
-            made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
+            run.made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
             if any(gang.keep):  # outputs of the program: later runs may read them
-                self._keep_earlier(epoch, gang.node, out.outputs)
+                self._keep_earlier(run.epoch, gang.node, out.outputs)
         elif out.done() and out.exception() is not None:  # so do its readers here
-            made.update(((gang.node, o), out) for o in range(len(gang.outputs)))
-            self._keep_earlier(epoch, gang.node, out.exception(), len(gang.outputs))
+            run.made.update(((gang.node, o), out) for o in range(len(gang.outputs)))
+            self._keep_earlier(run.epoch, gang.node, out.exception(), len(gang.outputs))
         return gang, gang_id, held, out
 
-    def _release(
-        self,
-        steps: Iterable[int],
-        release: list[list[int]],
-        ran: dict[int, tuple[PlannedGang, str, list[str], Promise[Any]]],
-        report: RunReport,
-        passed: dict[int, list[str]],
-        program: DeviceProgram,
-    ) -> None:
+    def _release(self, steps: Iterable[int], release: list[list[int]], run: _Run) -> None:
         """``steps`` took their inputs: report and free what they read last
         (a fused gang's outputs are its segment's: those passed on are freed)."""
         for step in steps:
             for done in release[step]:
-                if done in ran:
-                    gang, gang_id, held, out = ran[done]
+                if done in run.ran:
+                    gang, gang_id, held, out = run.ran[done]
                     report_and_free = functools.partial(
-                        self._gang_settled, gang, gang_id, held, report
+                        self._gang_settled, gang, gang_id, held, run.report
                     )
                     out.add_done_callback(report_and_free)
-                for buffer_id in passed.pop(program.gangs[done].node, ()):
+                for buffer_id in run.passed.pop(run.program.gangs[done].node, ()):
                     with suppress(BufferMissing):
                         self.store.decref(buffer_id)
 
@@ -535,6 +613,9 @@ class Device(Actor):
         """The output a ``PriorOutput`` names, as this device kept it (raising the
         error its gang failed with); else its promise."""
         found = self._earlier.get(value.run, {}).get((value.node, value.index))
+        if found is None and value.run in self._aside:  # its gang waits aside: once it ran
+            ran = self._ran_aside(value.run)
+            return flatten(then(ran, lambda _: as_promise(self.earlier(value))))
         if found is None and value.value is not None:
             promise: Promise[BufferHandle] = as_promise(value.value)
             return promise
@@ -841,6 +922,47 @@ def live_stats(store: ObjectStore, device_ids: Iterable[int]) -> list[DeviceStat
     spends its device time in the handler), where a scrape must not."""
     found = [_LIVE.get((store, device_id)) for device_id in device_ids]
     return [device.stats() for device in found if device is not None]
+
+
+@dataclass(slots=True)
+class _Run:
+    """A compiled run on this device as :meth:`Device.run_plan` carries it out."""
+
+    program: DeviceProgram
+    epoch: int
+    owner: str
+    values: dict[int, Any]  # the program inputs the run sent this device, by index
+    prefix: str  # of its gang ids and inbox keys (run_key)
+    # outputs of its gangs here, by (node, output), for the gangs after them
+    made: dict[tuple[int, int] | None, Any] = field(default_factory=dict)
+    # its gangs that took their inputs, by step: gang, gang id, held, outputs
+    ran: dict[int, tuple[PlannedGang, str, list[str], Promise[Any]]] = field(default_factory=dict)
+    report: RunReport = field(default_factory=RunReport)
+    passed: dict[int, list[str]] = field(default_factory=dict)  # see Device.run_segment
+
+
+@dataclass(slots=True, eq=False)
+class _Aside:
+    """A gang of a run that waits aside for its inputs (:meth:`Device.run_plan`)."""
+
+    run: _Run
+    step: int
+    release: list[list[int]]  # the run's release points (_release_points)
+    held: list[str] = field(default_factory=list)
+    outs: Promise[Any] = field(default_factory=lambda: Promise("waits aside"))
+    ran: Promise[None] = field(default_factory=lambda: Promise("ran aside"))  # it went
+
+    @property
+    def gang(self) -> PlannedGang:
+        return self.run.program.gangs[self.step]
+
+    @property
+    def gang_id(self) -> str:
+        return f"{self.run.prefix}/{self.gang.node}"
+
+
+def _item(index: int, values: Sequence[T]) -> T:
+    return values[index]
 
 
 @dataclass(slots=True)

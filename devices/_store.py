@@ -233,6 +233,14 @@ class ObjectStore:
                 del self._holds[hold_id]
                 self.unreserve(nbytes)
 
+    def roomy(self) -> bool:
+        """Whether the store is unbounded, or under half full with no one
+        waiting for room (devices run work out of order only then)."""
+        cap = self.capacity_bytes
+        return cap is None or (
+            not self._room and 2 * (self.used_bytes + self.reserved_bytes) <= cap
+        )
+
     def fits(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit now, without waiting, and without
         getting ahead of anyone already waiting for room."""
@@ -393,6 +401,11 @@ class ObjectStore:
         if promise is None:
             promise = self._arrivals[key] = Promise(f"arrival {key}")
         return promise
+
+    def landed(self, key: str) -> bool:
+        """Whether what is pushed under ``key`` is here (or its failure is)."""
+        promise = self._arrivals.get(key)
+        return promise is not None and promise.done()
 
     def deliver(self, key: str, value: Any, buffer_id: str) -> None:
         """A push for ``key`` landed as one reference to buffer ``buffer_id``

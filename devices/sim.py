@@ -154,6 +154,10 @@ class SimDevice(Device):
             await waited
         return value
 
+    def input_waits(self, value: Any) -> bool:
+        """... and an output of another device of this host still in flight there."""
+        return super().input_waits(value) or self._elsewhere(value) is not None
+
     def _costs_nothing(self, computation: Any) -> bool:
         return isinstance(computation, Computation) and not self.cost.compute_time(
             computation.flops
