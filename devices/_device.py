@@ -410,7 +410,7 @@ class Device(Actor):
                 del self._failed_runs[next(iter(self._failed_runs))]
             raise error
         values = dict(zip(program.inputs, inputs, strict=True))
-        run = _Run(program, epoch, owner, values, run_key(epoch))
+        run = _Run(program, epoch, owner, values, run_key(epoch), {}, {}, RunReport(), {})
         release, fused = self._release_points[plan_id], self._fused.get(plan_id, {})
         step = 0
         while step < len(program.gangs):
@@ -934,11 +934,11 @@ class _Run:
     values: dict[int, Any]  # the program inputs the run sent this device, by index
     prefix: str  # of its gang ids and inbox keys (run_key)
     # outputs of its gangs here, by (node, output), for the gangs after them
-    made: dict[tuple[int, int] | None, Any] = field(default_factory=dict)
+    made: dict[tuple[int, int] | None, Any]
     # its gangs that took their inputs, by step: gang, gang id, held, outputs
-    ran: dict[int, tuple[PlannedGang, str, list[str], Promise[Any]]] = field(default_factory=dict)
-    report: RunReport = field(default_factory=RunReport)
-    passed: dict[int, list[str]] = field(default_factory=dict)  # see Device.run_segment
+    ran: dict[int, tuple[PlannedGang, str, list[str], Promise[Any]]]
+    report: RunReport
+    passed: dict[int, list[str]]  # by node: what a fused segment passed on here
 
 
 @dataclass(slots=True, eq=False)
