@@ -19,7 +19,9 @@ Cases (simulated devices, each computation ``--program-ms`` of device time):
 * ``single``: single-computation runs, 16 in flight per client, round-robin
   over the devices; with 1, 4, 8 and 16 client processes;
 * ``chain``: two-step chains whose second step runs on another host and
-  reads the first's output, 16 chains in flight per client; 1, 4 and 8.
+  reads the first's output, 16 chains in flight per client; 1, 4 and 8;
+* ``host-chain``: the same with the second step on another device of the
+  same host (a pipeline over one machine's accelerators); 1 client.
 
 Each case runs over processes (``atoll up`` with ``--hosts`` host
 processes and the controller in its own, each client a process of its own
@@ -84,7 +86,7 @@ TARGETS = {
 
 @dataclass(frozen=True)
 class Case:
-    """One workload: ``mode`` (awaited, single or chain) from ``clients`` clients."""
+    """One workload: ``mode`` (awaited, single, chain or host-chain) from ``clients`` clients."""
 
     mode: str
     clients: int
@@ -103,6 +105,7 @@ CASES = (
     Case("chain", 1),
     Case("chain", 4),
     Case("chain", 8),
+    Case("host-chain", 1),
 )
 
 
@@ -140,6 +143,9 @@ async def workload(
             first = cluster.run(source, device, [])
             if mode == "chain":  # the second step on the next host (or device)
                 other = (device + per_host) % devices if devices > per_host else device
+                first = cluster.run(step, other, [first])
+            elif mode == "host-chain":  # ... on the next device of the same host
+                other = device - device % per_host + (device + 1) % per_host
                 first = cluster.run(step, other, [first])
             pending.append(first)
             sent += 1

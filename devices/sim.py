@@ -14,7 +14,11 @@ enqueued or when the one before it ended, whichever is later; so the host's
 own work between two gangs (taking the next run off its lane, the actor's
 turn) overlaps the device time of the one before, and a late wake-up of the
 host costs the device nothing. Readers that need the value wait for it: a
-fetch, a push to another host, a gang on another device here. A timer on
+fetch, a push to another host. A gang on another device of the same host
+does not: it goes on its own device's stream at once, to start once the
+one it reads ended (as a stream waits for another's event on an
+accelerator), so a chain over a host's devices costs the host no turn
+between its steps. A timer on
 the clock settles each gang when its time is up (on the loop's ``timerfd``
 under asyncio, to within tens of microseconds), and charges its device
 time to its session then. At most ``WINDOW`` gangs are in flight, so a host
@@ -44,6 +48,12 @@ from ._values import BufferHandle, Computation
 __all__ = ["SimDevice"]
 
 _SLACK_S = 1e-9  # a virtual clock's time, summed from device times, may fall short by rounding
+# when each gang on a simulated device's stream in this process ends (clock
+# time), by the id of the promise that its output exists (_enqueue): a reader
+# on another device of the same host goes on its own stream at once, to
+# start no earlier than that, as a stream waits for another's event on an
+# accelerator, with no turn of the host in between
+_ENDS: dict[int, float] = {}
 
 
 @dataclass(slots=True)
@@ -64,7 +74,6 @@ class SimDevice(Device):
         super().__init__(*args, **kwargs)
         self._stream_end = 0.0  # clock time the last gang enqueued ends
         self._flight: deque[_Gang] = deque()  # oldest first
-        self._mine: set[int] = set()  # ids of those promises: outputs of this stream
         self._enqueued: set[str] = set()  # gangs enqueued; they report when they end
         self._timer: Timer | None = None  # set for the oldest gang's end while any is in flight
         self._peak = 0
@@ -99,16 +108,20 @@ class SimDevice(Device):
         computation = task.kernel
         if not self._flight and self._costs_nothing(computation):
             return await super().run_shard(task, inputs, owner)  # nothing to run ahead of
-        for handle in inputs:  # made on another device here, and not done yet
+        for handle in inputs:  # made here, not on a stream, and not done yet
             waited = self._elsewhere(handle)
             if waited is not None:
                 await waited
         if len(task.devices) > 1 or not isinstance(computation, Computation):
+            for handle in inputs:  # (made on a stream here: once it ended)
+                pending = self._pending_here(handle)
+                if pending is not None:
+                    await pending
             await self._drained()
             return await super().run_shard(task, inputs, owner)
         self._enqueued.add(task.gang_id)
         try:
-            return [await self._enqueue(computation, inputs, owner, task)]
+            return [await self._enqueue(computation, inputs, owner, task, self._after(inputs))]
         except BaseException:
             self._enqueued.discard(task.gang_id)
             raise
@@ -137,7 +150,8 @@ class SimDevice(Device):
         try:
             self.store.ledger.check_open(owner)
             handles = [await self._alone_input(value) for value in inputs]
-            out = await self._enqueue(computation, handles, owner, LeanGang(gang_id, computation))
+            ran = LeanGang(gang_id, computation)
+            out = await self._enqueue(computation, handles, owner, ran, self._after(handles))
         except Exception as exc:
             failure: Promise[list[BufferHandle]] = failed(exc)
             return failure
@@ -145,9 +159,9 @@ class SimDevice(Device):
         return self._made_here([out])
 
     async def _alone_input(self, value: Any) -> Any:
-        """A lean gang's input once it exists (:meth:`Device._lean_input`),
-        and an output of another device of this host once that device's
-        stream made it."""
+        """A lean gang's input once it exists (:meth:`Device._lean_input`);
+        one that a device of this host computes on its stream is taken as
+        it is (:meth:`_after` says when the gang may start)."""
         value = await self._lean_input(value)
         waited = self._elsewhere(value)
         if waited is not None:
@@ -155,7 +169,7 @@ class SimDevice(Device):
         return value
 
     def input_waits(self, value: Any) -> bool:
-        """... and an output of another device of this host still in flight there."""
+        """... and an output of this host still computed, not on a stream."""
         return super().input_waits(value) or self._elsewhere(value) is not None
 
     def _costs_nothing(self, computation: Any) -> bool:
@@ -175,9 +189,11 @@ class SimDevice(Device):
         inputs: Sequence[BufferHandle],
         owner: str,
         task: GangTask | LeanGang,
+        after: float = 0.0,
     ) -> BufferHandle:
         """Compute ``computation`` now, and store its output as a future that
-        exists once this device's stream has spent its device time on it."""
+        exists once this device's stream has spent its device time on it,
+        starting no earlier than clock time ``after`` (its inputs' end)."""
         while len(self._flight) >= WINDOW:  # back-pressure: the oldest ends first
             await self._flight[0].ready
         arrays = [await self._read(handle, owner) for handle in inputs]
@@ -186,23 +202,39 @@ class SimDevice(Device):
         await self.store.reserve(out.nbytes)
         seconds = self.cost.compute_time(computation.flops)
         now = self.clock.now()
-        self._stream_end = max(now, self._stream_end) + seconds
+        self._stream_end = max(now, self._stream_end, after) + seconds
         ready: Promise[None] = Promise(computation.name)
         buffer_id = self.store.put(out, owner, reserved=True, ready=ready, place=self.device_id)
         self._flight.append(_Gang(ready, task, owner, seconds, self._stream_end))
         if self._timer is None:
             self._arm(now)
-        self._mine.add(id(ready))
+        _ENDS[id(ready)] = self._stream_end
         self._peak = max(self._peak, len(self._flight))
         return self._handle(buffer_id, out)
 
-    def _elsewhere(self, handle: Any) -> Promise[None] | None:
-        """What an input made on another device of this host, still in
-        flight there, waits for (this stream orders its own outputs)."""
+    def _pending_here(self, handle: Any) -> Promise[None] | None:
+        """The promise that an input held on this host exists, while a
+        device here still computes it (None: it exists, or is elsewhere)."""
         if not isinstance(handle, BufferHandle) or handle.host_id != self.host_id:
             return None
-        pending = self.store.pending(handle.id) if handle.id in self.store else None
-        return None if pending is None or id(pending) in self._mine else pending
+        return self.store.pending(handle.id) if handle.id in self.store else None
+
+    def _elsewhere(self, handle: Any) -> Promise[None] | None:
+        """What an input computed on this host must be waited for: one not
+        on a simulated stream (a stream's output is read as it is, and its
+        reader starts after its end: :meth:`_after`)."""
+        pending = self._pending_here(handle)
+        return None if pending is None or id(pending) in _ENDS else pending
+
+    def _after(self, handles: Sequence[Any]) -> float:
+        """When the inputs still on simulated streams of this host end (0.0:
+        none is), this stream's own included."""
+        after = 0.0
+        for handle in handles:
+            pending = self._pending_here(handle)
+            if pending is not None:
+                after = max(after, _ENDS.get(id(pending), 0.0))
+        return after
 
     def _arm(self, now: float) -> None:
         """Wake (to within tens of microseconds) when the oldest gang ends."""
@@ -221,7 +253,7 @@ class SimDevice(Device):
 
     def _finish(self, gang: _Gang) -> None:
         """A gang ended: its outputs exist now, and its device time is charged."""
-        self._mine.discard(id(gang.ready))
+        _ENDS.pop(id(gang.ready), None)
         self.background_busy_s += gang.seconds
         self.store.ledger.charge(gang.owner, gang.seconds)
         if timeline.RECORDER.on:

@@ -94,3 +94,21 @@ async def test_on_the_wall_clock_device_time_is_never_cut_short() -> None:
         [stats] = await cluster.device_stats()
     assert took >= 20 * 0.002
     assert stats.busy_s == pytest.approx(20 * 0.002)
+
+
+async def test_a_reader_on_another_device_of_the_host_goes_on_its_stream_at_once() -> None:
+    """A step on device 1 that reads device 0's output, still under way, is
+    on device 1's stream before that output exists (its host takes no turn
+    between the two, as an accelerator's stream waits for another's event),
+    and starts only once it exists."""
+    clock = VirtualClock()
+    async with atoll.local_cluster(1, 1, 2, clock=clock, cost=COST) as cluster:
+        x = await cluster.put(np.zeros(2, np.float32), 0)
+        start = clock.now()
+        y = cluster.run(_step(1.0), 0, [x])
+        z = cluster.run(_step(1.0), 1, [y])
+        while (await cluster.device_stats())[1].in_flight == 0:
+            assert clock.now() - start < 1.0
+        assert clock.now() - start < 1.0 and not y.done()
+        np.testing.assert_array_equal(await cluster.fetch(z), np.full(2, 2, np.float32))
+        assert clock.now() - start == pytest.approx(2.0)
