@@ -383,7 +383,8 @@ class Device(Actor):
         answered. A gang that fails before it pushes fails its readers'
         inboxes at once, here and on other hosts, so that no reader waits for
         a run report that waits for it. Outputs that no one keeps are freed
-        once the run's last gang here has taken its inputs.
+        once the run's last gang here to read them has taken its inputs (a
+        gang that waits aside holds what it reads here until it has).
 
         **A gang may wait aside.** A gang on this device alone one of whose
         inputs is not here yet (a push still on its way, a promise, the
@@ -434,6 +435,8 @@ class Device(Actor):
             self._release([step], release, run)
             step += 1
         outs = [out for *_, out in run.ran.values()]
+        if run.recorded is not None:  # gangs went aside: their reports come in later
+            outs += run.recorded
         if all(out.done() for out in outs):  # (most runs: no promise for the answer)
             return self._run_ended(run.report, reply)
         return when_settled(outs, functools.partial(self._run_ended, run.report, reply), "run")
@@ -464,6 +467,13 @@ class Device(Actor):
         aside = _Aside(run, step, release)
         gang = aside.gang
         run.ran[step] = (gang, aside.gang_id, aside.held, aside.outs)
+        for value in given:  # what it reads here outlives the later readers' release
+            if _held_here(value, self.host_id, self.store):
+                self.store.incref(value.id)
+                aside.kept.append(value.id)
+        if run.recorded is None:
+            run.recorded = []
+        run.recorded.append(aside.recorded)
         for index in range(len(gang.outputs)):
             run.made[gang.node, index] = then(aside.outs, functools.partial(_item, index))
         self._aside.setdefault(run.epoch, []).append(aside)
@@ -486,7 +496,12 @@ class Device(Actor):
             return
         run, step = aside.run, aside.step
         run.ran[step] = (aside.gang, aside.gang_id, aside.held, settled)
-        self._release([step], aside.release, run)
+        recorded: list[Promise[None]] = []
+        self._release([step], aside.release, run, recorded)
+        for buffer_id in aside.kept:
+            with suppress(BufferMissing):
+                self.store.decref(buffer_id)
+        forward(all_settled(recorded), aside.recorded)
         forward(settled, aside.outs)
         waiting = self._aside[run.epoch]
         waiting.remove(aside)
@@ -552,16 +567,26 @@ class Device(Actor):
             self._keep_earlier(run.epoch, gang.node, out.exception(), len(gang.outputs))
         return gang, gang_id, held, out
 
-    def _release(self, steps: Iterable[int], release: list[list[int]], run: _Run) -> None:
+    def _release(
+        self,
+        steps: Iterable[int],
+        release: list[list[int]],
+        run: _Run,
+        recorded: list[Promise[None]] | None = None,
+    ) -> None:
         """``steps`` took their inputs: report and free what they read last
-        (a fused gang's outputs are its segment's: those passed on are freed)."""
+        (a fused gang's outputs are its segment's: those passed on are freed).
+        ``recorded`` (a gang that went aside, after its run's end was set):
+        a promise for each gang, settled once the report took it in."""
         for step in steps:
             for done in release[step]:
                 if done in run.ran:
                     gang, gang_id, held, out = run.ran[done]
-                    report_and_free = functools.partial(
+                    report_and_free: Callable[[Promise[Any]], None] = functools.partial(
                         self._gang_settled, gang, gang_id, held, run.report
                     )
+                    if recorded is not None:
+                        report_and_free = _recording(report_and_free, recorded)
                     out.add_done_callback(report_and_free)
                 for buffer_id in run.passed.pop(run.program.gangs[done].node, ()):
                     with suppress(BufferMissing):
@@ -939,6 +964,8 @@ class _Run:
     ran: dict[int, tuple[PlannedGang, str, list[str], Promise[Any]]]
     report: RunReport
     passed: dict[int, list[str]]  # by node: what a fused segment passed on here
+    # per gang that went aside: settled once the gangs it released were reported
+    recorded: list[Promise[None]] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -949,7 +976,10 @@ class _Aside:
     step: int
     release: list[list[int]]  # the run's release points (_release_points)
     held: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # its inputs here, held until it read them
     outs: Promise[Any] = field(default_factory=lambda: Promise("waits aside"))
+    # settled once the gangs it released are in its run's report
+    recorded: Promise[None] = field(default_factory=lambda: Promise("recorded"))
     ran: Promise[None] = field(default_factory=lambda: Promise("ran aside"))  # it went
 
     @property
@@ -959,6 +989,27 @@ class _Aside:
     @property
     def gang_id(self) -> str:
         return f"{self.run.prefix}/{self.gang.node}"
+
+
+def _recording(
+    report: Callable[[Promise[Any]], None], recorded: list[Promise[None]]
+) -> Callable[[Promise[Any]], None]:
+    """``report``, which settles a promise (added to ``recorded``) once it ran."""
+    done: Promise[None] = Promise("recorded")
+    recorded.append(done)
+
+    def run(out: Promise[Any]) -> None:
+        try:
+            report(out)
+        finally:
+            done.set_result(None)
+
+    return run
+
+
+def _held_here(value: Any, host_id: int, store: ObjectStore) -> bool:
+    """Whether ``value`` is a handle of a buffer in this host's ``store``."""
+    return isinstance(value, BufferHandle) and value.host_id == host_id and value.id in store
 
 
 def _item(index: int, values: Sequence[T]) -> T:

@@ -237,9 +237,7 @@ class ObjectStore:
         """Whether the store is unbounded, or under half full with no one
         waiting for room (devices run work out of order only then)."""
         cap = self.capacity_bytes
-        return cap is None or (
-            not self._room and 2 * (self.used_bytes + self.reserved_bytes) <= cap
-        )
+        return cap is None or (not self._room and 2 * (self.used_bytes + self.reserved_bytes) < cap)
 
     def fits(self, nbytes: int) -> bool:
         """Whether ``nbytes`` more fit now, without waiting, and without

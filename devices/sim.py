@@ -52,8 +52,9 @@ _SLACK_S = 1e-9  # a virtual clock's time, summed from device times, may fall sh
 # time), by the id of the promise that its output exists (_enqueue): a reader
 # on another device of the same host goes on its own stream at once, to
 # start no earlier than that, as a stream waits for another's event on an
-# accelerator, with no turn of the host in between
-_ENDS: dict[int, float] = {}
+# accelerator, with no turn of the host in between (the promise is kept with
+# its end, so that no other object takes its id while the entry is there)
+_ENDS: dict[int, tuple[Promise[None], float]] = {}
 
 
 @dataclass(slots=True)
@@ -65,6 +66,13 @@ class _Gang:
     owner: str
     seconds: float
     end: float  # clock time the stream reaches its end
+
+
+def _end_of(pending: Promise[None] | None) -> float | None:
+    """When the gang whose output ``pending`` says exists ends on its
+    simulated stream (None: it is on none)."""
+    entry = _ENDS.get(id(pending)) if pending is not None else None
+    return entry[1] if entry is not None and entry[0] is pending else None
 
 
 class SimDevice(Device):
@@ -208,7 +216,7 @@ class SimDevice(Device):
         self._flight.append(_Gang(ready, task, owner, seconds, self._stream_end))
         if self._timer is None:
             self._arm(now)
-        _ENDS[id(ready)] = self._stream_end
+        _ENDS[id(ready)] = (ready, self._stream_end)
         self._peak = max(self._peak, len(self._flight))
         return self._handle(buffer_id, out)
 
@@ -224,16 +232,16 @@ class SimDevice(Device):
         on a simulated stream (a stream's output is read as it is, and its
         reader starts after its end: :meth:`_after`)."""
         pending = self._pending_here(handle)
-        return None if pending is None or id(pending) in _ENDS else pending
+        return None if pending is None or _end_of(pending) is not None else pending
 
     def _after(self, handles: Sequence[Any]) -> float:
         """When the inputs still on simulated streams of this host end (0.0:
         none is), this stream's own included."""
         after = 0.0
         for handle in handles:
-            pending = self._pending_here(handle)
-            if pending is not None:
-                after = max(after, _ENDS.get(id(pending), 0.0))
+            end = _end_of(self._pending_here(handle))
+            if end is not None:
+                after = max(after, end)
         return after
 
     def _arm(self, now: float) -> None:

@@ -122,3 +122,87 @@ async def test_a_later_run_reads_the_output_of_a_gang_waiting_aside() -> None:
             w = cluster.run(STEP, 1, [z])
             assert (await cluster.fetch(w))[0] == 3
             assert _took(clock, 0.0, 3)
+
+
+def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    total: np.ndarray = np.asarray(a) + np.asarray(b)
+    return total
+
+
+def _broken(x: np.ndarray) -> np.ndarray:
+    raise ValueError("broken on purpose")
+
+
+async def _two_slices(cluster: Any) -> tuple[Any, Any]:
+    return await cluster.devices(1), await cluster.devices(1)
+
+
+async def _zeros(cluster: Any) -> list[Any]:
+    return [await cluster.put(np.zeros(1, np.float32), d) for d in (0, 1)]
+
+
+async def _empty(cluster: Any) -> None:
+    usage = await cluster.store_usage()
+    assert sum(u["buffers"] for u in usage) == 0
+    assert sum(u["arrivals"] for u in usage) == 0
+
+
+async def test_a_value_a_gang_waiting_aside_reads_outlives_its_later_readers() -> None:
+    """x is read by a gang that waits aside (for a push) and by a later gang
+    that goes first: the later one's release does not free x under the
+    first."""
+    async with atoll.local_cluster(1, 2, 1, clock=VirtualClock(), cost=COST) as cluster:
+        first, second = await _two_slices(cluster)
+        builder = GraphBuilder()
+        a, b = builder.input(SCALAR), builder.input(SCALAR)
+        [x] = builder.add(Computation("plus_one", _plus_one, 0.1e12), first, [a], [SCALAR])
+        [p] = builder.add(STEP, second, [b], [SCALAR])  # pushed to device 0 after 1 s
+        [waits] = builder.add(Computation("add", _add, 0.1e12), first, [x, p], [SCALAR])
+        [goes] = builder.add(Computation("plus_one", _plus_one, 0.1e12), first, [x], [SCALAR])
+        zeros = await _zeros(cluster)
+        outs = cluster.run_graph(builder.build([waits, goes]), zeros)
+        assert [(await cluster.fetch(out))[0] for out in outs] == [2, 2]
+        for handle in [*outs, *zeros]:
+            await cluster.free(handle)
+        await _empty(cluster)
+
+
+async def test_a_run_reports_every_gang_when_one_waiting_aside_fails() -> None:
+    """x (1 s) is an output of the run; the gang after it waits aside for a
+    push that fails: the run's report still has x, and the failure."""
+    async with atoll.local_cluster(1, 2, 1, clock=VirtualClock(), cost=COST) as cluster:
+        first, second = await _two_slices(cluster)
+        builder = GraphBuilder()
+        a, b = builder.input(SCALAR), builder.input(SCALAR)
+        [x] = builder.add(STEP, first, [a], [SCALAR])
+        broken = Computation("broken", _broken, 0.1e12)
+        [q] = builder.add(broken, second, [b], [SCALAR])
+        [y] = builder.add(Computation("add", _add, 0.1e12), first, [x, q], [SCALAR])
+        zeros = await _zeros(cluster)
+        out_x, out_y = cluster.run_graph(builder.build([x, y]), zeros)
+        with pytest.raises(atoll.RemoteActorError, match="broken on purpose"):
+            await cluster.fetch(out_y)
+        assert (await cluster.fetch(out_x))[0] == 1
+        for handle in [out_x, *zeros]:
+            await cluster.free(handle)
+        await _empty(cluster)
+
+
+async def test_a_run_reports_a_gang_that_settles_after_the_one_waiting_aside() -> None:
+    """x (1 s, pushed to device 1, an output) settles after y, a gang of no
+    device time that waited aside for a push and read x: the report waits
+    for x too."""
+    async with atoll.local_cluster(1, 2, 1, clock=VirtualClock(), cost=COST) as cluster:
+        first, second = await _two_slices(cluster)
+        builder = GraphBuilder()
+        a, b = builder.input(SCALAR), builder.input(SCALAR)
+        [x] = builder.add(STEP, first, [a], [SCALAR])
+        [q] = builder.add(Computation("plus_one", _plus_one, 0.1e12), second, [b], [SCALAR])
+        [r] = builder.add(Computation("plus_one", _plus_one, 0.1e12), second, [x], [SCALAR])
+        [y] = builder.add(Computation("add", _add, 0), first, [x, q], [SCALAR])
+        zeros = await _zeros(cluster)
+        outs = cluster.run_graph(builder.build([x, y, r]), zeros)
+        assert [(await cluster.fetch(out))[0] for out in outs] == [1, 2, 2]
+        for handle in [*outs, *zeros]:
+            await cluster.free(handle)
+        await _empty(cluster)
