@@ -468,9 +468,10 @@ class Device(Actor):
         gang = aside.gang
         run.ran[step] = (gang, aside.gang_id, aside.held, aside.outs)
         for value in given:  # what it reads here outlives the later readers' release
-            if _held_here(value, self.host_id, self.store):
-                self.store.incref(value.id)
-                aside.kept.append(value.id)
+            if isinstance(value, Promise):  # (an aside gang's output: once it is known)
+                value.add_done_callback(functools.partial(self._hold_when_known, aside))
+            else:
+                self._hold_for(aside, value)
         if run.recorded is None:
             run.recorded = []
         run.recorded.append(aside.recorded)
@@ -478,6 +479,18 @@ class Device(Actor):
             run.made[gang.node, index] = then(aside.outs, functools.partial(_item, index))
         self._aside.setdefault(run.epoch, []).append(aside)
         self.ctx.start_soon(self._run_aside, aside, given)
+
+    def _hold_for(self, aside: _Aside, value: Any) -> None:
+        """Hold ``value`` for ``aside`` if it is a buffer here, until it read it."""
+        if _held_here(value, self.host_id, self.store) and not aside.ran.done():
+            self.store.incref(value.id)
+            aside.kept.append(value.id)
+
+    def _hold_when_known(self, aside: _Aside, value: Promise[Any]) -> None:
+        """:meth:`_hold_for` a promise's value, once it settled: at once,
+        before the gangs it wakes may free it (callbacks run in order)."""
+        if value.exception() is None:
+            self._hold_for(aside, value.result())
 
     async def _run_aside(self, aside: _Aside, given: list[Any]) -> None:
         settled: Promise[Any] = failed(ActorStopped(f"device {self.device_id} stopped"))
@@ -497,17 +510,19 @@ class Device(Actor):
         run, step = aside.run, aside.step
         run.ran[step] = (aside.gang, aside.gang_id, aside.held, settled)
         recorded: list[Promise[None]] = []
-        self._release([step], aside.release, run, recorded)
-        for buffer_id in aside.kept:
-            with suppress(BufferMissing):
-                self.store.decref(buffer_id)
-        forward(all_settled(recorded), aside.recorded)
-        forward(settled, aside.outs)
-        waiting = self._aside[run.epoch]
-        waiting.remove(aside)
-        if not waiting:
-            del self._aside[run.epoch]
-        aside.ran.set_result(None)
+        try:
+            self._release([step], aside.release, run, recorded)
+        finally:  # (whatever happens, it no longer waits, nor holds anything)
+            for buffer_id in aside.kept:
+                with suppress(BufferMissing):
+                    self.store.decref(buffer_id)
+            forward(all_settled(recorded), aside.recorded)
+            forward(settled, aside.outs)
+            waiting = self._aside[run.epoch]
+            waiting.remove(aside)
+            if not waiting:
+                del self._aside[run.epoch]
+            aside.ran.set_result(None)
 
     def _ran_aside(self, *epochs: int) -> Promise[Any]:
         """Once the gangs of runs ``epochs`` that wait aside went."""

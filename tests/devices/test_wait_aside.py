@@ -206,3 +206,26 @@ async def test_a_run_reports_a_gang_that_settles_after_the_one_waiting_aside() -
         for handle in [*outs, *zeros]:
             await cluster.free(handle)
         await _empty(cluster)
+
+
+async def test_a_value_made_aside_outlives_a_later_reader_that_goes_first() -> None:
+    """x waits aside (for q's push); w waits aside for x and for p (1 s); g
+    reads x only, goes as soon as x went, and is x's last reader: x is still
+    there when w reads it."""
+    short = Computation("plus_one", _plus_one, 0.1e12)
+    add = Computation("add", _add, 0.1e12)
+    async with atoll.local_cluster(1, 2, 1, clock=VirtualClock(), cost=COST) as cluster:
+        first, second = await _two_slices(cluster)
+        builder = GraphBuilder()
+        a, b = builder.input(SCALAR), builder.input(SCALAR)
+        [q] = builder.add(short, second, [b], [SCALAR])
+        [p] = builder.add(STEP, second, [q], [SCALAR])
+        [x] = builder.add(add, first, [a, q], [SCALAR])
+        [w] = builder.add(add, first, [x, p], [SCALAR])
+        [g] = builder.add(short, first, [x], [SCALAR])
+        zeros = await _zeros(cluster)
+        outs = cluster.run_graph(builder.build([w, g]), zeros)
+        assert [(await cluster.fetch(out))[0] for out in outs] == [3, 2]
+        for handle in [*outs, *zeros]:
+            await cluster.free(handle)
+        await _empty(cluster)
