@@ -1,10 +1,13 @@
 """The device actor: runs gangs in its island's order, on its host's store.
 
-A *device actor* owns one accelerator (real or simulated). It runs
-computations strictly in the order its mailbox delivers them, which is the
-order its island scheduler decided. Outputs go into the *host's* object store;
-the device hands back a :class:`BufferHandle`, a small value that can travel
-anywhere and names the host that holds the bytes.
+A *device actor* owns one accelerator (real or simulated). It takes
+computations in the order its mailbox delivers them, which is the order its
+island scheduler decided; a gang on this device alone whose input is not
+there yet waits aside while the ready ones behind it go first (see
+``Device.run_plan``), and gangs over several devices keep that order.
+Outputs go into the *host's* object store; the device hands back a
+:class:`BufferHandle`, a small value that can travel anywhere and names the
+host that holds the bytes.
 
 A device reads an input on its own host straight from the store. An input
 held on another host is fetched from that host's actor, never through the
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import logging
 import weakref
 from collections import deque
@@ -144,6 +148,11 @@ class Device(Actor):
         self._pushes_wake: Promise[None] | None = None  # None: no such task yet
         # gangs that wait aside for their inputs (see run_plan), by run
         self._aside: dict[int, list[_Aside]] = {}
+        # gangs aside whose inputs are here, waiting for their turn, and
+        # whether one is going now (see _run_aside); each one's number
+        self._ready_aside: list[_Aside] = []
+        self._aside_going = False
+        self._aside_seq = itertools.count()
 
     @property
     def clock(self) -> Clock:
@@ -448,23 +457,39 @@ class Device(Actor):
             if value is None and gang.inputs[index] == PUSHED_IN:
                 if not self.store.landed(f"{prefix}/{gang.node}/{index}"):
                     return True
-            elif self.input_waits(value):
+            elif self.input_wait(value) is not None:
                 return True
         return False
 
-    def input_waits(self, value: Any) -> bool:
-        """Whether an input is not here yet: a promise not settled, the output
-        of a gang that waits aside."""
+    def _waited_for(self, gang: PlannedGang, prefix: str, given: Sequence[Any]) -> list[Any]:
+        """What ``gang`` waits for now (:meth:`_gang_waits`): promises not
+        settled yet."""
+        waited = []
+        for index, value in enumerate(given):
+            if value is None and gang.inputs[index] == PUSHED_IN:
+                key = f"{prefix}/{gang.node}/{index}"
+                if not self.store.landed(key):
+                    waited.append(self.store.arrival(key))  # (the gang takes it)
+            elif (wait := self.input_wait(value)) is not None and not wait.done():
+                waited.append(wait)
+        return waited
+
+    def input_wait(self, value: Any) -> Promise[Any] | None:
+        """What an input that is not here yet waits for (None: it is here): a
+        promise not settled, the gangs that wait aside of the run that makes
+        it."""
         if isinstance(value, Promise):
-            return not value.done()
-        return isinstance(value, PriorOutput) and value.run in self._aside
+            return None if value.done() else value
+        if isinstance(value, PriorOutput) and value.run in self._aside:
+            return self._ran_aside(value.run)
+        return None
 
     def _wait_aside(self, run: _Run, step: int, given: list[Any], release: list[list[int]]) -> None:
         """Run gang ``step`` of ``run`` once its inputs are here, in a task
         (see :meth:`run_plan`). Meanwhile its outputs are promises for the
         gangs after it, and so is its entry in ``run.ran``, settled after
         the gang's own, so that the run's report takes the gang in first."""
-        aside = _Aside(run, step, release)
+        aside = _Aside(run, step, release, next(self._aside_seq))
         gang = aside.gang
         run.ran[step] = (gang, aside.gang_id, aside.held, aside.outs)
         for value in given:  # what it reads here outlives the later readers' release
@@ -493,14 +518,50 @@ class Device(Actor):
             self._hold_for(aside, value.result())
 
     async def _run_aside(self, aside: _Aside, given: list[Any]) -> None:
+        """The task of a gang that waits aside: it runs once its inputs are
+        here (the device's stop cancels it), and is released then. Gangs
+        aside whose inputs are here go one at a time, the earliest in the
+        island's order first (a gang's own awaits, a compile or a lookup on
+        a thread, must not let a later one overtake it)."""
         settled: Promise[Any] = failed(ActorStopped(f"device {self.device_id} stopped"))
         try:
-            *_, settled = await self._run_program_gang(aside.gang, aside.run, given, aside.held)
+            gang, prefix = aside.gang, aside.run.prefix
+            while waited := self._waited_for(gang, prefix, given):
+                await all_settled(waited)  # (a failure is the gang's to meet)
+            await self._aside_turn(aside)
+            try:
+                *_, settled = await self._run_program_gang(gang, aside.run, given, aside.held)
+            finally:
+                self._aside_going = False
+                self._next_aside()
         except Exception as exc:  # (the gang's own failures are in its promise)
             settled = failed(exc)
             self._keep_earlier(aside.run.epoch, aside.gang.node, exc, len(aside.gang.outputs))
         finally:  # cancelled too (the device stopped): its run's report says so
             self._went_aside(aside, settled)
+
+    async def _aside_turn(self, aside: _Aside) -> None:
+        """Once it is ``aside``'s turn to go (:meth:`_run_aside`)."""
+        self._ready_aside.append(aside)
+        self._next_aside()
+        try:
+            await aside.turn
+        except BaseException:
+            if aside in self._ready_aside:
+                self._ready_aside.remove(aside)
+            elif aside.turn.done():  # its turn came: it passes it on
+                self._aside_going = False
+                self._next_aside()
+            raise
+
+    def _next_aside(self) -> None:
+        """Give the turn to the earliest ready gang aside, if none is going."""
+        if self._aside_going or not self._ready_aside:
+            return
+        first = min(self._ready_aside, key=lambda each: each.seq)
+        self._ready_aside.remove(first)
+        self._aside_going = True
+        first.turn.set_result(None)
 
     def _went_aside(self, aside: _Aside, settled: Promise[Any]) -> None:
         """A gang that waited aside went (``settled``: its outputs): it is
@@ -990,12 +1051,14 @@ class _Aside:
     run: _Run
     step: int
     release: list[list[int]]  # the run's release points (_release_points)
+    seq: int  # its place among the device's gangs aside, in the island's order
     held: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # its inputs here, held until it read them
     outs: Promise[Any] = field(default_factory=lambda: Promise("waits aside"))
     # settled once the gangs it released are in its run's report
     recorded: Promise[None] = field(default_factory=lambda: Promise("recorded"))
     ran: Promise[None] = field(default_factory=lambda: Promise("ran aside"))  # it went
+    turn: Promise[None] = field(default_factory=lambda: Promise("turn"))  # it may go
 
     @property
     def gang(self) -> PlannedGang:

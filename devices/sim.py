@@ -176,9 +176,10 @@ class SimDevice(Device):
             await waited
         return value
 
-    def input_waits(self, value: Any) -> bool:
+    def input_wait(self, value: Any) -> Promise[Any] | None:
         """... and an output of this host still computed, not on a stream."""
-        return super().input_waits(value) or self._elsewhere(value) is not None
+        wait = super().input_wait(value)
+        return wait if wait is not None else self._elsewhere(value)
 
     def _costs_nothing(self, computation: Any) -> bool:
         return isinstance(computation, Computation) and not self.cost.compute_time(

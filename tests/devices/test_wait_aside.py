@@ -141,6 +141,17 @@ async def _zeros(cluster: Any) -> list[Any]:
     return [await cluster.put(np.zeros(1, np.float32), d) for d in (0, 1)]
 
 
+async def _values_then_empty(cluster: Any, graph: Any, expected: list[int]) -> None:
+    """Run ``graph`` on zeros on devices 0 and 1: its outputs' values are
+    ``expected``, and once they and the inputs are freed, nothing is left."""
+    zeros = await _zeros(cluster)
+    outs = cluster.run_graph(graph, zeros)
+    assert [(await cluster.fetch(out))[0] for out in outs] == expected
+    for handle in [*outs, *zeros]:
+        await cluster.free(handle)
+    await _empty(cluster)
+
+
 async def _empty(cluster: Any) -> None:
     usage = await cluster.store_usage()
     assert sum(u["buffers"] for u in usage) == 0
@@ -159,12 +170,7 @@ async def test_a_value_a_gang_waiting_aside_reads_outlives_its_later_readers() -
         [p] = builder.add(STEP, second, [b], [SCALAR])  # pushed to device 0 after 1 s
         [waits] = builder.add(Computation("add", _add, 0.1e12), first, [x, p], [SCALAR])
         [goes] = builder.add(Computation("plus_one", _plus_one, 0.1e12), first, [x], [SCALAR])
-        zeros = await _zeros(cluster)
-        outs = cluster.run_graph(builder.build([waits, goes]), zeros)
-        assert [(await cluster.fetch(out))[0] for out in outs] == [2, 2]
-        for handle in [*outs, *zeros]:
-            await cluster.free(handle)
-        await _empty(cluster)
+        await _values_then_empty(cluster, builder.build([waits, goes]), [2, 2])
 
 
 async def test_a_run_reports_every_gang_when_one_waiting_aside_fails() -> None:
@@ -200,12 +206,7 @@ async def test_a_run_reports_a_gang_that_settles_after_the_one_waiting_aside() -
         [q] = builder.add(Computation("plus_one", _plus_one, 0.1e12), second, [b], [SCALAR])
         [r] = builder.add(Computation("plus_one", _plus_one, 0.1e12), second, [x], [SCALAR])
         [y] = builder.add(Computation("add", _add, 0), first, [x, q], [SCALAR])
-        zeros = await _zeros(cluster)
-        outs = cluster.run_graph(builder.build([x, y, r]), zeros)
-        assert [(await cluster.fetch(out))[0] for out in outs] == [1, 2, 2]
-        for handle in [*outs, *zeros]:
-            await cluster.free(handle)
-        await _empty(cluster)
+        await _values_then_empty(cluster, builder.build([x, y, r]), [1, 2, 2])
 
 
 async def test_a_value_made_aside_outlives_a_later_reader_that_goes_first() -> None:
@@ -223,9 +224,4 @@ async def test_a_value_made_aside_outlives_a_later_reader_that_goes_first() -> N
         [x] = builder.add(add, first, [a, q], [SCALAR])
         [w] = builder.add(add, first, [x, p], [SCALAR])
         [g] = builder.add(short, first, [x], [SCALAR])
-        zeros = await _zeros(cluster)
-        outs = cluster.run_graph(builder.build([w, g]), zeros)
-        assert [(await cluster.fetch(out))[0] for out in outs] == [3, 2]
-        for handle in [*outs, *zeros]:
-            await cluster.free(handle)
-        await _empty(cluster)
+        await _values_then_empty(cluster, builder.build([w, g]), [3, 2])
