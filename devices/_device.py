@@ -24,7 +24,7 @@ import itertools
 import logging
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -450,29 +450,28 @@ class Device(Actor):
             return self._run_ended(run.report, reply)
         return when_settled(outs, functools.partial(self._run_ended, run.report, reply), "run")
 
-    def _gang_waits(self, gang: PlannedGang, prefix: str, given: Sequence[Any]) -> bool:
-        """Whether ``gang`` would wait for one of its inputs (``given``, or a
-        push under its inbox key after the run's ``prefix``)."""
-        for index, value in enumerate(given):
-            if value is None and gang.inputs[index] == PUSHED_IN:
-                if not self.store.landed(f"{prefix}/{gang.node}/{index}"):
-                    return True
-            elif self.input_wait(value) is not None:
-                return True
-        return False
-
-    def _waited_for(self, gang: PlannedGang, prefix: str, given: Sequence[Any]) -> list[Any]:
-        """What ``gang`` waits for now (:meth:`_gang_waits`): promises not
-        settled yet."""
-        waited = []
+    def _missing(self, gang: PlannedGang, prefix: str, given: Sequence[Any]) -> Iterator[Any]:
+        """What ``gang`` would wait for now, lazily: the inbox key (after the
+        run's ``prefix``) of each push not landed, the promise of each other
+        input not here yet (``given``, see :meth:`input_wait`)."""
         for index, value in enumerate(given):
             if value is None and gang.inputs[index] == PUSHED_IN:
                 key = f"{prefix}/{gang.node}/{index}"
                 if not self.store.landed(key):
-                    waited.append(self.store.arrival(key))  # (the gang takes it)
+                    yield key
             elif (wait := self.input_wait(value)) is not None and not wait.done():
-                waited.append(wait)
-        return waited
+                yield wait
+
+    def _gang_waits(self, gang: PlannedGang, prefix: str, given: Sequence[Any]) -> bool:
+        """Whether ``gang`` would wait for one of its inputs (:meth:`_missing`)."""
+        return next(self._missing(gang, prefix, given), None) is not None
+
+    def _waited_for(self, gang: PlannedGang, prefix: str, given: Sequence[Any]) -> list[Any]:
+        """The promises ``gang`` waits for now (:meth:`_missing`)."""
+        return [
+            self.store.arrival(w) if isinstance(w, str) else w  # (the gang takes the key)
+            for w in self._missing(gang, prefix, given)
+        ]
 
     def input_wait(self, value: Any) -> Promise[Any] | None:
         """What an input that is not here yet waits for (None: it is here): a

@@ -116,15 +116,12 @@ class SimDevice(Device):
         computation = task.kernel
         if not self._flight and self._costs_nothing(computation):
             return await super().run_shard(task, inputs, owner)  # nothing to run ahead of
-        for handle in inputs:  # made here, not on a stream, and not done yet
-            waited = self._elsewhere(handle)
+        wide = len(task.devices) > 1 or not isinstance(computation, Computation)
+        for handle in inputs:  # made here and not done yet (wide: on a stream too)
+            waited = self._pending_here(handle) if wide else self._elsewhere(handle)
             if waited is not None:
                 await waited
-        if len(task.devices) > 1 or not isinstance(computation, Computation):
-            for handle in inputs:  # (made on a stream here: once it ended)
-                pending = self._pending_here(handle)
-                if pending is not None:
-                    await pending
+        if wide:
             await self._drained()
             return await super().run_shard(task, inputs, owner)
         self._enqueued.add(task.gang_id)
