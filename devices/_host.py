@@ -344,7 +344,7 @@ class Host(HostEndpoints):
         self.store.check_owner(buffer_id, owner)
         return self.store.decref(buffer_id)
 
-    @endpoint(share_args=False)
+    @endpoint(share_args=False, inline=True)
     def free_many(self, buffer_ids: list[str], owner: str = "") -> int:
         """Drop one reference to each buffer (a client's references to them
         went); how many were freed. One that is gone already is skipped: its

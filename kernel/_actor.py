@@ -65,6 +65,16 @@ class EndpointSpec:
     cancels once they run: a scope costs microseconds on every call. Its
     queued calls still cancel, and stopping or cancelling the actor still
     stops it.
+
+    ``inline``: when True, a call that finds the actor idle (waiting for
+    a message, its mailbox empty) runs at once, in the caller's own step,
+    instead of waking the actor's task in a later pass of the event loop:
+    the same one-at-a-time order, with no mailbox round and no task switch.
+    For hot plain (not ``async``) handlers of actors without
+    ``fail_on_error`` that only pass work on (a controller, a scheduler);
+    the caller's promise is then settled when the call returns. A busy
+    actor, a call with promises to resolve first, or a full mailbox queues
+    as usual.
     """
 
     name: str
@@ -73,6 +83,7 @@ class EndpointSpec:
     positional: tuple[int, int | None] = (0, None)  # (required, most; None = *args)
     share_args: bool = True
     cancellable: bool = True
+    inline: bool = False
 
     def check(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         """Raise TypeError if the call does not fit the signature.
@@ -91,7 +102,11 @@ class EndpointSpec:
 def endpoint(fn: F, /) -> F: ...
 @overload
 def endpoint(
-    *, resolve_args: bool = True, share_args: bool = True, cancellable: bool = True
+    *,
+    resolve_args: bool = True,
+    share_args: bool = True,
+    cancellable: bool = True,
+    inline: bool = False,
 ) -> Callable[[F], F]: ...
 def endpoint(
     fn: Any = None,
@@ -100,6 +115,7 @@ def endpoint(
     resolve_args: bool = True,
     share_args: bool = True,
     cancellable: bool = True,
+    inline: bool = False,
 ) -> Any:
     """Mark an actor method as callable through an :class:`ActorRef`.
 
@@ -109,9 +125,11 @@ def endpoint(
     """
 
     def mark(method: F) -> F:
+        if inline and inspect.iscoroutinefunction(method):
+            raise TypeError(f"endpoint {method.__name__}: an async handler cannot run inline")
         sig = inspect.signature(method)
         method.__atoll_endpoint__ = EndpointSpec(  # type: ignore[attr-defined]
-            method.__name__, resolve_args, sig, _positional(sig), share_args, cancellable
+            method.__name__, resolve_args, sig, _positional(sig), share_args, cancellable, inline
         )
         return method
 

@@ -43,6 +43,7 @@ from ._errors import (
 )
 from ._mailbox import Mailbox
 from ._promise import Promise
+from ._soon import call_soon
 
 __all__ = ["ActorContext", "ActorSystem"]
 
@@ -174,6 +175,8 @@ class _Cell:
         self.handled = 0
         self.received = 0
         self._current: Call | None = None
+        self._idle = False  # waiting for a message: an inline call may run at once
+        self._inlined = False  # one did in this pass of the event loop
         self._call_scope: anyio.CancelScope | None = None
         self._life_scope: anyio.CancelScope | None = None
         self._end_error: AtollError | None = None
@@ -189,6 +192,14 @@ class _Cell:
         return self.cls.__endpoints__
 
     def submit(self, call: Call) -> None:
+        if self._idle and not self.mailbox and self._inlines(call):
+            try:
+                call_soon(self._pass_over)  # the next call of this pass queues (_inlines)
+            except RuntimeError:  # no loop runs here: the actor's task takes it
+                pass
+            else:
+                self._run_inline(call)
+                return
         self._prepare(call)
         try:
             self.mailbox.put_nowait(call)
@@ -207,6 +218,48 @@ class _Cell:
         else:
             self.received += 1
             COUNTS["actor_messages"] += 1
+
+    def _inlines(self, call: Call) -> bool:
+        """Whether ``call`` may run now, in the caller's step (``inline``):
+        one call per pass of the event loop at most, so that calls that come
+        together (a lane's read of many) still queue together and the
+        actor sees them as a batch (``ActorContext.queued``)."""
+        if self._inlined:
+            return False
+        spec = self.cls.__endpoints__.get(call.endpoint)
+        if spec is None or not spec.inline or self.cls.fail_on_error or self.mailbox.closed:
+            return False
+        return not spec.resolve_args or not (_has_promise(call.args) or _has_promise(call.kwargs))
+
+    def _run_inline(self, call: Call) -> None:
+        """Handle ``call`` at once, as the idle actor's task would have
+        (``EndpointSpec.inline``): it is this actor's only call meanwhile."""
+        instance = self.instance
+        assert instance is not None  # idle: serving
+        if self.cls.__endpoints__[call.endpoint].share_args:
+            call.args = tuple(map(_share, call.args))
+            if call.kwargs:
+                call.kwargs = {k: _share(v) for k, v in call.kwargs.items()}
+        self.received += 1
+        COUNTS["actor_messages"] += 1
+        self._current, self._idle, self._inlined = call, False, True
+        try:
+            result = getattr(instance, call.endpoint)(*call.args, **call.kwargs)
+        except Exception as exc:
+            call.promise._reject(self._box(call.endpoint, exc))
+        else:
+            if _is_awaitable(result) and not isinstance(result, Promise):
+                getattr(result, "close", lambda: None)()  # a coroutine: never awaited
+                error = UsageError(f"{call.endpoint} is inline and returned an awaitable")
+                call.promise._reject(self._box(call.endpoint, error))
+            else:
+                self._settle(call, result)
+        finally:
+            self._current, self._idle = None, True
+            self.handled += 1
+
+    def _pass_over(self) -> None:
+        self._inlined = False
 
     def _prepare(self, call: Call) -> None:
         spec = self.cls.__endpoints__.get(call.endpoint)
@@ -306,10 +359,13 @@ class _Cell:
 
     async def _serve(self, instance: Actor) -> None:
         while True:
+            self._idle = True  # (calls that may run inline can, while it waits)
             try:
                 call = await self.mailbox.get()
             except ActorStopped:
                 return
+            finally:
+                self._idle = False
             if call.cancelled is None:
                 await self._handle(instance, call)
             del call  # a handled call's arguments and promise are nobody's business here

@@ -15,13 +15,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import sniffio
-
 from ._actor import ActorRef, Channel
 from ._alarm import running_asyncio_loop
 from ._clock import call_later_precisely
 from ._counts import COUNTS as counts
 from ._promise import Promise, WaitCounter, count_waits, detach_wait_counter
+from ._soon import call_soon
+from ._soon import on_trio as _on_trio
 from ._system import _Cell, share_arguments_with
 from ._system import _resolve as _resolve_nested
 
@@ -116,27 +116,3 @@ def threadsafe_caller() -> Callable[[Callable[[], object]], object]:
         token = trio.lowlevel.current_trio_token()
         return token.run_sync_soon
     return asyncio.get_running_loop().call_soon_threadsafe
-
-
-def call_soon(fn: Callable[[], object]) -> None:
-    """Run ``fn()`` on this event loop once the current turn is over (before
-    it waits for I/O again): asyncio's ``call_soon``, trio's ``run_sync_soon``."""
-    loop = running_asyncio_loop()
-    if loop is not None:  # asyncio's own test first: sniffio asks for the task
-        loop.call_soon(fn)
-        return
-    if _on_trio():
-        import trio
-
-        trio.lowlevel.current_trio_token().run_sync_soon(fn)
-        return
-    asyncio.get_running_loop().call_soon(fn)
-
-
-def _on_trio() -> bool:
-    """Whether this code runs under trio (else asyncio: also in a plain
-    callback of an asyncio loop, where sniffio finds no task to ask)."""
-    try:
-        return sniffio.current_async_library() == "trio"
-    except sniffio.AsyncLibraryNotFoundError:
-        return False

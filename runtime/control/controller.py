@@ -359,7 +359,7 @@ class Controller(Actor):
             self.elastic.track([slice_id], promise)
         return promise
 
-    @endpoint(resolve_args=False, share_args=False)
+    @endpoint(resolve_args=False, share_args=False, inline=True)
     def run_graph(
         self,
         graph: Graph,
@@ -410,7 +410,7 @@ class Controller(Actor):
         self.runs.observe(answer)
         return answer
 
-    @endpoint(resolve_args=False, share_args=False)
+    @endpoint(resolve_args=False, share_args=False, inline=True)
     def run_call(
         self,
         computation: Computation,

@@ -214,7 +214,7 @@ class IslandScheduler(Actor):
                 del self._runs[instruction.gang_id]
             self._send_part(held, instruction.device)
 
-    @endpoint(resolve_args=False, share_args=False)
+    @endpoint(resolve_args=False, share_args=False, inline=True)
     def run_plan(
         self,
         compiled: CompiledPlan,
@@ -256,7 +256,7 @@ class IslandScheduler(Actor):
         self._carry_out(instructions)
         return reports
 
-    @endpoint(resolve_args=False, share_args=False)
+    @endpoint(resolve_args=False, share_args=False, inline=True)
     def run_plans(self, runs: Sequence[RunArgs]) -> list[Taken]:
         """Several runs, in order, each as :meth:`run_plan` takes it: what one
         turn of the controller's loop sent this island, in one message. Per
@@ -407,7 +407,7 @@ class IslandScheduler(Actor):
         clients = getattr(self.policy, "clients", None)  # a plugin may predate it
         return clients() if callable(clients) else {}
 
-    @endpoint
+    @endpoint(inline=True)
     def completed(self) -> int:
         """Feed every queued completion to the policy; returns how many."""
         done, self._completions = self._completions, []
