@@ -144,8 +144,7 @@ class Device(Actor):
         self._failed_runs: dict[int, AtollError] = {}  # runs that never ran here, by epoch
         # pushes of outputs not computed yet, in the order they were made (see
         # push_outputs); what wakes the task that sends them, while it waits
-        self._later_pushes: deque[_LaterPush] = deque()
-        self._pushes_wake: Promise[None] | None = None  # None: no such task yet
+        self._later_pushes: deque[_LaterPush] = deque()  # the oldest: its callback sends them
         # gangs that wait aside for their inputs (see run_plan), by run
         self._aside: dict[int, list[_Aside]] = {}
         # gangs aside whose inputs are here, waiting for their turn, and
@@ -282,43 +281,34 @@ class Device(Actor):
                 self.pusher.deliver_here(target, outputs[target.output])
         later = _LaterPush(ready, remote, outputs, owner, held, Promise("pushed once computed"))
         self._later_pushes.append(later)
-        if self._pushes_wake is None:  # one task sends them all (not a task each)
-            self._pushes_wake = Promise("pushes")
-            self.ctx.start_soon(self._push_in_order)
-        else:
-            self._pushes_wake.set_result(None)  # (a no-op while it is not waiting)
+        if len(self._later_pushes) == 1:  # (else: it waits behind the one before it)
+            ready.add_done_callback(self._send_later_pushes)
         return later.pushed
 
-    async def _push_in_order(self) -> None:
+    def _send_later_pushes(self, _: Promise[None] | None = None) -> None:
         """Send the pushes of outputs not computed yet, each once its outputs
-        exist, in the order they were made: this device's outputs come to
+        exist, in the order they were made (this device's outputs come to
         exist in the order its gangs were enqueued, so none waits behind one
-        that exists later than itself. A push that may have to wait (a lane
-        not open yet, a value too large for one, a host to dial), and the
-        failure of one whose outputs never came, go in a task of their own,
-        in nobody's way. The task lives as long as the
-        device; when it stops, the pushes not sent fail with ``ActorStopped``."""
-        try:
-            while True:
-                while self._later_pushes:
-                    later = self._later_pushes[0]
-                    with suppress(Exception):  # (its failure is _push_when_ready's to say)
-                        await later.ready
-                    ready = later.ready.exception() is None
-                    if ready and self.pusher.by_open_lanes(later.targets, later.outputs):
-                        await self._push_when_ready(later)  # (no wait: down lanes open already)
-                    else:  # it may wait (a host to dial): not in the others' way
-                        self.ctx.start_soon(self._push_when_ready, later)
-                    self._later_pushes.popleft()
-                wake: Promise[None] = Promise("pushes")
-                self._pushes_wake = wake
-                await wake
-        except BaseException:  # cancelled: the device stopped
-            self._pushes_wake = None
-            stopped = ActorStopped(f"device {self.device_id} stopped")
-            while self._later_pushes:
-                self._later_pushes.popleft().pushed.set_exception(stopped)
-            raise
+        that exists later than itself): from the callback of the oldest one's
+        outputs, the moment they exist, down lanes open already. A push that
+        may have to wait (a lane not open now, a value too large for one, a
+        host to dial), and the failure of one whose outputs never came, go
+        in a task of their own, in nobody's way."""
+        pushes = self._later_pushes
+        while pushes:
+            later = pushes[0]
+            if not later.ready.done():
+                later.ready.add_done_callback(self._send_later_pushes)
+                return
+            pushes.popleft()
+            ready = later.ready.exception() is None
+            if ready and self.pusher.push_now(later.targets, later.outputs, later.owner):
+                later.pushed.set_result(later.outputs)
+                continue
+            try:
+                self.ctx.start_soon(self._push_when_ready, later)
+            except Exception as exc:  # the device stopped meanwhile
+                later.pushed.set_exception(exc)
 
     async def _push_when_ready(self, later: _LaterPush) -> None:
         """Push ``later``'s outputs once they exist (their readers fail with
@@ -589,9 +579,13 @@ class Device(Actor):
         return all_settled([aside.ran for e in epochs for aside in self._aside.get(e, ())])
 
     async def on_stop(self) -> None:
-        """Gangs that wait aside fail, whether or not they began (the device stopped)."""
+        """Gangs that wait aside fail, whether or not they began, and so do
+        pushes of outputs not computed yet (the device stopped)."""
         for aside in [each for waiting in self._aside.values() for each in waiting]:
             self._went_aside(aside, failed(ActorStopped(f"device {self.device_id} stopped")))
+        pushes, self._later_pushes = self._later_pushes, deque()  # not sent: never will be
+        for later in pushes:
+            later.pushed.set_exception(ActorStopped(f"device {self.device_id} stopped"))
         await super().on_stop()
 
     def _run_ended(self, report: RunReport, reply: Reply | None) -> RunReport:

@@ -68,6 +68,12 @@ class DataPlane:
         that is open already (no host to dial first)."""
         return False
 
+    def send_now(self, target: PushTarget, message: LaneMessage, resend: Resend) -> bool:
+        """:meth:`send_by_lane` without waiting: down a lane that is open now
+        (:meth:`lane_open`), else False and nothing sent (a lane that closed
+        in between: ``resend`` has it)."""
+        return False
+
     async def serve_lanes(self) -> str:
         """Start taking pushes by lane; where ('' : this process takes none)."""
         return ""
@@ -100,7 +106,16 @@ class ProcessPlane(DataPlane):
         return await super().host_ref(host_id, address, known, system)
 
     def lane_open(self, address: str) -> bool:
-        return bool(address) and settings().push_lanes and bool(self._lanes.get(address))
+        found = self._lanes.get(address) if address and settings().push_lanes else None
+        return bool(found) and lane.is_open(found[0])
+
+    def send_now(self, target: PushTarget, message: LaneMessage, resend: Resend) -> bool:
+        if not self.lane_open(target.address) or not lane.fits(message.array):
+            return False
+        address, host = self._lanes[target.address]
+        if not lane.send(address, message, functools.partial(resend, host)):
+            resend(host, message)  # (closed since: by call, as a frame it did not take)
+        return True
 
     async def send_by_lane(
         self, target: PushTarget, message: LaneMessage, resend: Resend, system: ActorSystem

@@ -1,17 +1,19 @@
-"""Running a function once the event loop's current turn is over, on
-asyncio or trio: what the kernel's own parts (the actor cell) and
-:mod:`atoll.kernel.lowlevel` share."""
+"""Which event loop runs here, for code that may run outside any task: a
+function run once the loop's current turn is over (asyncio or trio), and
+anyio told the library in a plain callback of an asyncio loop. What the
+kernel's own parts (the actor cell) and :mod:`atoll.kernel.lowlevel` share."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 
 import sniffio
 
 from ._alarm import running_asyncio_loop
 
-__all__ = ["call_soon", "on_trio"]
+__all__ = ["call_soon", "library_said", "on_trio"]
 
 
 def call_soon(fn: Callable[[], object]) -> None:
@@ -36,3 +38,24 @@ def on_trio() -> bool:
         return sniffio.current_async_library() == "trio"
     except sniffio.AsyncLibraryNotFoundError:
         return False
+
+
+@contextlib.contextmanager
+def library_said() -> Iterator[None]:
+    """Within it, anyio knows the library even in a plain callback of an
+    asyncio loop (a promise settled by a timer or a socket's read), where
+    no task answers sniffio's question: so a cancel scope can be made, or a
+    task started in a task group, from such a callback."""
+    if (
+        sniffio.thread_local.name is None
+        and sniffio.current_async_library_cvar.get() is None
+        and running_asyncio_loop() is not None
+        and asyncio.current_task() is None
+    ):
+        said = sniffio.current_async_library_cvar.set("asyncio")
+        try:
+            yield
+        finally:
+            sniffio.current_async_library_cvar.reset(said)
+    else:
+        yield

@@ -43,7 +43,7 @@ from ._errors import (
 )
 from ._mailbox import Mailbox
 from ._promise import Promise
-from ._soon import call_soon
+from ._soon import call_soon, library_said
 
 __all__ = ["ActorContext", "ActorSystem"]
 
@@ -480,19 +480,20 @@ class _Cell:
         """A background task of this actor (see ``ActorContext.start_soon``)."""
         if self.system._tg is None:
             raise NotRunning("the ActorSystem is not running (use `async with`)")
-        scope = anyio.CancelScope()
-        self._tasks.add(scope)
+        with library_said():  # (started from a promise's callback, too)
+            scope = anyio.CancelScope()
+            self._tasks.add(scope)
 
-        async def run() -> None:
-            try:
-                with scope:
-                    await fn(*args)
-            except Exception:
-                _log.exception("a task of %s failed", self.actor_name)
-            finally:
-                self._tasks.discard(scope)
+            async def run() -> None:
+                try:
+                    with scope:
+                        await fn(*args)
+                except Exception:
+                    _log.exception("a task of %s failed", self.actor_name)
+                finally:
+                    self._tasks.discard(scope)
 
-        self.system._tg.start_soon(run, name=f"task:{self.actor_name}")
+            self.system._tg.start_soon(run, name=f"task:{self.actor_name}")
 
     async def _teardown(self, instance: Actor | None) -> None:
         """Stop the children and run ``on_stop``; immune to cancellation."""

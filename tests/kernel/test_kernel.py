@@ -662,6 +662,32 @@ async def test_a_task_started_by_an_actor_ends_with_it() -> None:
             await instance.stopped.wait()  # cancelled when its actor stopped
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (trio runs callbacks in tasks)
+async def test_an_actor_starts_a_task_from_a_plain_callback_of_the_loop(
+    anyio_backend: str,
+) -> None:
+    """A promise settled outside any task (an asyncio timer, a socket's
+    read: a callback in the loop's own context) may start an actor's task
+    from its callback."""
+    import asyncio
+    import contextvars
+
+    async with ActorSystem() as system:
+        ref = system.spawn(Watcher)
+        await wait_idle()
+        instance = system._cells[ref.id].instance
+        assert isinstance(instance, Watcher)
+        ran = anyio.Event()
+
+        async def task() -> None:
+            ran.set()
+
+        loop = asyncio.get_running_loop()
+        loop.call_soon(instance.ctx.start_soon, task, context=contextvars.Context())
+        with anyio.fail_after(5):
+            await ran.wait()
+
+
 async def test_call_soon_and_threadsafe_callers_reach_this_loop() -> None:
     import threading
 

@@ -157,6 +157,13 @@ def send(address: str, message: LaneMessage, fallback: Fallback) -> bool:
     return True
 
 
+def is_open(address: str) -> bool:
+    """Whether a lane to ``address`` is open now (:func:`send` would take a
+    frame at once)."""
+    link = _links.get(address)
+    return link is not None and not link.closed
+
+
 def fits(array: np.ndarray) -> bool:
     """Whether ``array`` can take a lane: small, and its bytes are all of it
     (numbers, bools, dates, bfloat16 and the other ml_dtypes; not records or
