@@ -106,13 +106,20 @@ class ProcessPlane(DataPlane):
         return await super().host_ref(host_id, address, known, system)
 
     def lane_open(self, address: str) -> bool:
+        return self._open_lane_now(address) is not None
+
+    def _open_lane_now(self, address: str) -> tuple[str, ActorRef[HostEndpoints]] | None:
+        """The lane to the host process at ``address`` if it is open now."""
         found = self._lanes.get(address) if address and settings().push_lanes else None
-        return bool(found) and lane.is_open(found[0])
+        if not found or not lane.is_open(found[0]):
+            return None
+        return found
 
     def send_now(self, target: PushTarget, message: LaneMessage, resend: Resend) -> bool:
-        if not self.lane_open(target.address) or not lane.fits(message.array):
+        found = self._open_lane_now(target.address)
+        if found is None or not lane.fits(message.array):
             return False
-        address, host = self._lanes[target.address]
+        address, host = found
         if not lane.send(address, message, functools.partial(resend, host)):
             resend(host, message)  # (closed since: by call, as a frame it did not take)
         return True
