@@ -301,13 +301,15 @@ class Device(Actor):
                 later.ready.add_done_callback(self._send_later_pushes)
                 return
             pushes.popleft()
-            ready = later.ready.exception() is None
-            if ready and self.pusher.push_now(later.targets, later.outputs, later.owner):
-                later.pushed.set_result(later.outputs)
-                continue
             try:
-                self.ctx.start_soon(self._push_when_ready, later)
-            except Exception as exc:  # the device stopped meanwhile
+                if self.ctx.stopping:  # (its last gangs ended in on_stop: nothing goes)
+                    raise ActorStopped(f"device {self.device_id} stopped")
+                ready = later.ready.exception() is None
+                if ready and self.pusher.push_now(later.targets, later.outputs, later.owner):
+                    later.pushed.set_result(later.outputs)
+                else:
+                    self.ctx.start_soon(self._push_when_ready, later)
+            except Exception as exc:  # that push fails; the ones behind it go on
                 later.pushed.set_exception(exc)
 
     async def _push_when_ready(self, later: _LaterPush) -> None:

@@ -162,7 +162,8 @@ class Pusher:
             array = np.asarray(self.store.get(handle.id))
             message = LaneMessage(target.host_id, target.keys, owner, self.island, array)
             began = timeline.start()
-            self.plane.send_now(target, message, _push_by_call)  # (open: by_open_lanes)
+            if not self.plane.send_now(target, message, _push_by_call):  # (open: checked)
+                raise DeviceError(f"the lane to host {target.host_id} took no push")
             timeline.push(
                 self.host_id, self.device_id, target.host_id, target.keys, array.nbytes, began
             )

@@ -125,6 +125,13 @@ class ActorContext:
         return self._cell.restarts
 
     @property
+    def stopping(self) -> bool:
+        """True once the actor began to stop (its tasks cancelled, ``on_stop``
+        running or run), until it restarts: work it would start now (a task,
+        a push from a callback) would outlive it."""
+        return self._cell.stopping
+
+    @property
     def queued(self) -> int:
         """Messages waiting in this actor's mailbox now (the one it handles
         is not among them): an actor that batches what it sends can tell
@@ -143,7 +150,8 @@ class ActorContext:
         For work that waits on something other than a message (a device
         watching its accelerator): the task is cancelled when the actor
         stops or restarts, and an error it raises is logged, never lost.
-        Returns at once.
+        Returns at once. Raises ``ActorStopped`` once the actor is stopping
+        (:attr:`stopping`): the task would outlive it.
         """
         self._cell.start_task(fn, args)
 
@@ -177,6 +185,7 @@ class _Cell:
         self._current: Call | None = None
         self._idle = False  # waiting for a message: an inline call may run at once
         self._inlined = False  # one did in this pass of the event loop
+        self.stopping = False  # its tasks cancelled, on_stop running or run (until a restart)
         self._call_scope: anyio.CancelScope | None = None
         self._life_scope: anyio.CancelScope | None = None
         self._end_error: AtollError | None = None
@@ -242,11 +251,16 @@ class _Cell:
                 call.kwargs = {k: _share(v) for k, v in call.kwargs.items()}
         self.received += 1
         COUNTS["actor_messages"] += 1
+        # (a promise the handler forwards may still be cancelled, as a queued call's is)
+        call.promise._canceller = lambda reason: self._cancel_call(call, reason)
         self._current, self._idle, self._inlined = call, False, True
         try:
             result = getattr(instance, call.endpoint)(*call.args, **call.kwargs)
         except Exception as exc:
             call.promise._reject(self._box(call.endpoint, exc))
+        except BaseException:  # (its caller's to handle; the call is not left pending)
+            call.promise._reject(ActorCancelled(self.actor_name, "interrupted"))
+            raise
         else:
             if _is_awaitable(result) and not isinstance(result, Promise):
                 getattr(result, "close", lambda: None)()  # a coroutine: never awaited
@@ -337,6 +351,7 @@ class _Cell:
         """Run one instance; return True if it must be restarted."""
         error: BaseException | None = None
         instance: Actor | None = None
+        self.stopping = False
         try:
             instance = self.cls(*self._args, **self._kwargs)
             instance._atoll_ctx = ActorContext(self)
@@ -480,6 +495,8 @@ class _Cell:
         """A background task of this actor (see ``ActorContext.start_soon``)."""
         if self.system._tg is None:
             raise NotRunning("the ActorSystem is not running (use `async with`)")
+        if self.stopping:
+            raise ActorStopped(self.actor_name, "stopping: it starts no task")
         with library_said():  # (started from a promise's callback, too)
             scope = anyio.CancelScope()
             self._tasks.add(scope)
@@ -497,6 +514,7 @@ class _Cell:
 
     async def _teardown(self, instance: Actor | None) -> None:
         """Stop the children and run ``on_stop``; immune to cancellation."""
+        self.stopping = True  # no task starts now: none would be stopped
         for scope in list(self._tasks):
             scope.cancel()
         with anyio.CancelScope(shield=True):

@@ -587,9 +587,13 @@ class Controller(Actor):
 
     def _send_outbox(self) -> None:
         """Send each island the runs this loop turn made for it, in order,
-        as one message (``IslandScheduler.run_plans``)."""
-        outbox, self._outbox = self._outbox, {}
-        for island, runs in outbox.items():
+        as one message (``IslandScheduler.run_plans``). The outbox empties
+        one island at a time: a run made while it sends (a call run inline,
+        from a callback of what it sent) joins it behind the older runs,
+        never ahead of them."""
+        while self._outbox:
+            island = next(iter(self._outbox))
+            runs = self._outbox.pop(island)
             answer = over(self.wire, self.schedulers[island]).run_plans([a for a, _ in runs])
             answer.add_done_callback(functools.partial(_hand_out, [sent for _, sent in runs]))
 

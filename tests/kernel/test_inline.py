@@ -12,6 +12,7 @@ import pytest
 from atoll.kernel import (
     Actor,
     ActorSystem,
+    CallCancelled,
     Promise,
     RemoteActorError,
     UsageError,
@@ -46,6 +47,10 @@ class Relay(Actor):
     @endpoint(inline=True)
     def awaitable(self) -> Any:
         return anyio.sleep(0)
+
+    @endpoint
+    def note(self, value: Any) -> None:
+        self.seen.append(value)
 
     @endpoint
     async def hold(self) -> None:
@@ -133,3 +138,28 @@ def test_an_async_handler_cannot_be_inline() -> None:
             @endpoint(inline=True)
             async def run(self) -> None:
                 pass
+
+
+async def test_an_inline_call_never_overtakes_one_queued_before_it() -> None:
+    async with ActorSystem() as system:
+        relay = system.spawn(Relay, name="relay")
+        await wait_idle()
+        noted = relay.note("queued")  # not inline: it waits for the actor's task
+        taken = relay.take("inline")
+        assert not taken.done()  # the mailbox holds a call: this one queues behind it
+        await noted
+        assert await taken == 2
+        instance = system._cells[relay.id].instance
+        assert isinstance(instance, Relay) and instance.seen == ["queued", "inline"]
+
+
+async def test_a_call_that_ran_inline_and_forwarded_a_promise_can_be_cancelled() -> None:
+    async with ActorSystem() as system:
+        relay = system.spawn(Relay, name="relay")
+        await wait_idle()
+        later: Promise[int] = Promise("later")
+        forwarded = relay.forward(later)  # ran at once; its answer follows `later`
+        assert not forwarded.done()
+        assert forwarded.cancel("no longer wanted")
+        with pytest.raises(CallCancelled):
+            await forwarded

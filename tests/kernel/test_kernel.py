@@ -688,6 +688,30 @@ async def test_an_actor_starts_a_task_from_a_plain_callback_of_the_loop(
             await ran.wait()
 
 
+async def test_a_stopping_actor_starts_no_task() -> None:
+    """From ``on_stop`` on, ``ctx.stopping`` says so and ``start_soon``
+    refuses: the task would outlive the actor."""
+    seen: list[Any] = []
+
+    class Closing(Actor):
+        async def on_stop(self) -> None:
+            seen.append(self.ctx.stopping)
+            try:
+                self.ctx.start_soon(anyio.sleep, 0)
+            except ActorStopped as exc:
+                seen.append(exc)
+
+        @endpoint
+        def stopping(self) -> bool:
+            return self.ctx.stopping
+
+    async with ActorSystem() as system:
+        ref = system.spawn(Closing)
+        assert await ref.stopping() is False
+        await ref.stop()
+    assert seen[0] is True and isinstance(seen[1], ActorStopped)
+
+
 async def test_call_soon_and_threadsafe_callers_reach_this_loop() -> None:
     import threading
 
