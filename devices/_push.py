@@ -102,16 +102,13 @@ class Pusher:
         sent: list[str] = []
         unreachable: list[Exception] = []
         for target in targets:
-            handle = outputs[target.output]
-            if target.host_id == self.host_id:
-                self.deliver_here(target, handle)
+            array = self._here_or_array(target, outputs)
+            if array is None:
                 continue
-            array = np.asarray(self.store.get(handle.id))
+            handle = outputs[target.output]
             began = timeline.start()
             if await self._by_lane(target, array, owner):
-                timeline.push(
-                    self.host_id, self.device_id, target.host_id, target.keys, array.nbytes, began
-                )
+                self._lane_pushed(target, array, began)
                 continue  # one way: it lands there without an answer
             try:
                 host = await self.host_ref(target.host_id, target.address, target.host)
@@ -155,19 +152,29 @@ class Pusher:
         if not self.by_open_lanes(targets, outputs):
             return False
         for target in targets:
-            handle = outputs[target.output]
-            if target.host_id == self.host_id:
-                self.deliver_here(target, handle)
+            array = self._here_or_array(target, outputs)
+            if array is None:
                 continue
-            array = np.asarray(self.store.get(handle.id))
             message = LaneMessage(target.host_id, target.keys, owner, self.island, array)
             began = timeline.start()
             if not self.plane.send_now(target, message, _push_by_call):  # (open: checked)
                 raise DeviceError(f"the lane to host {target.host_id} took no push")
-            timeline.push(
-                self.host_id, self.device_id, target.host_id, target.keys, array.nbytes, began
-            )
+            self._lane_pushed(target, array, began)
         return True
+
+    def _here_or_array(self, target: PushTarget, outputs: list[BufferHandle]) -> np.ndarray | None:
+        """None for a reader on this host (delivered now); else the array
+        to push to ``target``'s host."""
+        handle = outputs[target.output]
+        if target.host_id == self.host_id:
+            self.deliver_here(target, handle)
+            return None
+        return np.asarray(self.store.get(handle.id))
+
+    def _lane_pushed(self, target: PushTarget, array: np.ndarray, began: float) -> None:
+        timeline.push(
+            self.host_id, self.device_id, target.host_id, target.keys, array.nbytes, began
+        )
 
     def deliver_here(self, target: PushTarget, handle: BufferHandle) -> None:
         """A reader on this host: one more reference per inbox key, delivered."""

@@ -1,19 +1,18 @@
 """Which event loop runs here, for code that may run outside any task: a
 function run once the loop's current turn is over (asyncio or trio), and
-anyio told the library in a plain callback of an asyncio loop. What the
-kernel's own parts (the actor cell) and :mod:`atoll.kernel.lowlevel` share."""
+whether this is a plain callback of an asyncio loop. What the kernel's own
+parts (the actor cell) and :mod:`atoll.kernel.lowlevel` share."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import sniffio
 
 from ._alarm import running_asyncio_loop
 
-__all__ = ["call_soon", "library_said", "on_trio"]
+__all__ = ["call_soon", "on_trio", "outside_tasks"]
 
 
 def call_soon(fn: Callable[[], object]) -> None:
@@ -40,22 +39,14 @@ def on_trio() -> bool:
         return False
 
 
-@contextlib.contextmanager
-def library_said() -> Iterator[None]:
-    """Within it, anyio knows the library even in a plain callback of an
-    asyncio loop (a promise settled by a timer or a socket's read), where
-    no task answers sniffio's question: so a cancel scope can be made, or a
-    task started in a task group, from such a callback."""
-    if (
+def outside_tasks() -> bool:
+    """Whether this code runs in a plain callback of an asyncio loop (a
+    promise settled by a timer, a socket's read or another thread's post):
+    no task runs it, so anyio cannot tell the library, and the context is
+    the loop's own, not that of any actor's task."""
+    return (
         sniffio.thread_local.name is None
         and sniffio.current_async_library_cvar.get() is None
         and running_asyncio_loop() is not None
         and asyncio.current_task() is None
-    ):
-        said = sniffio.current_async_library_cvar.set("asyncio")
-        try:
-            yield
-        finally:
-            sniffio.current_async_library_cvar.reset(said)
-    else:
-        yield
+    )

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import anyio
+import sniffio
 from anyio.abc import TaskGroup
 
 from ._actor import Actor, ActorRef, Call, Directive, EndpointSpec
@@ -43,7 +44,7 @@ from ._errors import (
 )
 from ._mailbox import Mailbox
 from ._promise import Promise
-from ._soon import call_soon, library_said
+from ._soon import call_soon, outside_tasks
 
 __all__ = ["ActorContext", "ActorSystem"]
 
@@ -186,6 +187,7 @@ class _Cell:
         self._idle = False  # waiting for a message: an inline call may run at once
         self._inlined = False  # one did in this pass of the event loop
         self.stopping = False  # its tasks cancelled, on_stop running or run (until a restart)
+        self._context: contextvars.Context | None = None  # its task's, once it runs
         self._call_scope: anyio.CancelScope | None = None
         self._life_scope: anyio.CancelScope | None = None
         self._end_error: AtollError | None = None
@@ -332,6 +334,7 @@ class _Cell:
     # -- the cell's task ------------------------------------------------
     async def main(self) -> None:
         _current_cell.set(self)
+        self._context = contextvars.copy_context()  # what its tasks start with
         self.task_id = anyio.get_current_task().id
         try:
             while True:
@@ -492,25 +495,38 @@ class _Cell:
         )
 
     def start_task(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
-        """A background task of this actor (see ``ActorContext.start_soon``)."""
+        """A background task of this actor (see ``ActorContext.start_soon``).
+        From a plain callback of an asyncio loop (a promise settled by a
+        timer or a socket), the task starts in the context of the actor's
+        own task, as it would from there: the loop's context lacks what the
+        runtime keeps in context variables (the clock, the Cap'n Proto
+        runtime's mark)."""
         if self.system._tg is None:
             raise NotRunning("the ActorSystem is not running (use `async with`)")
         if self.stopping:
             raise ActorStopped(self.actor_name, "stopping: it starts no task")
-        with library_said():  # (started from a promise's callback, too)
-            scope = anyio.CancelScope()
-            self._tasks.add(scope)
+        if self._context is not None and outside_tasks():
+            self._context.copy().run(self._spawn, fn, args, True)
+        else:
+            self._spawn(fn, args, False)
 
-            async def run() -> None:
-                try:
-                    with scope:
-                        await fn(*args)
-                except Exception:
-                    _log.exception("a task of %s failed", self.actor_name)
-                finally:
-                    self._tasks.discard(scope)
+    def _spawn(self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], say: bool) -> None:
+        if say:  # (no task to ask: anyio learns the library from sniffio's variable)
+            sniffio.current_async_library_cvar.set("asyncio")
+        scope = anyio.CancelScope()
+        self._tasks.add(scope)
 
-            self.system._tg.start_soon(run, name=f"task:{self.actor_name}")
+        async def run() -> None:
+            try:
+                with scope:
+                    await fn(*args)
+            except Exception:
+                _log.exception("a task of %s failed", self.actor_name)
+            finally:
+                self._tasks.discard(scope)
+
+        assert self.system._tg is not None
+        self.system._tg.start_soon(run, name=f"task:{self.actor_name}")
 
     async def _teardown(self, instance: Actor | None) -> None:
         """Stop the children and run ``on_stop``; immune to cancellation."""

@@ -668,24 +668,30 @@ async def test_an_actor_starts_a_task_from_a_plain_callback_of_the_loop(
 ) -> None:
     """A promise settled outside any task (an asyncio timer, a socket's
     read: a callback in the loop's own context) may start an actor's task
-    from its callback."""
+    from its callback, and the task runs in the actor's context, not the
+    loop's (the runtime keeps its clock and its Cap'n Proto mark there)."""
     import asyncio
     import contextvars
 
+    mark: contextvars.ContextVar[str] = contextvars.ContextVar("mark", default="the loop's")
+    mark.set("the actor's")
     async with ActorSystem() as system:
         ref = system.spawn(Watcher)
         await wait_idle()
         instance = system._cells[ref.id].instance
         assert isinstance(instance, Watcher)
         ran = anyio.Event()
+        seen: list[str] = []
 
         async def task() -> None:
+            seen.append(mark.get())
             ran.set()
 
         loop = asyncio.get_running_loop()
         loop.call_soon(instance.ctx.start_soon, task, context=contextvars.Context())
         with anyio.fail_after(5):
             await ran.wait()
+        assert seen == ["the actor's"]
 
 
 async def test_a_stopping_actor_starts_no_task() -> None:
