@@ -143,8 +143,8 @@ class Device(Actor):
         self._earlier: dict[int, dict[tuple[int, int], BufferHandle | BaseException]] = {}
         self._failed_runs: dict[int, AtollError] = {}  # runs that never ran here, by epoch
         # pushes of outputs not computed yet, in the order they were made (see
-        # push_outputs); what wakes the task that sends them, while it waits
-        self._later_pushes: deque[_LaterPush] = deque()  # the oldest: its callback sends them
+        # push_outputs): the oldest one's outputs, once they exist, send them
+        self._later_pushes: deque[_LaterPush] = deque()
         # gangs that wait aside for their inputs (see run_plan), by run
         self._aside: dict[int, list[_Aside]] = {}
         # gangs aside whose inputs are here, waiting for their turn, and
