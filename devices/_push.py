@@ -102,10 +102,11 @@ class Pusher:
         sent: list[str] = []
         unreachable: list[Exception] = []
         for target in targets:
-            array = self._here_or_array(target, outputs)
-            if array is None:
-                continue
             handle = outputs[target.output]
+            if target.host_id == self.host_id:
+                self.deliver_here(target, handle)
+                continue
+            array = np.asarray(self.store.get(handle.id))
             began = timeline.start()
             if await self._by_lane(target, array, owner):
                 self._lane_pushed(target, array, began)
@@ -127,34 +128,23 @@ class Pusher:
 
         return when_settled(answers, pushed, "pushed")
 
-    def by_open_lanes(self, targets: Sequence[PushTarget], outputs: list[BufferHandle]) -> bool:
-        """Whether every push of ``outputs`` to another host goes down a lane
-        that is open already (``push`` then has nothing to wait for)."""
-        for target in targets:
-            if target.host_id == self.host_id:
-                continue
-            if not self.plane.lane_open(target.address):
-                return False
-            try:
-                array = np.asarray(self.store.get(outputs[target.output].id))
-            except BufferMissing:  # push says what is wrong
-                return False
-            if not lane_fits(array):
-                return False
-        return True
-
     def push_now(
         self, targets: Sequence[PushTarget], outputs: list[BufferHandle], owner: str
     ) -> bool:
         """:meth:`push` without waiting, when every push to another host goes
-        down a lane open now (:meth:`by_open_lanes`); False, and nothing
-        sent, when one would not."""
-        if not self.by_open_lanes(targets, outputs):
-            return False
+        down a lane open now; False, and nothing sent, when one would not (no
+        lane open to its host yet, a value too large for one)."""
+        frames: list[tuple[PushTarget, np.ndarray]] = []
         for target in targets:
-            array = self._here_or_array(target, outputs)
-            if array is None:
-                continue
+            if target.host_id != self.host_id:
+                array = self._lane_array(target, outputs)
+                if array is None:
+                    return False
+                frames.append((target, array))
+        for target in targets:
+            if target.host_id == self.host_id:
+                self.deliver_here(target, outputs[target.output])
+        for target, array in frames:
             message = LaneMessage(target.host_id, target.keys, owner, self.island, array)
             began = timeline.start()
             if not self.plane.send_now(target, message, _push_by_call):  # (open: checked)
@@ -162,14 +152,17 @@ class Pusher:
             self._lane_pushed(target, array, began)
         return True
 
-    def _here_or_array(self, target: PushTarget, outputs: list[BufferHandle]) -> np.ndarray | None:
-        """None for a reader on this host (delivered now); else the array
-        to push to ``target``'s host."""
-        handle = outputs[target.output]
-        if target.host_id == self.host_id:
-            self.deliver_here(target, handle)
+    def _lane_array(self, target: PushTarget, outputs: list[BufferHandle]) -> np.ndarray | None:
+        """The array to push to ``target`` down a lane open now (None: no
+        lane is open to its host, it does not fit one, or it is gone: then
+        :meth:`push` says what is wrong)."""
+        if not self.plane.lane_open(target.address):
             return None
-        return np.asarray(self.store.get(handle.id))
+        try:
+            array = np.asarray(self.store.get(outputs[target.output].id))
+        except BufferMissing:
+            return None
+        return array if lane_fits(array) else None
 
     def _lane_pushed(self, target: PushTarget, array: np.ndarray, began: float) -> None:
         timeline.push(
