@@ -285,7 +285,7 @@ class Device(Actor):
             ready.add_done_callback(self._send_later_pushes)
         return later.pushed
 
-    def _send_later_pushes(self, _: Promise[None] | None = None) -> None:
+    def _send_later_pushes(self, _: Promise[None]) -> None:
         """Send the pushes of outputs not computed yet, each once its outputs
         exist, in the order they were made (this device's outputs come to
         exist in the order its gangs were enqueued, so none waits behind one

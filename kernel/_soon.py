@@ -44,9 +44,4 @@ def outside_tasks() -> bool:
     promise settled by a timer, a socket's read or another thread's post):
     no task runs it, so anyio cannot tell the library, and the context is
     the loop's own, not that of any actor's task."""
-    return (
-        sniffio.thread_local.name is None
-        and sniffio.current_async_library_cvar.get() is None
-        and running_asyncio_loop() is not None
-        and asyncio.current_task() is None
-    )
+    return running_asyncio_loop() is not None and asyncio.current_task() is None

@@ -247,14 +247,9 @@ class _Cell:
         (``EndpointSpec.inline``): it is this actor's only call meanwhile."""
         instance = self.instance
         assert instance is not None  # idle: serving
-        if self.cls.__endpoints__[call.endpoint].share_args:
-            call.args = tuple(map(_share, call.args))
-            if call.kwargs:
-                call.kwargs = {k: _share(v) for k, v in call.kwargs.items()}
+        self._prepare(call)  # (a promise it forwards may be cancelled, as a queued call's)
         self.received += 1
         COUNTS["actor_messages"] += 1
-        # (a promise the handler forwards may still be cancelled, as a queued call's is)
-        call.promise._canceller = lambda reason: self._cancel_call(call, reason)
         self._current, self._idle, self._inlined = call, False, True
         try:
             result = getattr(instance, call.endpoint)(*call.args, **call.kwargs)
