@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import heapq
 import itertools
 import logging
 import weakref
@@ -147,11 +148,13 @@ class Device(Actor):
         self._later_pushes: deque[_LaterPush] = deque()
         # gangs that wait aside for their inputs (see run_plan), by run
         self._aside: dict[int, list[_Aside]] = {}
-        # gangs aside whose inputs are here, waiting for their turn, and
-        # whether one is going now (see _run_aside); each one's number
-        self._ready_aside: list[_Aside] = []
-        self._aside_going = False
+        # gangs aside whose inputs are here, by their number (the island's
+        # order), for the one task that runs them (see _run_ready_aside), and
+        # what wakes that task when it waits for one
+        self._ready_aside: list[tuple[int, _Aside]] = []
         self._aside_seq = itertools.count()
+        self._aside_runner = False
+        self._aside_wake: Promise[None] | None = None
 
     @property
     def clock(self) -> Clock:
@@ -389,8 +392,9 @@ class Device(Actor):
 
         **A gang may wait aside.** A gang on this device alone one of whose
         inputs is not here yet (a push still on its way, a promise, the
-        output of a gang that waits aside) waits for them in a task of its
-        own, and the gangs behind it, of this run and of the runs after it,
+        output of a gang that waits aside) waits for them as a callback of
+        what it waits for, then goes in the device's one task for such gangs
+        (in the island's order), and the gangs behind it, of this run and of the runs after it,
         go on this device's stream first, as independent work goes on an
         accelerator's other streams: a device is not left idle behind a
         dependency while it has work that is ready. Gangs of one device meet
@@ -476,11 +480,15 @@ class Device(Actor):
         return None
 
     def _wait_aside(self, run: _Run, step: int, given: list[Any], release: list[list[int]]) -> None:
-        """Run gang ``step`` of ``run`` once its inputs are here, in a task
-        (see :meth:`run_plan`). Meanwhile its outputs are promises for the
-        gangs after it, and so is its entry in ``run.ran``, settled after
-        the gang's own, so that the run's report takes the gang in first."""
-        aside = _Aside(run, step, release, next(self._aside_seq))
+        """Run gang ``step`` of ``run`` once its inputs are here (see
+        :meth:`run_plan`, :meth:`_when_ready`). Meanwhile its outputs are
+        promises for the gangs after it, and so is its entry in ``run.ran``,
+        settled after the gang's own, so that the run's report takes the
+        gang in first."""
+        if not self._aside_runner:  # (from the device's own task: its context)
+            self.ctx.start_soon(self._run_ready_aside)
+            self._aside_runner = True
+        aside = _Aside(run, step, release, next(self._aside_seq), given)
         gang = aside.gang
         run.ran[step] = (gang, aside.gang_id, aside.held, aside.outs)
         for value in given:  # what it reads here outlives the later readers' release
@@ -494,7 +502,7 @@ class Device(Actor):
         for index in range(len(gang.outputs)):
             run.made[gang.node, index] = then(aside.outs, functools.partial(_item, index))
         self._aside.setdefault(run.epoch, []).append(aside)
-        self.ctx.start_soon(self._run_aside, aside, given)
+        self._when_ready(aside)
 
     def _hold_for(self, aside: _Aside, value: Any) -> None:
         """Hold ``value`` for ``aside`` if it is a buffer here, until it read it."""
@@ -508,57 +516,74 @@ class Device(Actor):
         if value.exception() is None:
             self._hold_for(aside, value.result())
 
-    async def _run_aside(self, aside: _Aside, given: list[Any]) -> None:
-        """The task of a gang that waits aside: it runs once its inputs are
-        here (the device's stop cancels it), and is released then. Gangs
-        aside whose inputs are here go one at a time, the earliest in the
-        island's order first (a gang's own awaits, a compile or a lookup on
-        a thread, must not let a later one overtake it)."""
+    def _when_ready(self, aside: _Aside, _: object = None) -> None:
+        """Once the inputs of ``aside`` are here, it joins the gangs ready to
+        go, for the device's runner (:meth:`_run_ready_aside`). Until then it
+        is a callback of what it waits for, not a task: the push that lands,
+        or the promise that settles, puts it in line in the same step."""
+        if aside.ran.done() or aside.given is None:  # (the device stopped first)
+            return
+        try:
+            waited = self._waited_for(aside.gang, aside.run.prefix, aside.given)
+        except Exception as exc:
+            self._aside_failed(aside, exc)
+            return
+        if waited:  # (a failure is the gang's to meet, once it runs)
+            again = functools.partial(self._when_ready, aside)
+            (waited[0] if len(waited) == 1 else all_settled(waited)).add_done_callback(again)
+            return
+        heapq.heappush(self._ready_aside, (aside.seq, aside))
+        if self._aside_wake is not None:
+            wake, self._aside_wake = self._aside_wake, None
+            wake.set_result(None)
+
+    async def _run_ready_aside(self) -> None:
+        """The device's task that runs the gangs aside whose inputs are here,
+        one at a time, the earliest in the island's order first (a gang's
+        own awaits, a compile or a lookup on a thread, must not let a later
+        one overtake it). Started by the first gang set aside, it waits for
+        the next when none is ready, and ends with the device (its stop
+        cancels it: the gang it was running fails)."""
+        try:
+            while True:
+                while self._ready_aside:  # (no local keeps a gang's inputs alive after it)
+                    try:
+                        await self._run_aside(heapq.heappop(self._ready_aside)[1])
+                    except Exception:  # (never the runner's end: the gangs behind it still go)
+                        _log.exception("device %s: a gang aside failed", self.device_id)
+                self._aside_wake = Promise("a gang aside is ready")
+                await self._aside_wake
+        finally:
+            self._aside_runner, self._aside_wake = False, None
+
+    async def _run_aside(self, aside: _Aside) -> None:
+        """A gang that waited aside, now that its inputs are here; released
+        then, whatever happens (a failure is its own, not the runner's)."""
+        if aside.ran.done() or aside.given is None:  # (the device stopped first)
+            return
         settled: Promise[Any] = failed(ActorStopped(f"device {self.device_id} stopped"))
         try:
-            gang, prefix = aside.gang, aside.run.prefix
-            while waited := self._waited_for(gang, prefix, given):
-                await all_settled(waited)  # (a failure is the gang's to meet)
-            await self._aside_turn(aside)
-            try:
-                *_, settled = await self._run_program_gang(gang, aside.run, given, aside.held)
-            finally:
-                self._aside_going = False
-                self._next_aside()
+            gang, run, given = aside.gang, aside.run, aside.given
+            *_, settled = await self._run_program_gang(gang, run, given, aside.held)
         except Exception as exc:  # (the gang's own failures are in its promise)
             settled = failed(exc)
             self._keep_earlier(aside.run.epoch, aside.gang.node, exc, len(aside.gang.outputs))
         finally:  # cancelled too (the device stopped): its run's report says so
             self._went_aside(aside, settled)
 
-    async def _aside_turn(self, aside: _Aside) -> None:
-        """Once it is ``aside``'s turn to go (:meth:`_run_aside`)."""
-        self._ready_aside.append(aside)
-        self._next_aside()
+    def _aside_failed(self, aside: _Aside, exc: Exception) -> None:
+        """``aside`` cannot run: it fails, as a gang that raised would."""
         try:
-            await aside.turn
-        except BaseException:
-            if aside in self._ready_aside:
-                self._ready_aside.remove(aside)
-            elif aside.turn.done():  # its turn came: it passes it on
-                self._aside_going = False
-                self._next_aside()
-            raise
-
-    def _next_aside(self) -> None:
-        """Give the turn to the earliest ready gang aside, if none is going."""
-        if self._aside_going or not self._ready_aside:
-            return
-        first = min(self._ready_aside, key=lambda each: each.seq)
-        self._ready_aside.remove(first)
-        self._aside_going = True
-        first.turn.set_result(None)
+            self._keep_earlier(aside.run.epoch, aside.gang.node, exc, len(aside.gang.outputs))
+        finally:
+            self._went_aside(aside, failed(exc))
 
     def _went_aside(self, aside: _Aside, settled: Promise[Any]) -> None:
         """A gang that waited aside went (``settled``: its outputs): it is
         released as any gang of its run, and no longer waits aside."""
         if aside.ran.done():  # (the device stopped first)
             return
+        aside.given = None  # (what it read is no longer held through it)
         run, step = aside.run, aside.step
         run.ran[step] = (aside.gang, aside.gang_id, aside.held, settled)
         recorded: list[Promise[None]] = []
@@ -583,6 +608,7 @@ class Device(Actor):
     async def on_stop(self) -> None:
         """Gangs that wait aside fail, whether or not they began, and so do
         pushes of outputs not computed yet (the device stopped)."""
+        self._ready_aside.clear()
         for aside in [each for waiting in self._aside.values() for each in waiting]:
             self._went_aside(aside, failed(ActorStopped(f"device {self.device_id} stopped")))
         pushes, self._later_pushes = self._later_pushes, deque()  # not sent: never will be
@@ -1047,13 +1073,13 @@ class _Aside:
     step: int
     release: list[list[int]]  # the run's release points (_release_points)
     seq: int  # its place among the device's gangs aside, in the island's order
+    given: list[Any] | None  # its inputs, until it went
     held: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # its inputs here, held until it read them
     outs: Promise[Any] = field(default_factory=lambda: Promise("waits aside"))
     # settled once the gangs it released are in its run's report
     recorded: Promise[None] = field(default_factory=lambda: Promise("recorded"))
     ran: Promise[None] = field(default_factory=lambda: Promise("ran aside"))  # it went
-    turn: Promise[None] = field(default_factory=lambda: Promise("turn"))  # it may go
 
     @property
     def gang(self) -> PlannedGang:

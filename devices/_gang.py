@@ -43,6 +43,13 @@ class PushTarget:
     address: str
     keys: tuple[str, ...]
 
+    def under(self, run: str) -> PushTarget:
+        """This target with its inbox keys under run prefix ``run`` (one
+        target per gang and run: built directly, not by ``dataclasses.replace``;
+        a new field goes here too, and ``tests/devices`` checks it does)."""
+        keys = tuple(f"{run}/{key}" for key in self.keys)
+        return PushTarget(self.output, self.host_id, self.host, self.address, keys)
+
 
 @dataclass(frozen=True)
 class GangTask:

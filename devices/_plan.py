@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..kernel import AtollError, RemoteActorError
@@ -112,7 +112,7 @@ class PlannedGang:
         inbox = tuple(
             f"{gang_id}/{i}" if src == PUSHED_IN else None for i, src in enumerate(self.inputs)
         )
-        targets = tuple(replace(t, keys=tuple(f"{run}/{key}" for key in t.keys)) for t in self.push)
+        targets = tuple(target.under(run) for target in self.push)
         return GangTask(
             gang_id,
             *shape,
