@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from atoll.devices._gang import PushTarget
 
@@ -11,7 +12,7 @@ def test_a_target_under_a_run_keeps_every_other_field() -> None:
     """``under`` builds the target field by field (it runs once per gang and
     run): a field it forgot would be lost silently, so each gets a value of
     its own here and must come through."""
-    values = {f.name: object() for f in dataclasses.fields(PushTarget)}
+    values: dict[str, Any] = {f.name: object() for f in dataclasses.fields(PushTarget)}
     values["keys"] = ("7/0", "8/1")
     target = PushTarget(**values)
     moved = target.under("run3")
