@@ -10,7 +10,7 @@ method runs on it:
 
 - ``rl``: RL as shipped, the plain call ``search(graph, chiplets)``;
 - ``sa`` and ``random`` at RL's default budget (an equal budget:
-  ``default_budget``: 64 up to 256 ops, 250 at 1,000 ops, 85 at 3,000);
+  ``default_budget``: 64 up to 192 ops, 333 at 1,000 ops, 111 at 3,000);
 - ``solver``: CP-SAT on the bottleneck for as long as RL took (an equal time).
 
 Each gets its throughput, its wall time, and its gap to the case's

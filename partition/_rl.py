@@ -189,11 +189,14 @@ class LocalWalk:
     def __post_init__(self) -> None:
         self.moves = self.floor
 
-    def walk(self, tracker: Tracker, rng: np.random.Generator) -> float:
-        """Take up to ``moves`` moves; returns the best's log-gain per evaluation."""
+    def walk(
+        self, tracker: Tracker, rng: np.random.Generator, stop: Callable[[], bool] | None = None
+    ) -> float:
+        """Take up to ``moves`` moves, fewer once ``stop()`` says so (fine-tuning's
+        patience ran out); returns the best's log-gain per evaluation."""
         assert tracker.best is not None  # the greedy evaluation came first
         cur, cur_tp, before, taken = tracker.best, tracker.best_tp, tracker.best_tp, 0
-        while taken < self.moves and tracker.left > 0:
+        while taken < self.moves and tracker.left > 0 and not (stop is not None and stop()):
             temp = anneal_temperature(1.0 - tracker.left / self.steps)
             cand, tp = tracker.evaluate(_local_neighbour(tracker.graph, tracker.chiplets, cur, rng))
             if accept(tp, cur_tp, temp, rng):
@@ -255,14 +258,16 @@ def finetune(
         temp = _next_temperature(temp, rewards)
         if local > 0 and tracker.left > 0:
             sampled = log_gain(before, tracker.best_tp) / k
-            walker.adapt(sampled, walker.walk(tracker, rng))
+            walker.adapt(sampled, walker.walk(tracker, rng, stall.stalled))
         log.add(len(tracker.history), tracker.best_tp, rewards, start)
     return log
 
 
 class _Stall:
     """Whether a search's best has stopped rising: ``patience`` evaluations
-    without a gain of :data:`STALLED` (never, without a patience)."""
+    without a gain of :data:`STALLED` (never, without a patience), counted
+    from the evaluation that made the last such gain, whenever it is asked
+    (after a batch, or during a walk)."""
 
     def __init__(self, tracker: Tracker, patience: int | None) -> None:
         self._tracker, self._patience = tracker, patience
@@ -270,8 +275,13 @@ class _Stall:
 
     def stalled(self) -> bool:
         t = self._tracker
-        if t.best_tp > self._mark * (1 + STALLED):
-            self._mark, self._at = t.best_tp, len(t.history)
+        while t.best_tp > self._mark * (1 + STALLED):  # the evaluation past the mark
+            self._at = next(
+                i + 1
+                for i in range(self._at, len(t.history))
+                if t.history[i] > self._mark * (1 + STALLED)
+            )
+            self._mark = t.history[self._at - 1]
         return self._patience is not None and len(t.history) - self._at >= self._patience
 
 

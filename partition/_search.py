@@ -135,14 +135,15 @@ def search(
 
 
 def default_budget(graph: OpGraph) -> int:
-    """The evaluations a search gets by default: 64 up to 256 ops; beyond, a
-    quarter of the ops (250 at 1,000 ops), but no more than 256,000 / ops
-    (85 at 3,000 ops), since an evaluation costs more the larger the graph.
+    """The evaluations a search gets by default: 64 up to 192 ops; beyond, a
+    third of the ops (333 at 1,000 ops), but no more than 333,000 / ops
+    (111 at 3,000 ops), since an evaluation costs more the larger the graph.
     On a GRU of 1,000 ops at 8 chiplets RL as shipped ended 19% short of the
-    best known with 64 evaluations, and reached it with 256: its solver's
-    windows need that many steps (``docs/partition.md``, at production scale)."""
+    best known with 64 evaluations, 2.6% short with 250, and reached it with
+    333: its solver's windows need that many steps (``docs/partition.md``,
+    at production scale). Graphs whose optimum the solver proves stop sooner."""
     n = max(len(graph), 1)
-    return max(64, min(n // 4, 256_000 // n))
+    return max(64, min(n // 3, 333_000 // n))
 
 
 def _solver(

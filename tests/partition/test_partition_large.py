@@ -62,4 +62,4 @@ def test_the_default_budget_grows_with_the_graph_and_then_shrinks() -> None:
 
     sizes = (28, 256, 301, 1000, 1500, 2996)
     got = [default_budget(ops(n)) for n in sizes]  # type: ignore[arg-type]
-    assert got == [64, 64, 75, 250, 170, 85]
+    assert got == [64, 85, 100, 333, 222, 111]
