@@ -394,8 +394,8 @@ class Device(Actor):
         inputs is not here yet (a push still on its way, a promise, the
         output of a gang that waits aside) waits for them as a callback of
         what it waits for, then goes in the device's one task for such gangs
-        (in the island's order), and the gangs behind it, of this run and of the runs after it,
-        go on this device's stream first, as independent work goes on an
+        (in the island's order), and the gangs behind it, of this run and of
+        the runs after it, go on this device's stream first, as independent work goes on an
         accelerator's other streams: a device is not left idle behind a
         dependency while it has work that is ready. Gangs of one device meet
         no partner, so the island's order still holds where it matters: a
