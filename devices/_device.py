@@ -521,7 +521,7 @@ class Device(Actor):
         go, for the device's runner (:meth:`_run_ready_aside`). Until then it
         is a callback of what it waits for, not a task: the push that lands,
         or the promise that settles, puts it in line in the same step."""
-        if aside.ran.done() or aside.given is None:  # (the device stopped first)
+        if aside.given is None:  # (it went: the device stopped first)
             return
         try:
             waited = self._waited_for(aside.gang, aside.run.prefix, aside.given)
@@ -559,7 +559,7 @@ class Device(Actor):
     async def _run_aside(self, aside: _Aside) -> None:
         """A gang that waited aside, now that its inputs are here; released
         then, whatever happens (a failure is its own, not the runner's)."""
-        if aside.ran.done() or aside.given is None:  # (the device stopped first)
+        if aside.given is None:  # (it went: the device stopped first)
             return
         settled: Promise[Any] = failed(ActorStopped(f"device {self.device_id} stopped"))
         try:
@@ -1073,7 +1073,7 @@ class _Aside:
     step: int
     release: list[list[int]]  # the run's release points (_release_points)
     seq: int  # its place among the device's gangs aside, in the island's order
-    given: list[Any] | None  # its inputs, until it went
+    given: list[Any] | None  # its inputs, until it went (None: it went, ``ran`` is set)
     held: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # its inputs here, held until it read them
     outs: Promise[Any] = field(default_factory=lambda: Promise("waits aside"))

@@ -70,8 +70,8 @@ class DataPlane:
 
     def send_now(self, target: PushTarget, message: LaneMessage, resend: Resend) -> bool:
         """:meth:`send_by_lane` without waiting: down a lane that is open now
-        (:meth:`lane_open`), else False and nothing sent (a lane that closed
-        in between: ``resend`` has it)."""
+        (:meth:`lane_open`) and fits ``message``, else False and nothing sent
+        (``resend`` gets it back if the lane closes before it is acknowledged)."""
         return False
 
     async def serve_lanes(self) -> str:
@@ -117,12 +117,10 @@ class ProcessPlane(DataPlane):
 
     def send_now(self, target: PushTarget, message: LaneMessage, resend: Resend) -> bool:
         found = self._open_lane_now(target.address)
-        if found is None or not lane.fits(message.array):
+        if found is None:
             return False
-        address, host = found
-        if not lane.send(address, message, functools.partial(resend, host)):
-            resend(host, message)  # (closed since: by call, as a frame it did not take)
-        return True
+        address, host = found  # (lane.send checks the fit: False, nothing sent)
+        return lane.send(address, message, functools.partial(resend, host))
 
     async def send_by_lane(
         self, target: PushTarget, message: LaneMessage, resend: Resend, system: ActorSystem
