@@ -256,10 +256,11 @@ class ActorRef(Generic[A_co]):
     actor.
     """
 
-    __slots__ = ("_channel",)
+    __slots__ = ("_channel", "_id")
 
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
+        self._id = channel.actor_id  # (fixed for a channel: hashed and compared often)
 
     @property
     def name(self) -> str:
@@ -267,7 +268,7 @@ class ActorRef(Generic[A_co]):
 
     @property
     def id(self) -> str:
-        return self._channel.actor_id
+        return self._id
 
     def __getattr__(self, name: str) -> EndpointRef[..., Any]:
         # typed per endpoint by atoll's mypy plugin (atoll.kernel.mypy_plugin)
@@ -290,10 +291,10 @@ class ActorRef(Generic[A_co]):
         await self._channel.cancel(reason)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, ActorRef) and other.id == self.id
+        return isinstance(other, ActorRef) and other._id == self._id
 
     def __hash__(self) -> int:
-        return hash(self.id)
+        return hash(self._id)
 
     def __repr__(self) -> str:
         return f"<ActorRef {self.name}>"

@@ -15,25 +15,30 @@ like any socket: epoll returns when the kernel's timer fires, to within
 tens of microseconds, and the process spends no CPU meanwhile. What is
 asynchronous about it: the future it returns settles on the loop's thread,
 when the loop next runs its ready callbacks; a sleeper that is cancelled
-cancels its future, and nothing else is needed. Where no ``timerfd`` can be
-had, :func:`wake_at` returns None and the caller falls back.
+cancels its future, and nothing else is needed. :func:`call_at` puts a
+callback on the same alarm instead, which the alarm's read of its
+``timerfd`` calls itself (no future, whose callbacks would wait for the
+loop's next pass). Where no ``timerfd`` can be had, both return None and
+the caller falls back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import ctypes
 import heapq
 import itertools
 import os
 import sys
 import weakref
+from collections.abc import Callable
 from time import monotonic as _monotonic
 
 import sniffio
 
-__all__ = ["running_asyncio_loop", "wake_at"]
+__all__ = ["call_at", "running_asyncio_loop", "wake_at"]
 
 _CLOCK_MONOTONIC = 1  # the clock of time.monotonic() on Linux
 _TFD_NONBLOCK = os.O_NONBLOCK
@@ -64,45 +69,87 @@ def _libc() -> ctypes.CDLL | None:
 _LIBC = _libc()
 
 
+class _Precise:
+    """A callback due at a deadline (:func:`call_at`): run by the alarm's
+    own read of its ``timerfd``, in the context it was set from, with no
+    future between (whose callbacks would wait a pass of the loop)."""
+
+    __slots__ = ("_callback", "_context", "_done")
+
+    def __init__(self, callback: Callable[[], object]) -> None:
+        self._callback = callback
+        self._context = contextvars.copy_context()
+        self._done = False
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self) -> None:
+        self._done = True
+
+    def fire(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._context.run(self._callback)
+        except Exception as exc:
+            message = f"a precise timer's callback {self._callback!r} raised"
+            loop.call_exception_handler({"message": message, "exception": exc})
+
+
 class _LoopAlarm:
     """One loop's ``timerfd`` and the deadlines its sleepers wait for."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         self._fd = fd  # (the loop is not kept: it is this alarm's weak key)
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._heap: list[tuple[float, int, asyncio.Future[None] | _Precise]] = []
         self._order = itertools.count()
         self._armed = float("inf")  # the deadline the timer is set for
+        self._value = _Itimerspec()  # (reused: only its it_value changes)
         loop.add_reader(fd, self._fired)
 
     def wake_at(self, loop: asyncio.AbstractEventLoop, deadline: float) -> asyncio.Future[None]:
         future: asyncio.Future[None] = loop.create_future()
-        heapq.heappush(self._heap, (deadline, next(self._order), future))
+        self._push(deadline, future)
+        return future
+
+    def call_at(self, deadline: float, callback: Callable[[], object]) -> _Precise:
+        precise = _Precise(callback)
+        self._push(deadline, precise)
+        return precise
+
+    def _push(self, deadline: float, entry: asyncio.Future[None] | _Precise) -> None:
+        heapq.heappush(self._heap, (deadline, next(self._order), entry))
         if deadline < self._armed:
             self._arm(deadline)
-        return future
 
     def _arm(self, deadline: float) -> None:
         assert _LIBC is not None
         self._armed = deadline
         seconds = max(deadline, 1e-9)  # an absolute time of 0 would disarm it
-        value = _Itimerspec(_Timespec(0, 0), _Timespec(int(seconds), int(seconds % 1 * 1e9)))
-        if _LIBC.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(value), None) != 0:
+        value = self._value.it_value
+        value.tv_sec, value.tv_nsec = int(seconds), int(seconds % 1 * 1e9)
+        if _LIBC.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(self._value), None):
             error = ctypes.get_errno()
             raise OSError(error, os.strerror(error))
 
     def _fired(self) -> None:
         with contextlib.suppress(BlockingIOError):  # re-armed since it fired
             os.read(self._fd, 8)
+        loop = asyncio.get_running_loop()
         self._armed = float("inf")
         now = _monotonic()
         heap = self._heap
         while heap and heap[0][0] <= now:
-            future = heapq.heappop(heap)[2]
-            if not future.done():  # a cancelled sleeper cancelled it
-                future.set_result(None)
+            entry = heapq.heappop(heap)[2]
+            if isinstance(entry, _Precise):  # (it may set the next deadline: see _push)
+                entry.fire(loop)
+            elif not entry.done():  # a cancelled sleeper cancelled it
+                entry.set_result(None)
         while heap and heap[0][2].done():  # cancelled: no need to wake for them
             heapq.heappop(heap)
-        if heap:
+        if heap and heap[0][0] < self._armed:
             self._arm(heap[0][0])
 
 
@@ -134,6 +181,17 @@ def wake_at(loop: asyncio.AbstractEventLoop, deadline: float) -> asyncio.Future[
     where this loop cannot have a ``timerfd``."""
     alarm = _alarm(loop)
     return None if alarm is None else alarm.wake_at(loop, deadline)
+
+
+def call_at(
+    loop: asyncio.AbstractEventLoop, deadline: float, callback: Callable[[], object]
+) -> _Precise | None:
+    """Call ``callback()`` (in this context) at ``deadline``
+    (``time.monotonic()`` seconds), to within tens of microseconds, from
+    ``loop``'s read of its ``timerfd``; ``.cancel()`` on what it returns
+    drops it. None where this loop cannot have a ``timerfd``."""
+    alarm = _alarm(loop)
+    return None if alarm is None else alarm.call_at(deadline, callback)
 
 
 def running_asyncio_loop() -> asyncio.AbstractEventLoop | None:

@@ -21,6 +21,7 @@ time; the timeouts read :func:`current_clock`, not a system's own clock.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
@@ -35,7 +36,7 @@ from typing import Protocol
 import anyio
 import sniffio
 
-from ._alarm import running_asyncio_loop, wake_at
+from ._alarm import call_at, running_asyncio_loop, wake_at
 
 __all__ = [
     "Clock",
@@ -169,28 +170,16 @@ def call_later_precisely(clock: Clock, seconds: float, callback: Callable[[], ob
     """``clock.call_later``, to within tens of microseconds on a
     :class:`WallClock` under asyncio (on the loop's ``timerfd``, where an
     asyncio timer can fire up to a millisecond late: epoll waits whole
-    milliseconds); elsewhere what ``clock.call_later`` gives."""
+    milliseconds; called from that alarm's own read, in this context);
+    elsewhere what ``clock.call_later`` gives."""
     loop = running_asyncio_loop() if isinstance(clock, WallClock) else None
-    alarm = wake_at(loop, time.monotonic() + max(0.0, seconds)) if loop is not None else None
-    if alarm is None:
+    timer = None
+    if loop is not None:
+        deadline = time.monotonic() + max(0.0, seconds)
+        timer = call_at(loop, deadline, functools.partial(_logged, callback))
+    if timer is None:
         return clock.call_later(seconds, callback)
-    return _AlarmTimer(alarm, callback)
-
-
-class _AlarmTimer:
-    """A callback on a loop's alarm (``call_later_precisely``)."""
-
-    def __init__(self, alarm: asyncio.Future[None], callback: Callable[[], object]) -> None:
-        self._alarm = alarm
-        self._callback = callback
-        alarm.add_done_callback(self._fired)
-
-    def _fired(self, alarm: asyncio.Future[None]) -> None:
-        if not alarm.cancelled():
-            _logged(self._callback)
-
-    def cancel(self) -> None:
-        self._alarm.cancel()
+    return timer
 
 
 def _logged(callback: Callable[[], object]) -> None:

@@ -528,7 +528,7 @@ class Controller(Actor):
         run = _CompiledRun(
             compiled, list(inputs), owner, epoch, outs, Promise("ran"), earlier or {}
         )
-        made = all(node >= 0 for node, _, _ in compiled.outputs)  # none is a program input
+        run.made = made = all(node >= 0 for node, _, _ in compiled.outputs)  # none is an input
         if reply is not None and made and len(compiled.programs) == 1:
             outputs = [(node, index) for node, index, _ in compiled.outputs]
             run.reply = (*reply, outputs)
@@ -603,6 +603,10 @@ class Controller(Actor):
         quota refused it (not ``counted``)."""
         error = sent.exception()
         reports: dict[int, Promise[RunReport]] | None = None if error else sent.result()
+        if reports is not None and len(reports) == 1:  # (most runs: one device, one callback)
+            ((device, report),) = reports.items()
+            report.add_done_callback(functools.partial(self._ran_on_one, run, device, counted))
+            return
         for (node, index, device), out in zip(run.compiled.outputs, run.outs, strict=True):
             if node >= 0 and reports is not None:
                 reports[device].add_done_callback(functools.partial(_output, node, index, out))
@@ -615,6 +619,23 @@ class Controller(Actor):
             every.add_done_callback(functools.partial(self._free_held, reports))
         if counted:  # its place in the session's gang quota
             every.add_done_callback(functools.partial(self.tenants.finished, run.owner))
+
+    def _ran_on_one(
+        self, run: _CompiledRun, device: int, counted: bool, report: Promise[RunReport]
+    ) -> None:
+        """The report of a run of one device: what :meth:`_compiled_sent`'s
+        callbacks do for a run of several (its outputs, its failed gangs'
+        readers, the outputs kept for readers elsewhere, the run's end, its
+        place in the session's quota), in one callback."""
+        for (node, index, _), out in zip(run.compiled.outputs, run.outs, strict=True):
+            if node >= 0:
+                _output(node, index, out, report)
+        self._reported(run, device, report)
+        run.done.set_result(None)
+        if report.exception() is None and report.result().held:
+            self._free_held({device: report}, run.done)
+        if counted:
+            self.tenants.finished(run.owner)
 
     def _free_held(self, reports: dict[int, Promise[RunReport]], _: Promise[None]) -> None:
         """The whole run is over: free the outputs devices kept because a
@@ -756,6 +777,7 @@ class _CompiledRun:
     earlier: dict[int, tuple[int, PriorOutput]]  # inputs the device that made them keeps
     reply: Reply | None = None  # a client's call its one device answers
     answered: bool = False  # ... and did (its report said so)
+    made: bool = False  # every output is made by the run (none is one of its inputs)
 
 
 _CALLS_KEPT = 1024  # one-node graphs of low-level calls kept (by shape)
@@ -780,6 +802,8 @@ def _together(
             return runlane.DIRECT
         return [out.result() if out.exception() is None else out for out in outs]
 
+    if run is not None and run.made:  # its outputs settle first, from its reports
+        return when_settled([done], whole)
     return when_settled([*outs, done], whole)
 
 

@@ -98,6 +98,7 @@ class IslandScheduler(Actor):
         self._installed: dict[int, tuple[ActorRef[Device], set[int]]] = {}  # device -> plans
         self._last_seq: int | None = None  # the last gang's place, as the policy numbered it
         self.broken: PolicyError | None = None  # the policy broke its contract: all runs fail
+        self._completed: Callable[[], Promise[int]] | None = None  # its own ``completed``
 
     async def on_start(self) -> None:
         self.rendezvous = self.ctx.spawn(Rendezvous, name="rendezvous")
@@ -246,14 +247,18 @@ class IslandScheduler(Actor):
         self._refuse_if_broken()
         run = run_key(epoch)
         reports: dict[int, Promise[RunReport]] = {d: Promise(run) for d in compiled.programs}
-        self._runs[run] = _HeldRun(compiled, epoch, inputs, owner, reports, reply)
+        held = self._runs[run] = _HeldRun(compiled, epoch, inputs, owner, reports, reply)
         shards = sum(len(gang_devices) for _, gang_devices in compiled.gangs)
         devices = tuple(compiled.programs)
         submit = Submit(next(self._events), run, devices, owner, weight, shards / len(devices))
         instructions = self._handled(submit)
         if sum(i.gang_id == run for i in instructions) < len(devices):
             self.held_back += 1  # (for status and tests: the policy queued it)
-        self._carry_out(instructions)
+        held.unseen = True
+        try:
+            self._carry_out(instructions)
+        finally:
+            held.unseen = False
         return reports
 
     @endpoint(resolve_args=False, share_args=False, inline=True)
@@ -288,7 +293,10 @@ class IslandScheduler(Actor):
         if installed is not None:  # a plan that could not be installed says why
             report = _unless_not_installed(report, installed)
         report.add_done_callback(functools.partial(self._report, run, device))
-        forward(report, held.reports[device])
+        if held.unseen:  # sent as the run came: its own promise is the run's report
+            held.reports[device] = report
+        else:
+            forward(report, held.reports[device])
 
     def _install(
         self, device: int, ref: ActorRef[Device], program: DeviceProgram
@@ -358,7 +366,9 @@ class IslandScheduler(Actor):
         idle = shard.exception() is None and getattr(shard.result(), "idle", False)
         self._completions.append((gang_id, device, idle))
         if len(self._completions) == 1:
-            self.ctx.ref.completed()
+            if self._completed is None:
+                self._completed = self.ctx.ref.completed
+            self._completed()
         error = shard.exception()
         if self.rendezvous is not None and error is not None:  # it never ran its gangs
             self.rendezvous.abandon(gang_id, error).add_done_callback(_log_failed)
@@ -457,6 +467,7 @@ class _HeldRun:
     reports: dict[int, Promise[RunReport]]  # by device, settled from its report
     reply: Reply | None  # a client's call its one device answers (Device.run_plan)
     left: int = field(init=False)  # devices not sent their part yet
+    unseen: bool = field(default=False, init=False)  # its reports not handed out yet
 
     def __post_init__(self) -> None:
         self.left = len(self.reports)
