@@ -185,7 +185,7 @@ class _Cell:
         self.received = 0
         self._current: Call | None = None
         self._idle = False  # waiting for a message: an inline call may run at once
-        self._inlined = False  # one did in this pass of the event loop
+        self._inlined: set[str] = set()  # endpoints one call of which ran inline this pass
         self.stopping = False  # its tasks cancelled, on_stop running or run (until a restart)
         self._context: contextvars.Context | None = None  # its task's, once it runs
         self._call_scope: anyio.CancelScope | None = None
@@ -205,7 +205,8 @@ class _Cell:
     def submit(self, call: Call) -> None:
         if self._idle and not self.mailbox and self._inlines(call):
             try:
-                call_soon(self._pass_over)  # the next call of this pass queues (_inlines)
+                if not self._inlined:  # the next call of this pass to it queues (_inlines)
+                    call_soon(self._pass_over)
             except RuntimeError:  # no loop runs here: the actor's task takes it
                 pass
             else:
@@ -232,10 +233,12 @@ class _Cell:
 
     def _inlines(self, call: Call) -> bool:
         """Whether ``call`` may run now, in the caller's step (``inline``):
-        one call per pass of the event loop at most, so that calls that come
-        together (a lane's read of many) still queue together and the
-        actor sees them as a batch (``ActorContext.queued``)."""
-        if self._inlined:
+        one call per endpoint per pass of the event loop at most, so that
+        calls that come together (a lane's read of many) still queue together
+        and the actor sees them as a batch (``ActorContext.queued``); a call
+        to another endpoint (an island's own batch of completions, then a
+        run) does not wait behind it."""
+        if call.endpoint in self._inlined:
             return False
         spec = self.cls.__endpoints__.get(call.endpoint)
         if spec is None or not spec.inline or self.cls.fail_on_error or self.mailbox.closed:
@@ -250,7 +253,8 @@ class _Cell:
         self._prepare(call)  # (a promise it forwards may be cancelled, as a queued call's)
         self.received += 1
         COUNTS["actor_messages"] += 1
-        self._current, self._idle, self._inlined = call, False, True
+        self._current, self._idle = call, False
+        self._inlined.add(call.endpoint)
         try:
             result = getattr(instance, call.endpoint)(*call.args, **call.kwargs)
         except Exception as exc:
@@ -270,7 +274,7 @@ class _Cell:
             self.handled += 1
 
     def _pass_over(self) -> None:
-        self._inlined = False
+        self._inlined.clear()
 
     def _prepare(self, call: Call) -> None:
         spec = self.cls.__endpoints__.get(call.endpoint)

@@ -1,6 +1,7 @@
 """Endpoints that run inline (``@endpoint(inline=True)``): a call that finds
-its actor idle runs in the caller's step, one per pass of the event loop;
-every other call queues, and the actor's one-at-a-time order holds."""
+its actor idle runs in the caller's step, one per endpoint per pass of the
+event loop; every other call queues, and the actor's one-at-a-time order
+holds."""
 
 from __future__ import annotations
 
@@ -74,6 +75,19 @@ async def test_an_idle_actor_takes_a_call_at_once_and_the_rest_of_the_pass_queue
         await wait_idle()
         fourth = relay.take("d")  # a later pass: at once again
         assert fourth.done() and fourth.result() == 4
+
+
+async def test_another_endpoint_runs_inline_in_the_same_pass_unless_calls_queue() -> None:
+    async with ActorSystem() as system:
+        relay = system.spawn(Relay, name="relay")
+        await wait_idle()
+        first, other = relay.take("a"), relay.forward("x")
+        assert first.done() and other.done()  # one call per endpoint per pass goes at once
+        second, third = relay.take("b"), relay.forward("y")
+        assert not second.done() and not third.done()  # `take` queued: `forward` behind it
+        assert [await second, await third] == [3, "y"]
+        instance = system._cells[relay.id].instance
+        assert isinstance(instance, Relay) and instance.seen == ["a", "forward", "b", "forward"]
 
 
 async def test_a_busy_actor_queues_an_inline_call_behind_the_one_it_runs() -> None:
