@@ -182,8 +182,11 @@ class RunReport:
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as its fields in order (a report crosses a lane on every
-        run; the default is a state dictionary)."""
-        return RunReport, (self.outputs, self.errors, self.held, self.answered, self.idle)
+        run; the default is a state dictionary); without its outputs once
+        the device sent them to the client (``answered``): nobody else
+        reads them."""
+        outputs = {} if self.answered else self.outputs
+        return RunReport, (outputs, self.errors, self.held, self.answered, self.idle)
 
     def output(self, node: int, index: int) -> Any:
         """Output ``index`` of ``node``, or the error its gang failed with."""

@@ -627,10 +627,12 @@ class Controller(Actor):
         callbacks do for a run of several (its outputs, its failed gangs'
         readers, the outputs kept for readers elsewhere, the run's end, its
         place in the session's quota), in one callback."""
+        self._reported(run, device, report)  # (whether its device answered the client)
         for (node, index, _), out in zip(run.compiled.outputs, run.outs, strict=True):
-            if node >= 0:
+            if run.answered:  # the report carries no outputs: the client has them
+                out.set_exception(_SENT_TO_CLIENT)
+            elif node >= 0:
                 _output(node, index, out, report)
-        self._reported(run, device, report)
         run.done.set_result(None)
         if report.exception() is None and report.result().held:
             self._free_held({device: report}, run.done)
@@ -781,6 +783,8 @@ class _CompiledRun:
 
 
 _CALLS_KEPT = 1024  # one-node graphs of low-level calls kept (by shape)
+# what the controller's promise of an output holds once its device answered the client
+_SENT_TO_CLIENT = AtollError("this output went from its device to the client that ran it")
 
 
 def _input_kind(value: Any) -> tuple[Any, ...]:
