@@ -465,6 +465,8 @@ class _DeviceEnd(_End):
         return _device_host.get(target, -1)  # -1: no handle is of it
 
     def deliver(self, kind: int, target: int, args: Any, request: int) -> Promise[Any]:
+        if kind == SYNC:  # what came before it on the link went to its actors
+            return as_promise(None)
         if target < 0 and kind == FREE:  # a client's frees at this host
             host = _hosts.get(-1 - target)
             if host is None:

@@ -234,12 +234,13 @@ class Caller:
             self._drain(target)
         return promise
 
-    def sync(self) -> Promise[Any] | None:
+    def sync(self, notices: bool = False) -> Promise[Any] | None:
         """A promise that settles once every call sent before now reached
-        the far end's actor (None: nothing is on its way). A caller awaits
-        it before a Cap'n Proto call that must come after them (they travel
-        on another connection)."""
-        if self.off or (not self.pending and not self.queued):
+        the far end's actor (None: nothing is on its way; with ``notices``,
+        notices sent before it too, which leave no trace here). A caller
+        awaits it before a Cap'n Proto call that must come after them (they
+        travel on another connection)."""
+        if self.off or (not notices and not self.pending and not self.queued):
             return None
         return self.call(wire.SYNC, 0, (), lambda: as_promise(None))
 

@@ -703,7 +703,15 @@ class Cluster:
 
     async def store_usage(self, reset_peak: bool = False) -> list[dict[str, int]]:
         """Buffers and bytes held by each host's object store (``peak_bytes``:
-        the most held at once, since the last call with ``reset_peak``)."""
+        the most held at once, since the last call with ``reset_peak``), after
+        the frees of buffers this client let go of (put off while frees keep
+        coming: ``runtime/client/ownership.py``) reached their hosts."""
+        for host, sent in self._refs.send_put_off():  # they must come before the count
+            await all_settled([sent])  # (one that failed was logged, and looked for)
+            lane = self._direct.lane(host) if self._direct is not None else None
+            synced = lane.sync(notices=True) if lane is not None else None  # (a notice's)
+            if synced is not None:
+                await synced
         return [await p for p in [host.store_usage(reset_peak) for host in self._hosts]]
 
     async def device_stats(self) -> list[DeviceStats]:

@@ -14,7 +14,8 @@ ownership does. Two rules make that safe and cheap:
 * the frees of one loop turn leave together, one ``free_many`` per host;
   to a host in another process at most one every ``FREE_EVERY_S`` while
   frees keep coming (each is a message that wakes that host, and this
-  client for its answer), unless ``FREE_AT_ONCE`` are waiting.
+  client for its answer), unless ``FREE_AT_ONCE`` buffers, or
+  ``FREE_BYTES_AT_ONCE`` bytes of them, are waiting.
 
 Explicit ``cluster.free`` and ``cluster.close`` keep working: a buffer freed
 by hand is not freed again when its references go.
@@ -45,10 +46,11 @@ from ...devices._shards import ShardedHandle
 from ...kernel import ActorRef, ActorStopped, HostLost, Promise, all_settled, log_failure
 from ...kernel.lowlevel import running_asyncio_loop, threadsafe_caller
 
-__all__ = ["FREE_AT_ONCE", "FREE_EVERY_S", "Ownership"]
+__all__ = ["FREE_AT_ONCE", "FREE_BYTES_AT_ONCE", "FREE_EVERY_S", "Ownership"]
 
-FREE_EVERY_S = 0.01  # the least time between two frees sent to one remote host
+FREE_EVERY_S = 0.05  # the least time between two frees sent to one remote host
 FREE_AT_ONCE = 256  # ... unless this many buffers wait to be freed there
+FREE_BYTES_AT_ONCE = 16 << 20  # ... or this many bytes of them
 
 _log = logging.getLogger(__name__)
 _log_unfreed = log_failure(_log, "a free", logging.DEBUG)
@@ -92,6 +94,7 @@ class Ownership:
         self._loop, self._thread = running_asyncio_loop(), threading.get_ident()
         self._live: dict[str, int] = {}  # buffer id -> references alive
         self._hosts: dict[str, ActorRef[Any]] = {}  # buffer id -> its host
+        self._sizes: dict[str, int] = {}  # buffer id -> its bytes, until its free is sent
         self._readers: dict[str, list[Promise[Any]]] = {}  # buffer id -> runs reading it
         self._prune_at: dict[str, int] = {}  # buffer id -> readers before the next prune
         self._handles: set[int] = set()  # ids of the handle objects counted as references
@@ -130,6 +133,7 @@ class Ownership:
         """The client went: its buffers are freed with its session, not here."""
         self._closed = True
         self._live.clear()
+        self._sizes.clear()
         self._readers.clear()
         self._doomed.clear()
         self._dying.clear()
@@ -158,6 +162,7 @@ class Ownership:
         self._live[handle.id] = self._live.get(handle.id, 0) + 1
         if handle.id not in self._hosts:
             self._hosts[handle.id] = self._host_of(handle)
+            self._sizes[handle.id] = handle.nbytes
         self._dying.discard(handle.id)
 
     def _read_by(self, value: Promise[Any], done: Promise[Any]) -> None:
@@ -204,6 +209,7 @@ class Ownership:
         self._prune_at.pop(buffer_id, None)
         if self._closed or host is None or buffer_id in self._by_hand:
             self._by_hand.discard(buffer_id)
+            self._sizes.pop(buffer_id, None)
             return
         self._dying.add(buffer_id)
         if not readers:
@@ -218,11 +224,24 @@ class Ownership:
         self._doomed.setdefault(host, []).append(buffer_id)
         self._schedule()
 
-    def _flush(self) -> None:
+    def send_put_off(self) -> list[tuple[ActorRef[Any], Promise[Any]]]:
+        """Send the frees put off now (a count of what hosts hold must not
+        see them); the hosts they went to, each with the promise of its
+        free (a notice's settles as it leaves)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        while self._gone:  # (collected since the loop's last turn)
+            self._release(self._gone.popleft())
+        return self._flush(put_off=False)
+
+    def _flush(self, put_off: bool = True) -> list[tuple[ActorRef[Any], Promise[Any]]]:
         """One ``free_many`` per host for every buffer doomed this turn (and
-        still released: a reference that came back since keeps it)."""
+        still released: a reference that came back since keeps it), unless
+        it is ``put_off``; the hosts freed at, with their frees."""
         doomed, self._doomed = self._doomed, {}
-        loop = running_asyncio_loop()
+        loop = running_asyncio_loop() if put_off else None
+        sent_to: list[tuple[ActorRef[Any], Promise[Any]]] = []
         for host, buffer_ids in doomed.items():
             dying = [b for b in dict.fromkeys(buffer_ids) if b in self._dying]
             if not dying:
@@ -230,27 +249,36 @@ class Ownership:
             if loop is not None and self._put_off(loop, host, dying):
                 continue
             self._dying.difference_update(dying)
+            for buffer_id in dying:
+                self._sizes.pop(buffer_id, None)
             self.freed += len(dying)
             sent = self._free(host, dying, self.owner)
             sent.add_done_callback(functools.partial(self._unfreed, dying))
+            sent_to.append((host, sent))
+        return sent_to
 
     def _put_off(
         self, loop: asyncio.AbstractEventLoop, host: ActorRef[Any], dying: list[str]
     ) -> bool:
         """Whether the frees ``dying`` at remote ``host`` wait (its last free
         left less than ``FREE_EVERY_S`` ago, and fewer than ``FREE_AT_ONCE``
-        wait): they are kept, and a timer sends them."""
+        buffers and ``FREE_BYTES_AT_ONCE`` bytes wait): they are kept, and a
+        timer sends them."""
         if not _remote(host):  # a local actor: a free is a mailbox entry, no wake-up
             return False
         now = loop.time()
         wait = self._sent_at.get(host, -FREE_EVERY_S) + FREE_EVERY_S - now
-        if wait <= 0 or len(dying) >= FREE_AT_ONCE:
+        if wait <= 0 or len(dying) >= FREE_AT_ONCE or self._bytes(dying) >= FREE_BYTES_AT_ONCE:
             self._sent_at[host] = now
             return False
         self._doomed.setdefault(host, []).extend(dying)
         if self._timer is None:
             self._timer = loop.call_later(wait, self._put_off_over)
         return True
+
+    def _bytes(self, buffer_ids: list[str]) -> int:
+        sizes = self._sizes
+        return sum(sizes.get(b, 0) for b in buffer_ids)
 
     def _put_off_over(self) -> None:
         self._timer = None

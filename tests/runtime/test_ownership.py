@@ -217,6 +217,44 @@ async def test_frees_at_a_remote_host_wait_for_the_interval_or_a_full_batch(
         ]
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_frees_at_a_remote_host_go_at_once_when_their_bytes_add_up(
+    remote_hosts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
+    monkeypatch.setattr(ownership_module, "FREE_BYTES_AT_ONCE", 64)  # two buffers of 32 bytes
+    async with ActorSystem() as system:
+        host = system.spawn(_Freer)
+        ownership = Ownership("session", host_of=lambda handle: host)
+        dropper = _Dropper(ownership, host)
+        await dropper.drop(1)
+        await dropper.drop(1)
+        assert await host.calls() == [["h0:0"]]  # 32 bytes wait for the interval
+        await dropper.drop(1)  # 64 bytes wait: they go
+        assert await host.calls() == [["h0:0"], ["h0:1", "h0:2"]]
+        assert ownership._sizes == {}  # nothing left to count
+        ownership.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_frees_put_off_go_at_once_when_asked_for(
+    remote_hosts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
+    async with ActorSystem() as system:
+        host = system.spawn(_Freer)
+        ownership = Ownership("session", host_of=lambda handle: host)
+        dropper = _Dropper(ownership, host)
+        await dropper.drop(1)
+        await dropper.drop(2)
+        assert await host.calls() == [["h0:0"]]  # put off
+        [(to, sent)] = ownership.send_put_off()  # (before a count of what hosts hold)
+        await sent
+        assert to == host and await host.calls() == [["h0:0"], ["h0:1", "h0:2"]]
+        assert ownership._timer is None and ownership.send_put_off() == []
+        ownership.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_free_put_off_goes_when_the_interval_is_over(
