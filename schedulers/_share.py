@@ -72,6 +72,7 @@ class ClientShare:
     running: int = 0  # gangs dispatched and not finished on every device
     last_seen: int = 0  # the island seq when it last submitted or finished work
     queue: deque[Submit] = field(default_factory=deque)
+    order: int = 0  # when it came (ties in pass go to the earlier)
 
 
 class SharePolicy:
@@ -104,6 +105,12 @@ class SharePolicy:
         self._full: set[int] = set()  # devices sent as many gangs as they are kept deep
         self._devices: set[int] = set()  # every device a gang was submitted for
         self._floor = 0.0  # the pass of the last client served
+        self._came = 0  # clients made so far (each one's order)
+        # the clients whose head gang is on one device, by that device; and
+        # how many heads span several (while none does, the choice is a look
+        # at the devices with room: see _next)
+        self._heads: dict[int, set[str]] = {}
+        self._wide_heads = 0
         self._sharing = False  # several clients present: devices kept `depth` deep
 
     # -- events ---------------------------------------------------------------
@@ -124,12 +131,17 @@ class SharePolicy:
                 f"gang {event.gang_id!r}: weight must be > 0 and cost >= 0, "
                 f"got {event.weight} and {event.cost}"
             )
-        client = self._clients.setdefault(event.client, ClientShare())
+        client = self._clients.get(event.client)
+        if client is None:
+            client = self._clients[event.client] = ClientShare(order=self._came)
+            self._came += 1
         if not client.queue and not client.running:  # back from idle: no credit for it
             client.pass_ = max(client.pass_, self._lowest_pass())
         client.weight = event.weight
         client.last_seen = self._seq
         client.queue.append(event)
+        if len(client.queue) == 1:
+            self._head(event.client, event, 1)
         self._held.add(event.gang_id)
         self._devices.update(event.devices)
 
@@ -174,6 +186,19 @@ class SharePolicy:
             out += self._dispatch(cause, chosen)
         return out
 
+    def _head(self, name: str, gang: Submit, change: int) -> None:
+        """``gang`` became (``change`` 1) or stopped being (-1) the head of
+        client ``name``'s queue."""
+        devices = set(gang.devices)
+        if len(devices) != 1:
+            self._wide_heads += change
+            return
+        (device,) = devices
+        if change > 0:
+            self._heads.setdefault(device, set()).add(name)
+        else:
+            self._heads[device].discard(name)
+
     def _next(self, limited: bool) -> str | None:
         """The client whose head gang goes next, or None when none can.
 
@@ -192,6 +217,14 @@ class SharePolicy:
         full = self._full
         if len(full) == len(self._devices):  # every device is full: no one goes
             return None
+        if not self._wide_heads:  # heads of one device each: none reserves another's
+            return self._lowest_with_room(full)
+        return self._scan(full)
+
+    def _scan(self, full: set[int]) -> str | None:
+        """:meth:`_next`, limited, in general: the waiting clients' heads in
+        order, each one passed over reserving its devices with room."""
+        clients = self._clients
         waiting = [
             (c.pass_, i, c.queue[0].devices, n)
             for i, (n, c) in enumerate(clients.items())
@@ -208,9 +241,30 @@ class SharePolicy:
                 reserved.update(devices)  # held for this client: no one behind takes them
         return None
 
+    def _lowest_with_room(self, full: set[int]) -> str | None:
+        """:meth:`_next` while every client's head gang is on one device: a
+        head on a full device is passed over and reserves nothing, so the
+        one that goes is the lowest pass (then the earliest client) among
+        the heads on devices with room."""
+        best: str | None = None
+        best_key = (float("inf"), 0)
+        clients = self._clients
+        for device, names in self._heads.items():
+            if device in full:
+                continue
+            for name in names:
+                client = clients[name]
+                key = (client.pass_, client.order)
+                if key < best_key:
+                    best, best_key = name, key
+        return best
+
     def _dispatch(self, cause: int, name: str) -> list[Instruction]:
         client = self._clients[name]
         gang = client.queue.popleft()
+        self._head(name, gang, -1)
+        if client.queue:
+            self._head(name, client.queue[0], 1)
         self._held.discard(gang.gang_id)
         devices = sorted(set(gang.devices))
         self._floor = client.pass_
@@ -294,6 +348,13 @@ class SharePolicy:
             assert client.running == running[name], (name, client.running, running[name])
         held = {g.gang_id for c in self._clients.values() for g in c.queue}
         assert held == self._held, "the held set drifted from the queues"
+        heads = [(n, set(c.queue[0].devices)) for n, c in self._clients.items() if c.queue]
+        assert self._wide_heads == sum(len(d) != 1 for _, d in heads), "wide heads drifted"
+        by_device: dict[int, set[str]] = {}
+        for name, devices in heads:
+            if len(devices) == 1:
+                by_device.setdefault(next(iter(devices)), set()).add(name)
+        assert {d: n for d, n in self._heads.items() if n} == by_device, "heads drifted"
 
 
 register_scheduler("share", SharePolicy)

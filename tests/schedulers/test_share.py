@@ -310,3 +310,30 @@ def test_a_device_that_runs_dry_while_work_waits_is_kept_deeper() -> None:
 def policy_running(policy: SharePolicy) -> list[str]:
     """The gangs the policy has sent and not seen complete, oldest first."""
     return list(policy._left)
+
+
+def test_with_heads_of_one_device_the_lowest_pass_with_room_is_what_the_scan_finds() -> None:
+    rng = random.Random(7)
+    policy = SharePolicy(depth=2)
+    running: dict[str, set[int]] = {}
+    checked = 0
+    for event_id in range(1, 3000):
+        if running and rng.random() < 0.45:
+            gang = rng.choice(sorted(running))
+            device = rng.choice(sorted(running[gang]))
+            running[gang].discard(device)
+            if not running[gang]:
+                del running[gang]
+            event: Completed | Submit = Completed(event_id, gang, device, rng.random() < 0.2)
+        else:
+            devices = (rng.randrange(4),)
+            client = f"c{rng.randrange(12)}"
+            event = Submit(event_id, f"g{event_id}", devices, client, rng.choice([1.0, 3.0]))
+        for dispatch in policy.handle(event):
+            running.setdefault(dispatch.gang_id, set()).add(dispatch.device)
+        policy.validate()
+        full = set(policy._full)
+        if policy._sharing and len(full) < len(policy._devices):
+            assert policy._lowest_with_room(full) == policy._scan(full)
+            checked += 1
+    assert checked > 500
