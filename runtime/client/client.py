@@ -404,14 +404,18 @@ class Cluster:
 
     def _to_controller(self, kind: int, *args: Any) -> Promise[Any]:
         """A run to the controller: by this client's call lane if it has one."""
-        to = over(self.wire, self.controller)
-        by_call: Callable[[], Promise[Any]] = functools.partial(getattr(to, ENDPOINTS[kind]), *args)
+        by_call: Callable[[], Promise[Any]] = functools.partial(self._by_call, kind, args)
         if self._lane is None:
             return by_call()
         direct = self._answering(args[1]) if kind == RUN_CALL else None
         if direct is not None:  # the device's host may answer it (Controller.run_graph)
             return self._lane.call(RUN_CALL_DIRECT, 0, args, by_call, direct)
         return self._lane.call(kind, 0, args, by_call)
+
+    def _by_call(self, kind: int, args: tuple[Any, ...]) -> Promise[Any]:
+        """A run to the controller by Cap'n Proto call (no lane, or it cannot)."""
+        answer: Promise[Any] = getattr(over(self.wire, self.controller), ENDPOINTS[kind])(*args)
+        return answer
 
     def _answering(self, device: int) -> Caller | None:
         """The lane down which ``device``'s host can answer a call on it."""

@@ -113,13 +113,16 @@ class IslandScheduler(Actor):
         """``device``'s endpoint ``kind`` (``_runlane.RUN``...) with ``args``:
         by its host's run lane when there is one, else by call. The island
         sends everything for a device the same way, so it comes in order."""
-        ref = over(self.wire, self.devices[device])
-        by_call: Callable[[], Promise[Any]] = functools.partial(
-            getattr(ref, runlane.ENDPOINTS[kind]), *args
-        )
+        ref = self.devices[device]  # (the device as it is now, if the call waits)
+        by_call: Callable[[], Promise[Any]] = functools.partial(self._by_call, ref, kind, args)
         if self.lanes is None:
             return by_call()
         return self.lanes.call(device, kind, args, by_call)
+
+    def _by_call(self, ref: ActorRef[Device], kind: int, args: tuple[Any, ...]) -> Promise[Any]:
+        """A device's endpoint ``kind`` with ``args`` by call (no lane, or it cannot)."""
+        answer: Promise[Any] = getattr(over(self.wire, ref), runlane.ENDPOINTS[kind])(*args)
+        return answer
 
     def _handled(self, event: Event) -> list[Dispatch]:
         """The policy's answer to ``event``, checked (see the module
