@@ -141,16 +141,18 @@ class _LoopAlarm:
         self._armed = float("inf")
         now = _monotonic()
         heap = self._heap
-        while heap and heap[0][0] <= now:
-            entry = heapq.heappop(heap)[2]
-            if isinstance(entry, _Precise):  # (it may set the next deadline: see _push)
-                entry.fire(loop)
-            elif not entry.done():  # a cancelled sleeper cancelled it
-                entry.set_result(None)
-        while heap and heap[0][2].done():  # cancelled: no need to wake for them
-            heapq.heappop(heap)
-        if heap and heap[0][0] < self._armed:
-            self._arm(heap[0][0])
+        try:
+            while heap and heap[0][0] <= now:
+                entry = heapq.heappop(heap)[2]
+                if isinstance(entry, _Precise):  # (it may set the next deadline: see _push)
+                    entry.fire(loop)
+                elif not entry.done():  # a cancelled sleeper cancelled it
+                    entry.set_result(None)
+        finally:  # (a callback that raised past Exception leaves the others due)
+            while heap and heap[0][2].done():  # cancelled: no need to wake for them
+                heapq.heappop(heap)
+            if heap and heap[0][0] < self._armed:
+                self._arm(heap[0][0])
 
 
 _ALARMS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopAlarm | None] = (

@@ -85,6 +85,10 @@ class HostLinks(Protocol):
         calls to the controller, if one is up."""
         ...
 
+    def lanes(self) -> list[Caller]:
+        """Every lane to a host process (each once)."""
+        ...
+
 
 class Outputs:
     """What ``run`` returns at once. ``await outputs`` gives the arrays (numpy),
@@ -707,15 +711,15 @@ class Cluster:
 
     async def store_usage(self, reset_peak: bool = False) -> list[dict[str, int]]:
         """Buffers and bytes held by each host's object store (``peak_bytes``:
-        the most held at once, since the last call with ``reset_peak``), after
-        the frees of buffers this client let go of (put off while frees keep
-        coming: ``runtime/client/ownership.py``) reached their hosts."""
-        for host, sent in self._refs.send_put_off():  # they must come before the count
-            await all_settled([sent])  # (one that failed was logged, and looked for)
-            lane = self._direct.lane(host) if self._direct is not None else None
-            synced = lane.sync(notices=True) if lane is not None else None  # (a notice's)
-            if synced is not None:
-                await synced
+        the most held at once, since the last call with ``reset_peak``), once
+        the frees of buffers this client let go of reached their hosts (those
+        put off while frees keep coming too: ``runtime/client/ownership.py``;
+        not those whose last reader still runs)."""
+        sent = [free for _, free in self._refs.send_put_off()]  # before the count
+        await all_settled(sent)  # (by call: answered once done; one that failed was logged)
+        lanes = self._direct.lanes() if self._direct is not None else []
+        synced = [s for s in (lane.sync(notices=True) for lane in lanes) if s is not None]
+        await all_settled(synced)  # every free sent down a lane, now or before, was made
         return [await p for p in [host.store_usage(reset_peak) for host in self._hosts]]
 
     async def device_stats(self) -> list[DeviceStats]:

@@ -151,6 +151,10 @@ class DirectHosts:
         gave), if there is one."""
         return self._lanes.get(host)
 
+    def lanes(self) -> list[Caller]:
+        """Every lane to a host process this client has (each once)."""
+        return list({id(lane): lane for lane in self._lanes.values()}.values())
+
     def _close_lane(self, host: ActorRef[Host]) -> None:
         lane = self._lanes.pop(host, None)
         if lane is not None:

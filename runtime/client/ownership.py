@@ -50,7 +50,7 @@ __all__ = ["FREE_AT_ONCE", "FREE_BYTES_AT_ONCE", "FREE_EVERY_S", "Ownership"]
 
 FREE_EVERY_S = 0.05  # the least time between two frees sent to one remote host
 FREE_AT_ONCE = 256  # ... unless this many buffers wait to be freed there
-FREE_BYTES_AT_ONCE = 16 << 20  # ... or this many bytes of them
+FREE_BYTES_AT_ONCE = 1 << 20  # ... or this many bytes of them (a session's byte quota counts them)
 
 _log = logging.getLogger(__name__)
 _log_unfreed = log_failure(_log, "a free", logging.DEBUG)
@@ -127,6 +127,8 @@ class Ownership:
         """The caller freed ``handle``'s buffer itself (``cluster.free``)."""
         if handle.id in self._live:
             self._by_hand.add(handle.id)
+        else:  # released already: no free will be sent for it
+            self._sizes.pop(handle.id, None)
         self._dying.discard(handle.id)
 
     def close(self) -> None:

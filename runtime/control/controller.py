@@ -515,7 +515,8 @@ class Controller(Actor):
         reply: tuple[str, int] | None = None,
     ) -> _CompiledRun:
         """One run of a compiled plan: the island sends each device one
-        ``run_plan``; each output settles from its device's report. A
+        ``run_plan``; each output settles from its device's report (one its
+        device sent to the client itself: see :meth:`_ran_on_one`). A
         session's run goes through its gang quota as one entry (sent now,
         after a stall, or refused). A client's call (``reply``) is answered by
         the run's device when one device makes every output."""
@@ -626,18 +627,25 @@ class Controller(Actor):
         """The report of a run of one device: what :meth:`_compiled_sent`'s
         callbacks do for a run of several (its outputs, its failed gangs'
         readers, the outputs kept for readers elsewhere, the run's end, its
-        place in the session's quota), in one callback."""
-        self._reported(run, device, report)  # (whether its device answered the client)
-        for (node, index, _), out in zip(run.compiled.outputs, run.outs, strict=True):
-            if run.answered:  # the report carries no outputs: the client has them
-                out.set_exception(_SENT_TO_CLIENT)
-            elif node >= 0:
-                _output(node, index, out, report)
-        run.done.set_result(None)
-        if report.exception() is None and report.result().held:
-            self._free_held({device: report}, run.done)
-        if counted:
-            self.tenants.finished(run.owner)
+        place in the session's quota), in one callback. Outputs its device
+        sent to the client itself are not in the report: their promises here
+        fail with ``_SENT_TO_CLIENT`` (nobody reads them: the answer is
+        ``DIRECT``). The run ends, and leaves the quota, whatever raised."""
+        try:
+            self._reported(run, device, report)  # (whether its device answered the client)
+            for (node, index, _), out in zip(run.compiled.outputs, run.outs, strict=True):
+                if run.answered:  # the report carries no outputs: the client has them
+                    out.set_exception(_SENT_TO_CLIENT)
+                elif node >= 0:
+                    _output(node, index, out, report)
+        finally:
+            run.done.set_result(None)
+            try:
+                if report.exception() is None and report.result().held:
+                    self._free_held({device: report}, run.done)
+            finally:
+                if counted:
+                    self.tenants.finished(run.owner)
 
     def _free_held(self, reports: dict[int, Promise[RunReport]], _: Promise[None]) -> None:
         """The whole run is over: free the outputs devices kept because a
@@ -784,6 +792,7 @@ class _CompiledRun:
 
 _CALLS_KEPT = 1024  # one-node graphs of low-level calls kept (by shape)
 # what the controller's promise of an output holds once its device answered the client
+# (one instance for all: never raised, only a marker for whoever looks)
 _SENT_TO_CLIENT = AtollError("this output went from its device to the client that ran it")
 
 

@@ -312,11 +312,14 @@ def policy_running(policy: SharePolicy) -> list[str]:
     return list(policy._left)
 
 
-def test_with_heads_of_one_device_the_lowest_pass_with_room_is_what_the_scan_finds() -> None:
+@pytest.mark.parametrize("widths", [(1,), (1, 1, 1, 2, 4)])
+def test_with_heads_of_one_device_the_lowest_pass_with_room_is_what_the_scan_finds(
+    widths: tuple[int, ...],
+) -> None:
     rng = random.Random(7)
     policy = SharePolicy(depth=2)
     running: dict[str, set[int]] = {}
-    checked = 0
+    checked, wide = 0, 0
     for event_id in range(1, 3000):
         if running and rng.random() < 0.45:
             gang = rng.choice(sorted(running))
@@ -326,14 +329,16 @@ def test_with_heads_of_one_device_the_lowest_pass_with_room_is_what_the_scan_fin
                 del running[gang]
             event: Completed | Submit = Completed(event_id, gang, device, rng.random() < 0.2)
         else:
-            devices = (rng.randrange(4),)
+            devices = tuple(rng.sample(range(4), rng.choice(widths)))
             client = f"c{rng.randrange(12)}"
             event = Submit(event_id, f"g{event_id}", devices, client, rng.choice([1.0, 3.0]))
         for dispatch in policy.handle(event):
             running.setdefault(dispatch.gang_id, set()).add(dispatch.device)
-        policy.validate()
+        policy.validate()  # (the heads by device, and how many are wide)
+        wide += policy._wide_heads > 0
         full = set(policy._full)
-        if policy._sharing and len(full) < len(policy._devices):
+        if policy._sharing and len(full) < len(policy._devices) and not policy._wide_heads:
             assert policy._lowest_with_room(full) == policy._scan(full)
             checked += 1
-    assert checked > 500
+    assert checked > (500 if widths == (1,) else 0)
+    assert (wide > 500) if widths != (1,) else not wide  # wide heads come and go: the scan
