@@ -7,8 +7,9 @@ A buffer read by a run that has not taken it yet is kept until it has.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import anyio
 import numpy as np
@@ -185,6 +186,15 @@ class _Dropper:
             await anyio.sleep(0)
 
 
+@contextlib.asynccontextmanager
+async def _freeing() -> AsyncIterator[tuple[ActorRef[_Freer], Ownership, _Dropper]]:
+    """A host that records its frees, an ownership that frees there, and a dropper."""
+    async with ActorSystem() as system:
+        host = system.spawn(_Freer)
+        ownership = Ownership("session", host_of=lambda handle: host)
+        yield host, ownership, _Dropper(ownership, host)
+
+
 @pytest.fixture
 def remote_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every host counts as one in another process, whose frees are put off."""
@@ -197,10 +207,7 @@ async def test_frees_at_a_remote_host_wait_for_the_interval_or_a_full_batch(
 ) -> None:
     monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
     monkeypatch.setattr(ownership_module, "FREE_AT_ONCE", 3)
-    async with ActorSystem() as system:
-        host = system.spawn(_Freer)
-        ownership = Ownership("session", host_of=lambda handle: host)
-        dropper = _Dropper(ownership, host)
+    async with _freeing() as (host, ownership, dropper):
         await dropper.drop(1)
         assert await host.calls() == [["h0:0"]]  # the first goes at once
         await dropper.drop(1)
@@ -223,10 +230,7 @@ async def test_frees_at_a_remote_host_go_at_once_when_their_bytes_add_up(
 ) -> None:
     monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
     monkeypatch.setattr(ownership_module, "FREE_BYTES_AT_ONCE", 64)  # two buffers of 32 bytes
-    async with ActorSystem() as system:
-        host = system.spawn(_Freer)
-        ownership = Ownership("session", host_of=lambda handle: host)
-        dropper = _Dropper(ownership, host)
+    async with _freeing() as (host, ownership, dropper):
         await dropper.drop(1)
         await dropper.drop(1)
         assert await host.calls() == [["h0:0"]]  # 32 bytes wait for the interval
@@ -241,10 +245,7 @@ async def test_frees_put_off_go_at_once_when_asked_for(
     remote_hosts: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
-    async with ActorSystem() as system:
-        host = system.spawn(_Freer)
-        ownership = Ownership("session", host_of=lambda handle: host)
-        dropper = _Dropper(ownership, host)
+    async with _freeing() as (host, ownership, dropper):
         await dropper.drop(1)
         await dropper.drop(2)
         assert await host.calls() == [["h0:0"]]  # put off
@@ -261,10 +262,7 @@ async def test_a_free_put_off_goes_when_the_interval_is_over(
     remote_hosts: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 1.0)  # a busy machine's turns fit
-    async with ActorSystem() as system:
-        host = system.spawn(_Freer)
-        ownership = Ownership("session", host_of=lambda handle: host)
-        dropper = _Dropper(ownership, host)
+    async with _freeing() as (host, ownership, dropper):
         await dropper.drop(2)
         await dropper.drop(1)
         assert ownership._timer is not None  # put off, the timer armed
