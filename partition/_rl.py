@@ -275,13 +275,10 @@ class _Stall:
 
     def stalled(self) -> bool:
         t = self._tracker
-        while t.best_tp > self._mark * (1 + STALLED):  # the evaluation past the mark
-            self._at = next(
-                i + 1
-                for i in range(self._at, len(t.history))
-                if t.history[i] > self._mark * (1 + STALLED)
-            )
-            self._mark = t.history[self._at - 1]
+        if t.best_tp > self._mark * (1 + STALLED):  # gains since: the last one counts
+            for i in range(self._at, len(t.history)):
+                if t.history[i] > self._mark * (1 + STALLED):
+                    self._mark, self._at = t.history[i], i + 1
         return self._patience is not None and len(t.history) - self._at >= self._patience
 
 

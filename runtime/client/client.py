@@ -715,7 +715,7 @@ class Cluster:
         the frees of buffers this client let go of reached their hosts (those
         put off while frees keep coming too: ``runtime/client/ownership.py``;
         not those whose last reader still runs)."""
-        sent = [free for _, free in self._refs.send_put_off()]  # before the count
+        sent = self._refs.send_put_off()  # before the count
         await all_settled(sent)  # (by call: answered once done; one that failed was logged)
         lanes = self._direct.lanes() if self._direct is not None else []
         synced = [s for s in (lane.sync(notices=True) for lane in lanes) if s is not None]

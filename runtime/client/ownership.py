@@ -226,10 +226,9 @@ class Ownership:
         self._doomed.setdefault(host, []).append(buffer_id)
         self._schedule()
 
-    def send_put_off(self) -> list[tuple[ActorRef[Any], Promise[Any]]]:
+    def send_put_off(self) -> list[Promise[Any]]:
         """Send the frees put off now (a count of what hosts hold must not
-        see them); the hosts they went to, each with the promise of its
-        free (a notice's settles as it leaves)."""
+        see them); the promise of each (a notice's settles as it leaves)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -237,13 +236,13 @@ class Ownership:
             self._release(self._gone.popleft())
         return self._flush(put_off=False)
 
-    def _flush(self, put_off: bool = True) -> list[tuple[ActorRef[Any], Promise[Any]]]:
+    def _flush(self, put_off: bool = True) -> list[Promise[Any]]:
         """One ``free_many`` per host for every buffer doomed this turn (and
         still released: a reference that came back since keeps it), unless
-        it is ``put_off``; the hosts freed at, with their frees."""
+        it is ``put_off``; the frees sent."""
         doomed, self._doomed = self._doomed, {}
         loop = running_asyncio_loop() if put_off else None
-        sent_to: list[tuple[ActorRef[Any], Promise[Any]]] = []
+        frees: list[Promise[Any]] = []
         for host, buffer_ids in doomed.items():
             dying = [b for b in dict.fromkeys(buffer_ids) if b in self._dying]
             if not dying:
@@ -256,8 +255,8 @@ class Ownership:
             self.freed += len(dying)
             sent = self._free(host, dying, self.owner)
             sent.add_done_callback(functools.partial(self._unfreed, dying))
-            sent_to.append((host, sent))
-        return sent_to
+            frees.append(sent)
+        return frees
 
     def _put_off(
         self, loop: asyncio.AbstractEventLoop, host: ActorRef[Any], dying: list[str]
