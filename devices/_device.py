@@ -875,7 +875,8 @@ class Device(Actor):
             return await value_of(value)
         arrival = self.store.arrival(key)
         try:
-            await first_settled(arrival)
+            if not arrival.done():  # (landed: no wait)
+                await first_settled(arrival)
         except BaseException:  # cancelled while waiting: free the copy when it lands
             self.store.abandon(key)
             raise

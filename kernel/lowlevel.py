@@ -23,6 +23,7 @@ from ._promise import Promise, WaitCounter, count_waits, detach_wait_counter
 from ._soon import call_soon
 from ._soon import on_trio as _on_trio
 from ._system import _Cell, share_arguments_with
+from ._system import _has_promise as holds_promises
 from ._system import _resolve as _resolve_nested
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "count_waits",
     "counts",
     "detach_wait_counter",
+    "holds_promises",
     "message_handler",
     "pipeline_answer",
     "resolve_arguments",

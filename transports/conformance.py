@@ -374,6 +374,19 @@ async def check_cancel_queued_call(h: Harness) -> None:
     assert await worker.get_log() == ["kept"]
 
 
+async def check_cancel_in_the_same_turn(h: Harness) -> None:
+    latch, worker = await h.spawn("Latch"), await h.spawn("Worker")
+    running = worker.block(latch)
+    queued = worker.record("never")
+    assert queued.cancel()  # before its answer was even waited for
+    await expect(CallCancelled, queued)
+    kept = worker.record("kept")
+    latch.release()
+    await running
+    await kept
+    assert await worker.get_log() == ["kept"]
+
+
 async def check_stop_fails_pending_calls(h: Harness) -> None:
     latch, worker = await h.spawn("Latch"), await h.spawn("Worker")
     running = worker.block(latch)
@@ -462,6 +475,7 @@ CHECKS: list[Callable[[Harness], Awaitable[None]]] = [
     check_mailbox_full_is_reported,
     check_cancel_running_call,
     check_cancel_queued_call,
+    check_cancel_in_the_same_turn,
     check_stop_fails_pending_calls,
     check_graceful_stop_finishes_running_call,
     check_arrays_arrive_intact,

@@ -70,6 +70,7 @@ from ...kernel.lowlevel import (
     channel_of,
     counts,
     detach_wait_counter,
+    holds_promises,
     pipeline_answer,
     resolve_arguments,
     set_canceller,
@@ -104,6 +105,75 @@ class _Answer:
     later: Any
 
 
+class _Awaiting:
+    """One capnp answer awaited with no task (:meth:`Peer.settle_later`).
+
+    :meth:`start`, called in the loop's turn after the call was sent, takes
+    the answer's future (pycapnp pipelines on an answer until it is
+    awaited); the future's callback settles the promise. Like a task, it can
+    be asked whether it is :meth:`done` and be :meth:`cancel`-led (a cancelled
+    call, a closed connection): the capnp question is then dropped.
+    """
+
+    __slots__ = ("_done", "answer", "context", "future", "peer", "promise")
+
+    def __init__(self, peer: Peer, answer: Any, promise: Promise[Any]) -> None:
+        self.peer, self.answer, self.promise = peer, answer, promise
+        self.context = contextvars.copy_context()
+        self.context.run(detach_wait_counter)  # its waits are not the app's waits
+        self.future: asyncio.Future[Any] | None = None
+        self._done = False
+
+    def start(self) -> None:
+        if self._done:  # cancelled before it began
+            return
+        peer, answer = self.peer, self.answer
+        self.answer = None
+        peer.asking += 1
+        if peer.held:
+            peer._hold(False)
+        try:
+            future = answer.__await__().send(None)  # (pending: the future itself)
+        except Exception as exc:  # (it cannot be awaited: a broken question)
+            self._ended()
+            self.promise.set_exception(peer._lost(exc) if _kj(exc) else exc)
+            return
+        self.future = future
+        future.add_done_callback(self._settled, context=self.context)
+
+    def _settled(self, future: asyncio.Future[Any]) -> None:
+        self._ended()
+        if future.cancelled():  # (whoever cancelled it settles the promise)
+            return
+        error = future.exception()
+        if error is not None:
+            self.promise.set_exception(self.peer._lost(error) if _kj(error) else error)
+            return
+        self.peer._answered(self.promise, future.result())
+
+    def _ended(self) -> None:
+        self._done = True
+        self.peer.asking -= 1
+        self.peer._tasks.discard(self)
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self) -> bool:
+        if self._done:
+            return False
+        if self.future is None:  # (not begun: nothing asked for it)
+            self._done = True
+            self.peer._tasks.discard(self)
+        else:  # (its callback ends it)
+            self.future.cancel()
+        return True
+
+
+def _kj(error: BaseException) -> bool:
+    return isinstance(error, capnp.KjException)
+
+
 class Peer:
     """What one end of a connection knows; see the module docstring.
 
@@ -132,7 +202,7 @@ class Peer:
         # what the connection's end means, as its owner can tell (a cluster
         # that was stopped): reason -> the reason the errors carry
         self.explain: Callable[[str], str] | None = None
-        self._tasks: set[asyncio.Future[Any]] = set()
+        self._tasks: set[asyncio.Future[Any] | _Awaiting] = set()
         self._pending: weakref.WeakSet[Promise[Any]] = weakref.WeakSet()
         self._holders: weakref.WeakSet[RemoteChannel] = weakref.WeakSet()
         self._on_close: dict[int, Callable[[str], None]] = {}
@@ -214,7 +284,7 @@ class Peer:
         self.attach(promise, later.get(), later)
         return promise
 
-    def attach(self, promise: Promise[Any], answer: Any, later: Any) -> asyncio.Future[Any]:
+    def attach(self, promise: Promise[Any], answer: Any, later: Any) -> _Awaiting:
         """Make ``promise`` follow a remote ``Later``: usable for pipelining and
         for passing on before ``answer`` settles it."""
         pipe = functools.partial(RemoteChannel.promised, self, answer)
@@ -239,28 +309,39 @@ class Peer:
         return promise
 
     # -- answers -------------------------------------------------------------
-    def settle_later(self, answer: Any, promise: Promise[Any]) -> asyncio.Future[Any]:
-        """Resolve ``promise`` from a capnp answer carrying a ``result`` Value."""
-        self.track(promise)
-        return self.spawn(self._settle(answer, promise))
+    def settle_later(self, answer: Any, promise: Promise[Any]) -> _Awaiting:
+        """Resolve ``promise`` from a capnp answer carrying a ``result`` Value.
 
-    async def _settle(self, answer: Any, promise: Promise[Any]) -> None:
-        self.asking += 1
-        if self.held:
-            self._hold(False)
-        try:
-            response = await answer
-        except capnp.KjException as exc:
-            promise.set_exception(self._lost(exc))
-            return
-        finally:
-            self.asking -= 1
+        No task per answer: the answer is awaited from a callback of the
+        loop's next turn (until then it may still be pipelined on, as
+        :meth:`RemoteChannel.promised` says), and settles ``promise`` from
+        its future's callback; only a value that holds promises takes a task.
+        """
+        self.track(promise)
+        awaiting = _Awaiting(self, answer, promise)
+        self._tasks.add(awaiting)
+        asyncio.get_running_loop().call_soon(awaiting.start, context=awaiting.context)
+        return awaiting
+
+    def _answered(self, promise: Promise[Any], response: Any) -> None:
+        """What a capnp answer (``response``) says, into ``promise`` (see :class:`_Awaiting`)."""
         reader = response.result
         if reader.which() == "error":
             promise.set_exception(decode_error(reader.error))
             return
         try:
-            value = await resolve_arguments(decode(self, reader))
+            value = decode(self, reader)
+        except Exception as exc:
+            promise.set_exception(exc)
+            return
+        if holds_promises(value):
+            self.spawn(self._resolved(value, promise))
+        else:
+            promise.set_result(value)
+
+    async def _resolved(self, value: Any, promise: Promise[Any]) -> None:
+        try:
+            value = await resolve_arguments(value)
         except Exception as exc:
             promise.set_exception(exc)
             return
@@ -630,7 +711,7 @@ class RemoteChannel:
         task = self.peer.attach(promise, answer, later)
         set_canceller(promise, functools.partial(self._cancel_call, task, answer, call))
 
-    def _cancel_call(self, task: asyncio.Future[Any], answer: Any, call: Call, reason: str) -> bool:
+    def _cancel_call(self, task: _Awaiting, answer: Any, call: Call, reason: str) -> bool:
         """Cancel one call: say so on the wire first, then drop the question.
 
         ``cancelCall`` goes out synchronously, so it reaches the actor before

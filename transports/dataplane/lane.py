@@ -328,8 +328,11 @@ class _Receiver(asyncio.Protocol):
         stats["delivered_bytes"] += array.nbytes
         if self.delivered - self.acked >= ACK_EVERY:
             self._ack()
-        elif self._ack_timer is None:
-            self._ack_timer = self.clock.call_later(settings().lane_ack_s, self._ack)
+        elif self._ack_timer is None:  # set after this turn, off the readers' path
+            self._ack_timer = asyncio.get_running_loop().call_soon(self._ack_later)
+
+    def _ack_later(self) -> None:
+        self._ack_timer = self.clock.call_later(settings().lane_ack_s, self._ack)
 
     def _ack(self) -> None:
         """Write back the count of frames delivered (once for all since the last)."""
