@@ -103,6 +103,8 @@ class Ownership:
         self._gone: deque[str] = deque()  # collected references' buffers, for the loop
         self._doomed: dict[ActorRef[Any], list[str]] = {}  # to free at the end of the turn
         self._sent_at: dict[ActorRef[Any], float] = {}  # remote host -> its last free's time
+        self._held: dict[ActorRef[Any], list[str]] = {}  # frees put off, by remote host
+        self._held_bytes: dict[ActorRef[Any], int] = {}  # and their bytes
         self._timer: asyncio.TimerHandle | None = None  # the frees put off (FREE_EVERY_S)
         self._scheduled = False
         self._closed = False
@@ -138,6 +140,8 @@ class Ownership:
         self._sizes.clear()
         self._readers.clear()
         self._doomed.clear()
+        self._held.clear()
+        self._held_bytes.clear()
         self._dying.clear()
         if self._timer is not None:
             self._timer.cancel()
@@ -237,17 +241,28 @@ class Ownership:
         return self._flush(put_off=False)
 
     def _flush(self, put_off: bool = True) -> list[Promise[Any]]:
-        """One ``free_many`` per host for every buffer doomed this turn (and
-        still released: a reference that came back since keeps it), unless
-        it is ``put_off``; the frees sent."""
+        """One ``free_many`` per host for every buffer doomed this turn, and
+        those put off before (each still released: a reference that came
+        back since keeps it), unless they are ``put_off`` again; the frees
+        sent. Each turn looks at its own frees only: those put off wait aside
+        with their count of bytes."""
         doomed, self._doomed = self._doomed, {}
         loop = running_asyncio_loop() if put_off else None
+        if loop is None or self._timer is None:  # (the timer's turn, or all at once)
+            for host in self._held:
+                doomed.setdefault(host, [])
         frees: list[Promise[Any]] = []
         for host, buffer_ids in doomed.items():
             dying = [b for b in dict.fromkeys(buffer_ids) if b in self._dying]
-            if not dying:
+            if not dying and host not in self._held:
                 continue
             if loop is not None and self._put_off(loop, host, dying):
+                continue
+            held = self._held.pop(host, None)
+            self._held_bytes.pop(host, None)
+            if held:
+                dying = [b for b in dict.fromkeys(held + dying) if b in self._dying]
+            if not dying:
                 continue
             self._dying.difference_update(dying)
             for buffer_id in dying:
@@ -269,10 +284,15 @@ class Ownership:
             return False
         now = loop.time()
         wait = self._sent_at.get(host, -FREE_EVERY_S) + FREE_EVERY_S - now
-        if wait <= 0 or len(dying) >= FREE_AT_ONCE or self._bytes(dying) >= FREE_BYTES_AT_ONCE:
+        held = self._held.get(host, ())
+        count = len(held) + len(dying)
+        nbytes = self._held_bytes.get(host, 0) + self._bytes(dying)
+        if wait <= 0 or count >= FREE_AT_ONCE or nbytes >= FREE_BYTES_AT_ONCE:
             self._sent_at[host] = now
             return False
-        self._doomed.setdefault(host, []).extend(dying)
+        if dying:
+            self._held.setdefault(host, []).extend(dying)
+            self._held_bytes[host] = nbytes
         if self._timer is None:
             self._timer = loop.call_later(wait, self._put_off_over)
         return True
