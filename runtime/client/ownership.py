@@ -293,6 +293,9 @@ class Ownership:
         if dying:
             self._held.setdefault(host, []).extend(dying)
             self._held_bytes[host] = nbytes
+        if self._timer is not None and self._timer.when() > now + wait:  # (sooner for this host)
+            self._timer.cancel()
+            self._timer = None
         if self._timer is None:
             self._timer = loop.call_later(wait, self._put_off_over)
         return True

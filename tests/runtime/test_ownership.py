@@ -256,6 +256,27 @@ async def test_frees_put_off_go_at_once_when_asked_for(
         ownership.close()
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_a_host_whose_interval_ends_sooner_sets_the_timer_sooner(
+    remote_hosts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
+    async with ActorSystem() as system:
+        first, second = system.spawn(_Freer), system.spawn(_Freer)
+        ownership = Ownership("session")  # (each handle's own host)
+        here, there = _Dropper(ownership, first), _Dropper(ownership, second)
+        there.made = 1000  # (other buffer ids)
+        await here.drop(1)
+        await here.drop(1)  # put off for an hour
+        loop_time = ownership._timer.when() if ownership._timer is not None else 0.0
+        ownership._sent_at[second] = loop_time - 3600.0 - 3599.0  # its hour ends in a second
+        await there.drop(1)
+        assert await second.calls() == []  # put off too, but not for an hour:
+        assert ownership._timer is not None and ownership._timer.when() < loop_time - 3500.0
+        assert set(ownership._held) == {first, second}
+        ownership.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_free_put_off_goes_when_the_interval_is_over(

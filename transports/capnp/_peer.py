@@ -49,6 +49,7 @@ from typing import Any
 
 import capnp
 import numpy as np
+import sniffio
 
 from ...kernel import (
     ActorRef,
@@ -120,7 +121,7 @@ class _Awaiting:
     def __init__(self, peer: Peer, answer: Any, promise: Promise[Any]) -> None:
         self.peer, self.answer, self.promise = peer, answer, promise
         self.context = contextvars.copy_context()
-        self.context.run(detach_wait_counter)  # its waits are not the app's waits
+        self.context.run(_detached)
         self.future: asyncio.Future[Any] | None = None
         self._done = False
 
@@ -134,17 +135,26 @@ class _Awaiting:
             peer._hold(False)
         try:
             future = answer.__await__().send(None)  # (pending: the future itself)
+        except StopIteration as answered:  # (answered already)
+            self._ended()
+            peer._answered(self.promise, answered.value)
+            return
         except Exception as exc:  # (it cannot be awaited: a broken question)
             self._ended()
             self.promise.set_exception(peer._lost(exc) if _kj(exc) else exc)
+            return
+        if not isinstance(future, asyncio.Future):  # (a pycapnp this was not made for)
+            self._ended()
+            error = TransportError(f"a Cap'n Proto answer awaits {future!r}, not a future")
+            self.promise.set_exception(error)
             return
         self.future = future
         future.add_done_callback(self._settled, context=self.context)
 
     def _settled(self, future: asyncio.Future[Any]) -> None:
         self._ended()
-        if future.cancelled():  # (whoever cancelled it settles the promise)
-            return
+        if future.cancelled() or self.promise.done():  # (cancelled, or its peer closed:
+            return  # whoever did that settled the promise; nothing of the answer is read)
         error = future.exception()
         if error is not None:
             self.promise.set_exception(self.peer._lost(error) if _kj(error) else error)
@@ -172,6 +182,13 @@ class _Awaiting:
 
 def _kj(error: BaseException) -> bool:
     return isinstance(error, capnp.KjException)
+
+
+def _detached() -> None:
+    """An answer's context: its waits are not the app's waits, and anyio
+    learns the library from sniffio's variable (no task runs its callbacks)."""
+    detach_wait_counter()
+    sniffio.current_async_library_cvar.set("asyncio")
 
 
 class Peer:
