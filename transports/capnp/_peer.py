@@ -3,8 +3,8 @@
 A :class:`Peer` exists on each end of a connection. It turns local actors
 and promises into capabilities (:class:`ActorServer`, :class:`LaterServer`,
 :class:`BufferServer`) and remote capabilities into kernel objects
-(:class:`RemoteChannel` behind an ``ActorRef``; kernel promises settled by a
-task awaiting the capnp answer).
+(:class:`RemoteChannel` behind an ``ActorRef``; kernel promises settled by the
+callback of the capnp answer's future, see :class:`_Awaiting`).
 
 Everything here runs on the one asyncio thread that runs capnp's loop. When the
 connection ends, :meth:`Peer.close` fails what is still pending with
