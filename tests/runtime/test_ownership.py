@@ -201,12 +201,19 @@ def remote_hosts(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ownership_module, "_remote", lambda ref: True)
 
 
+@pytest.fixture
+def hourly(remote_hosts: None, monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Remote hosts whose frees wait an hour between two (unless enough
+    wait): what goes early goes for another reason. Returns the patcher."""
+    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
+    return monkeypatch
+
+
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio: every turn's frees go
 async def test_frees_at_a_remote_host_wait_for_the_interval_or_a_full_batch(
-    remote_hosts: None, monkeypatch: pytest.MonkeyPatch
+    hourly: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
-    monkeypatch.setattr(ownership_module, "FREE_AT_ONCE", 3)
+    hourly.setattr(ownership_module, "FREE_AT_ONCE", 3)
     async with _freeing() as (host, ownership, dropper):
         await dropper.drop(1)
         assert await host.calls() == [["h0:0"]]  # the first goes at once
@@ -226,10 +233,9 @@ async def test_frees_at_a_remote_host_wait_for_the_interval_or_a_full_batch(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_frees_at_a_remote_host_go_at_once_when_their_bytes_add_up(
-    remote_hosts: None, monkeypatch: pytest.MonkeyPatch
+    hourly: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
-    monkeypatch.setattr(ownership_module, "FREE_BYTES_AT_ONCE", 64)  # two buffers of 32 bytes
+    hourly.setattr(ownership_module, "FREE_BYTES_AT_ONCE", 64)  # two buffers of 32 bytes
     async with _freeing() as (host, ownership, dropper):
         await dropper.drop(1)
         await dropper.drop(1)
@@ -242,9 +248,8 @@ async def test_frees_at_a_remote_host_go_at_once_when_their_bytes_add_up(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_frees_put_off_go_at_once_when_asked_for(
-    remote_hosts: None, monkeypatch: pytest.MonkeyPatch
+    hourly: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
     async with _freeing() as (host, ownership, dropper):
         await dropper.drop(1)
         await dropper.drop(2)
@@ -258,9 +263,8 @@ async def test_frees_put_off_go_at_once_when_asked_for(
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_a_host_whose_interval_ends_sooner_sets_the_timer_sooner(
-    remote_hosts: None, monkeypatch: pytest.MonkeyPatch
+    hourly: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ownership_module, "FREE_EVERY_S", 3600.0)
     async with ActorSystem() as system:
         first, second = system.spawn(_Freer), system.spawn(_Freer)
         ownership = Ownership("session")  # (each handle's own host)
