@@ -74,6 +74,7 @@ MESSAGES = (
     "lane_messages_in",
     "socket_writes",
     "answers_from_hosts",
+    "runs_leased",
 )  # counted per computation, per role
 # the issue's targets, µs of CPU per computation over processes: (case, role)
 TARGETS = {
@@ -416,6 +417,7 @@ def _render(rows: Sequence[Row]) -> str:
         messages.append(system_column(f"lane_messages_in_{role}", 8, ".1f", title=f"li {short}"))
         messages.append(system_column(f"socket_writes_{role}", 8, ".1f", title=f"wr {short}"))
     messages.insert(3 * 6, system_column("answers_from_hosts_clients", 8, ".1f", title="ah clie"))
+    messages.insert(3 * 6 + 1, system_column("runs_leased_clients", 8, ".1f", title="ls clie"))
     return "\n".join(
         [
             "CPU µs per computation, by process role",
@@ -423,7 +425,8 @@ def _render(rows: Sequence[Row]) -> str:
             "",
             "per computation: actor messages (msg), Cap'n Proto calls made (out) and served"
             " (in), lane messages sent (lo) and received (li), socket writes (wr); clients'"
-            " calls answered by a device's host, not the controller (ah)",
+            " calls answered by a device's host, not the controller (ah), and sent to it"
+            " under a lease (ls)",
             table(rows, messages, case_width=24),
         ]
     )

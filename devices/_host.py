@@ -42,6 +42,7 @@ from ..kernel import (
 from ..transports.dataplane import bulk, lane, shm
 from ..transports.dataplane.lane import LaneMessage
 from . import _checkpoint as checkpoint
+from . import _lease as leases
 from . import _runlane as runlane
 from . import timeline
 from ._colocated import ColocatedCall, run_on_host
@@ -155,6 +156,30 @@ class Host(HostEndpoints):
         reference, a promise...), sent with ``ticket``; the call waits for
         them on its lane (``devices/_runlane.py``)."""
         runlane.stash(ticket, tuple(args))
+
+    @endpoint
+    def grant_lease(
+        self,
+        lease_id: int,
+        device: int,
+        owner: str,
+        plan_ids: list[int],
+        report_to: ActorRef[Any] | None = None,
+    ) -> None:
+        """Let session ``owner``'s client send runs of these installed plans
+        on ``device`` straight here, under lease ``lease_id`` (or add the
+        plans to it); ``report_to`` (the controller) hears their counts
+        (``devices/_lease.py``)."""
+        if device not in self.device_ids:
+            raise AtollError(f"device {device} is not on host {self.host_id}")
+        leases.grant(lease_id, device, owner, plan_ids, report_to)
+
+    @endpoint
+    def revoke_lease(self, lease_id: int) -> Promise[tuple[int, int]]:
+        """End a lease: later runs under it are refused (their client sends
+        them through the controller). Answered once the runs it let through
+        ended, with those not counted yet (runs, failed)."""
+        return leases.revoke(lease_id)
 
     async def _serve_lane(self) -> None:
         """In a host process, take small pushes by lane (``transports.dataplane.lane``)."""

@@ -60,6 +60,7 @@ from ..kernel.lowlevel import counts
 from ..transports import oneway
 from ..transports._base import by_value
 from ..transports._imports import find_class
+from . import _lease
 from ._host_api import HostEndpoints
 from ._values import BufferHandle, _handle
 
@@ -67,7 +68,18 @@ from ._values import BufferHandle, _handle
 # its ticket's have not come), ticket, why it cannot be made
 _Call = tuple[int, int, Any, "str | None", "BaseException | None"]
 
-__all__ = ["DROP", "FORGET", "INSTALL", "RUN", "Aside", "answer", "dumps", "loads", "parse"]
+__all__ = [
+    "DROP",
+    "FORGET",
+    "INSTALL",
+    "LEASED",
+    "RUN",
+    "Aside",
+    "answer",
+    "dumps",
+    "loads",
+    "parse",
+]
 
 RUN, INSTALL, DROP, FORGET = 0, 1, 2, 3  # what a message asks of a device
 RUN_GRAPH, RUN_CALL = 4, 5  # ... or of the controller
@@ -76,6 +88,7 @@ SYNC = 7  # answered once every call sent before it on the link was made
 HELLO = 9  # a client names its lanes (a notice, first on each of its links)
 DONE = 10  # a host answers a client's call to the controller itself (see answer)
 RUN_CALL_DIRECT = 11  # a RUN_CALL whose answer may come from the device's host
+LEASED = 12  # a client's run of a device under a lease (devices/_lease.py)
 ENDPOINTS = {
     RUN: "run_plan",
     INSTALL: "install_plan",
@@ -85,6 +98,7 @@ ENDPOINTS = {
     FREE: "free_many",
     SYNC: "sync",
     RUN_CALL_DIRECT: "run_call",
+    LEASED: "run_plan",
 }
 DIRECT = "atoll: answered by the device's host"  # a controller's answer that is not sent
 _CALL_ARGS = 6  # Controller.run_call's arguments before its reply, as a client sends them
@@ -476,6 +490,10 @@ class _DeviceEnd(_End):
         ref = _devices.get(target)
         if ref is None:
             raise AtollError(f"device {target} is not in this host process")
+        if kind == LEASED:  # a client's, under a lease (checked there)
+            return _lease.run(ref, target, args)
+        if kind == DROP:  # (in order with the runs that came before it)
+            _lease.dropped(target, args[0])
         answer: Promise[Any] = getattr(ref, ENDPOINTS[kind])(*args)
         return answer
 

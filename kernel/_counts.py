@@ -27,6 +27,7 @@ COUNTS: dict[str, int] = {
     "lane_messages_out": 0,  # one-way messages sent on lanes (transports/oneway.py)
     "lane_messages_in": 0,  # ... and received
     "answers_from_hosts": 0,  # a client's calls to the controller a device's host answered
+    "runs_leased": 0,  # a client's runs sent straight to a device's host, under a lease
 }
 
 

@@ -162,6 +162,14 @@ class Settings:
         "host processes; 0: by Cap'n Proto calls only (A/B runs)",
         _flag,
     )
+    leases: bool = _setting(
+        True,
+        "ATOLL_LEASES",
+        "a session alone on a device sends its low-level calls there straight to the "
+        "device's host, under a lease from the controller; 0: every run through the "
+        "controller (A/B runs)",
+        _flag,
+    )
     push_lanes: bool = _setting(
         True,
         "ATOLL_PUSH_LANES",

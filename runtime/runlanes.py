@@ -126,7 +126,7 @@ def host_lane(
     notices), over ``host``, a reference on the client's own link to it.
     ``answers``: the client's call lane, whose calls the host's devices may
     answer down this lane (named as that lane is)."""
-    lane = Caller(f"host {host_id}", host_id, dict, host.stash, waits=False)
+    lane = Caller(f"host {host_id}", host_id, lambda: {host_id: host}, host.stash, waits=False)
     if answers is not None:
         lane.hello, lane.done_to = answers.hello, answers
     lane.start(host.run_lane(), token)

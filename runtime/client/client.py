@@ -55,6 +55,7 @@ from ..topology import DeviceInfo, Topology
 from ..tracing import NotAProgram, PlacedFunction, Program, VirtualSlice, aval_of
 from .batching import RunBatcher
 from .colocated import dispatch as _colocated
+from .leases import ClientLeases, Send
 from .ownership import Ownership
 from .refs import ArrayRef, ShardedRef
 
@@ -172,6 +173,11 @@ class Cluster:
         )
         self._tags = itertools.count()
         self._tag_prefix = secrets.token_hex(6)  # unique to this handle
+        # low-level calls sent straight to their device's host, under a lease
+        # from the controller (runtime/client/leases.py); None: in one process
+        self._leases: ClientLeases | None = None
+        if self._lane is not None and direct is not None:
+            self._leases = ClientLeases(controller, topology, self._lease_lane)
 
     @property
     def device_infos(self) -> tuple[DeviceInfo, ...]:
@@ -196,7 +202,7 @@ class Cluster:
 
     def client(self, owner: str) -> Cluster:
         """Another client of the same cluster, whose buffers carry ``owner``."""
-        return Cluster(
+        other = Cluster(
             self.system,
             self.controller,
             self.topology,
@@ -207,6 +213,12 @@ class Cluster:
             self._direct,
             self._lane,
         )
+        other._leases = self._leases  # (one count of each lease's runs)
+        return other
+
+    def _lease_lane(self, host_id: int) -> Caller | None:
+        """This client's lane to host ``host_id``'s process, if it is up."""
+        return self._direct.answering(host_id) if self._direct is not None else None
 
     def _free_at(self, host: ActorRef[Host], buffer_ids: list[str], owner: str) -> Promise[Any]:
         """Free ``buffer_ids`` at ``host``: a notice down its lane when this
@@ -403,7 +415,9 @@ class Cluster:
     ) -> None:
         """One low-level call on its own (``Controller.run_call``)."""
         call = (computation, device, inputs, owner)
-        send = functools.partial(self._to_controller, RUN_CALL, *call)
+        send: Send = functools.partial(self._to_controller, RUN_CALL, *call)
+        if self._leases is not None:  # under a lease, straight to the device's host
+            send = self._leases.route(computation, device, inputs, owner, output, send)
         self._sent(inputs, [output], send)
 
     def _to_controller(self, kind: int, *args: Any) -> Promise[Any]:

@@ -20,8 +20,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import numpy as np
-
 from ...devices import BufferHandle, Computation, Device, Host, RunReport, timeline
 from ...devices import _runlane as runlane
 from ...devices._device import Reply
@@ -43,8 +41,7 @@ from ...kernel import (
     when_settled,
 )
 from ...kernel.lowlevel import call_soon
-from ...transports.dtypes import dtype_name
-from ..calls import call_graph, device_of_slice
+from ..calls import device_of_slice, input_kinds, kinds_graph
 from ..graph import Graph, ValueRef
 from ..latency import Wire, over
 from ..runlanes import lanes_on
@@ -52,6 +49,7 @@ from ..topology import Topology
 from ..tracing import VirtualSlice
 from .elastic import Elastic
 from .island import IslandScheduler, RunArgs, Taken
+from .leases import LeaseGrant, Leases
 from .metrics import RunCounters, controller_metrics
 from .planner import (
     CompiledPlan,
@@ -112,6 +110,7 @@ class Controller(Actor):
         self.plans = PlanCache(on_drop=self._plan_dropped)
         self.tenants = Tenants()  # sessions' weights and quotas (runtime/control/tenancy.py)
         self.runs = RunCounters()  # for /metrics (runtime/control/metrics.py)
+        self.leases = Leases(self)  # sessions' runs sent straight to a host (leases.py)
         self.compile: bool | None = None  # None: when hosts are processes (see set_compile)
         # by (id(plan), compiling): a plan as a whole, or gang by gang
         self._compiled: dict[tuple[int, bool], CompiledPlan | tuple[CompiledPlan, ...]] = {}
@@ -190,6 +189,7 @@ class Controller(Actor):
         replaced = dict(zip(self.cluster_topology.on_host(host_id), devices, strict=True))
         self.resources.restore_host(host_id)
         self.elastic.host_back(host_id)
+        self.leases.host_gone(host_id)
         self.host_refs[host_id] = host
         self.host_addresses[host_id] = await host.address()
         for device_id, ref in replaced.items():
@@ -264,6 +264,7 @@ class Controller(Actor):
         for alloc in self.resources.slices():
             while alloc.owner == owner and (busy := self.elastic.change_under_way(alloc.slice_id)):
                 await busy
+        await self.leases.take_back_all(owner=owner)
         self.tenants.forget(owner)
         for slice_id in self.resources.release_owner(owner):
             self.plans.invalidate_slice(slice_id)
@@ -287,25 +288,27 @@ class Controller(Actor):
         go with it. What moved (buffers, bytes, seconds). Asynchronous: waits
         for the slice's runs, then for the copies; runs for it wait meanwhile."""
         avoid = self.resources.hosts_of(slice_id) if devices is None and host is None else []
-        return self._in_background(self.elastic.move, slice_id, devices, host, owner, avoid)
+        return self._in_background(
+            self._without_leases, self.elastic.move, slice_id, devices, host, owner, avoid
+        )
 
     @endpoint
     def suspend_slice(self, slice_id: int, owner: str = "") -> Promise[dict[str, Any]]:
         """Park a slice's buffers in host memory and give its devices back
         (runs for it wait until it is resumed)."""
-        return self._in_background(self.elastic.suspend, slice_id, owner)
+        return self._in_background(self._without_leases, self.elastic.suspend, slice_id, owner)
 
     @endpoint
     def resume_slice(self, slice_id: int, owner: str = "") -> Promise[dict[str, Any]]:
         """Devices again for a suspended slice, and its buffers on them."""
-        return self._in_background(self.elastic.resume, slice_id, owner)
+        return self._in_background(self._without_leases, self.elastic.resume, slice_id, owner)
 
     @endpoint
     def drain_host(self, host_id: int) -> Promise[dict[str, Any]]:
         """Move every slice and buffer off host ``host_id``, which then holds
         nothing and gets no new slice; a host process then leaves."""
         self.cluster_topology.on_host(host_id)  # raises for an unknown host
-        return self._in_background(self._drain, host_id)
+        return self._in_background(self._without_leases, self._drain, host_id)
 
     async def _drain(self, host_id: int) -> dict[str, Any]:
         report = await self.elastic.drain(host_id)
@@ -319,7 +322,18 @@ class Controller(Actor):
         be). The slices re-placed; the buffers it held are lost."""
         for island in self.schedulers.values():  # its run lanes go: calls fail, not wait
             island.host_lost(host_id).add_done_callback(_log_failed_notice)
-        return self._in_background(self.elastic.host_lost, host_id)
+        self.leases.host_gone(host_id)
+        return self._in_background(self._without_leases, self.elastic.host_lost, host_id)
+
+    async def _without_leases(self, op: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``op(*args)``, an elastic change, once every lease was taken back
+        (their runs ended); none is granted until it is over."""
+        self.leases.hold_off += 1
+        try:
+            await self.leases.take_back_all()
+            return await op(*args)
+        finally:
+            self.leases.hold_off -= 1
 
     def _in_background(self, op: Callable[..., Awaitable[T]], *args: Any) -> Promise[T]:
         """The promise of ``op(*args)``, run as a task beside the message loop."""
@@ -424,13 +438,53 @@ class Controller(Actor):
         """A low-level call, ``computation`` on physical ``device``: what
         :meth:`run_graph` does with its graph of one node, which is made here
         (and kept, by the call's shape) so that only the call travels."""
-        key = (computation, device, tuple(_input_kind(x) for x in inputs))
+        graph = self._call_graph(computation, device, input_kinds(inputs))
+        return self.run_graph(graph, inputs, owner, tag, sources, reply)
+
+    def _call_graph(
+        self, computation: Computation, device: int, kinds: tuple[tuple[Any, ...], ...]
+    ) -> Graph:
+        """The one-node graph of a low-level call of this shape (kept)."""
+        key = (computation, device, kinds)
         graph = self._calls.get(key)
         if graph is None:
-            graph = self._calls[key] = call_graph(computation, device, inputs)
+            graph = self._calls[key] = kinds_graph(computation, device, kinds)
             while len(self._calls) > _CALLS_KEPT:
                 del self._calls[next(iter(self._calls))]
-        return self.run_graph(graph, inputs, owner, tag, sources, reply)
+        return graph
+
+    @endpoint
+    async def lease(
+        self,
+        computation: Computation,
+        device: int,
+        kinds: Sequence[Sequence[Any]],
+        owner: str = "",
+    ) -> LeaseGrant | None:
+        """A lease for session ``owner``'s low-level calls of ``computation``
+        on ``device`` with inputs of these kinds (``runtime/calls.py``,
+        ``input_kinds``): its client may send them to the device's host
+        itself (``runtime/control/leases.py``). None when it may not now.
+        Asynchronous: waits for the plan's install and the host's answer."""
+        self.cluster_topology.device(device)  # raises for an unknown device
+        shape = tuple(tuple(kind) for kind in kinds)
+        if self.leases.refusal(device, owner) is not None:
+            return None
+        graph = self._call_graph(computation, device, shape)
+        compiled = self._compiled_plan(self.plan_for(graph, owner), graph)
+        if not isinstance(compiled, CompiledPlan):
+            return None
+        return await self.leases.grant(compiled, device, owner)
+
+    @endpoint
+    def leased(self, lease_id: int, ran: int, failed: int) -> None:
+        """A host's count of the runs lease ``lease_id`` let through."""
+        self.runs.leased(ran, failed)
+
+    @endpoint
+    def lease_status(self) -> dict[str, Any]:
+        """The leases held (by device: owner, id, plans), granted, taken back."""
+        return self.leases.status()
 
     def _earlier_inputs(
         self, owner: str, inputs: Sequence[Any], sources: Sequence[tuple[str, int] | None]
@@ -486,12 +540,18 @@ class Controller(Actor):
                 whole = compile_plan(
                     plan_, graph, next(self._plan_ids), self.host_addresses, self.host_refs
                 )
-            found = whole or compile_gangs(plan_, graph, self._plan_ids, self._host_of)
+            found = whole or compile_gangs(plan_, graph, self._plan_ids, self.host_of_device)
             self._compiled[key] = found
         return found
 
-    def _host_of(self, device: int) -> int:
+    def host_of_device(self, device: int) -> int:
+        """The host of physical device ``device``."""
         return self.cluster_topology.device(device).host
+
+    @property
+    def report_to(self) -> ActorRef[Controller]:
+        """This controller, for hosts to count leases' runs to (``leased``)."""
+        return self.ctx.ref
 
     def _plan_dropped(self, plan_: Plan) -> None:
         """The plan cache let a plan go: so do the devices it was installed on."""
@@ -501,6 +561,7 @@ class Controller(Actor):
             parts = compiled.by_island() if isinstance(compiled, CompiledPlan) else compiled or ()
             for part in parts:
                 by_island.setdefault(part.island, []).append(part.plan_id)
+        self.leases.plans_dropped(p for ids in by_island.values() for p in ids)
         for island, plan_ids in by_island.items():
             dropped = self.schedulers[island].drop_plans(plan_ids)
             dropped.add_done_callback(_log_failed_notice)
@@ -522,6 +583,7 @@ class Controller(Actor):
         the run's device when one device makes every output."""
         epoch = next(self._runs)
         self._compiled_runs += 1
+        self.leases.seen(compiled.programs, owner)  # (another session's lease there ends)
         outs: list[Promise[BufferHandle]] = [
             as_promise(inputs[index]) if node < 0 else Promise(f"output {node}/{index}")
             for node, index, _ in compiled.outputs
@@ -794,13 +856,6 @@ _CALLS_KEPT = 1024  # one-node graphs of low-level calls kept (by shape)
 # what the controller's promise of an output holds once its device answered the client
 # (one instance for all: never raised, only a marker for whoever looks)
 _SENT_TO_CLIENT = AtollError("this output went from its device to the client that ran it")
-
-
-def _input_kind(value: Any) -> tuple[Any, ...]:
-    """What of a call's input its graph depends on: an array's shape and dtype."""
-    if isinstance(value, np.ndarray):
-        return (tuple(value.shape), dtype_name(value.dtype))
-    return ()
 
 
 def _together(

@@ -41,6 +41,7 @@ from ...kernel import (
     failed,
     forward,
     log_failure,
+    when_settled,
 )
 from ...schedulers import Completed, Dispatch, Event, PolicyError, Submit, get_scheduler
 from ..latency import Wire, over
@@ -325,6 +326,19 @@ class IslandScheduler(Actor):
         sent.add_done_callback(functools.partial(_forget_failed, plans, program.plan_id))
         return sent
 
+    @endpoint(inline=True)
+    def install(self, compiled: CompiledPlan) -> Promise[None]:
+        """Install a compiled plan's parts on their devices now, ahead of its
+        runs (a lease's: ``runtime/control/leases.py``); answered once every
+        device has it. A part a device has already costs nothing."""
+        self._refuse_if_broken()
+        sent: list[Promise[None]] = []
+        for device, program in compiled.programs.items():
+            installed = self._install(device, self.devices[device], program)
+            if installed is not None:
+                sent.append(installed)
+        return when_settled(sent, functools.partial(_raise_first, sent), "installed")
+
     @endpoint
     def replace_host(
         self, host_id: int, host: ActorRef[Host], devices: Mapping[int, ActorRef[Device]]
@@ -450,6 +464,14 @@ def _unless_not_installed(
 
     all_settled([report, installed]).add_done_callback(settled)
     return out
+
+
+def _raise_first(answers: Sequence[Promise[None]]) -> None:
+    """Raise the first failure among settled ``answers``, if any."""
+    for answer in answers:
+        error = answer.exception()
+        if error is not None:
+            raise error
 
 
 def _forget_failed(plans: set[int], plan_id: int, sent: Promise[None]) -> None:

@@ -75,6 +75,7 @@ class RunCounters:
     def __init__(self) -> None:
         self.submitted = 0
         self.completed = 0
+        self.leased_runs = 0  # of those, runs that went straight to their host under a lease
         self.errors: Counter[str] = Counter()  # failed runs' outputs, by exception type
         self.buckets = [0] * (len(LATENCY_BUCKETS) + 1)  # the last: above every bound
         self.latency_sum = 0.0
@@ -99,8 +100,18 @@ class RunCounters:
             if isinstance(output, Promise) and output.done() and output.exception() is not None:
                 self.errors[type(output.exception()).__name__] += 1
 
+    def leased(self, ran: int, failed: int) -> None:
+        """Runs a lease let through (``runtime/control/leases.py``), as their
+        host counted them: submitted and completed, with no latency."""
+        self.submitted += ran
+        self.completed += ran
+        self.leased_runs += ran
+        if failed:
+            self.errors["leased"] += failed
+
     def snapshot(self) -> dict[str, Any]:
         return {
+            "leased": self.leased_runs,
             "submitted": self.submitted,
             "completed": self.completed,
             "errors": dict(self.errors),

@@ -152,6 +152,28 @@ class Tenants:
         tenant.outstanding = max(0, tenant.outstanding - 1)
         self._release(tenant)
 
+    def reserve(self, owner: str, most: int) -> int:
+        """Hold up to ``most`` of ``owner``'s gang quota for a lease
+        (``runtime/control/leases.py``), at most half the room it has left,
+        none while gangs of it stall; how many were held (``most`` for an
+        owner with no session: it is not counted)."""
+        tenant = self._tenants.get(owner)
+        if tenant is None:
+            return most
+        if tenant.waiting:
+            return 0
+        room = most if tenant.max_gangs is None else (tenant.max_gangs - tenant.outstanding) // 2
+        held = max(0, min(most, room))
+        tenant.outstanding += held
+        return held
+
+    def unreserve(self, owner: str, held: int) -> None:
+        """A lease ended: the quota it held is ``owner``'s again."""
+        tenant = self._tenants.get(owner)
+        if tenant is not None:
+            tenant.outstanding = max(0, tenant.outstanding - held)
+            self._release(tenant)
+
     def _release(self, tenant: Tenant) -> None:
         while tenant.waiting and tenant.has_room():
             send, _ = tenant.waiting.popleft()

@@ -308,11 +308,15 @@ def _fails(x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-async def test_a_call_on_one_device_is_answered_by_its_host(tmp_path: Path) -> None:
+async def test_a_call_on_one_device_is_answered_by_its_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Over host processes: once the client has a lane to a host's process,
     that host answers the client's calls on its devices itself (the
     controller's answer is not sent); a call whose computation fails is
-    answered by the controller, with its error."""
+    answered by the controller, with its error. (Without a lease, which
+    would take the controller off the path: ``test_leases.py``.)"""
+    monkeypatch.setenv("ATOLL_LEASES", "0")  # (read by this client process)
     step = Computation("plus1", _plus_one, flops=1e3)
     async with _session(tmp_path, "3e", "direct") as handle:
         x = await handle.fetch(handle.run(step, 0, [np.zeros(2, np.float32)]))

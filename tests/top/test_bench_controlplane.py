@@ -27,7 +27,8 @@ def test_the_tiny_benchmark_reports_every_role(capsys: pytest.CaptureFixture[str
     assert by["single x1 processes", "rate"] > 0 and by["single x1 processes", "busy"] > 0
     reached = by["single x1 processes", "lane_messages_in_controller"]
     reached += by["single x1 processes", "capnp_calls_in_controller"]
-    assert reached >= 0.5  # a run reaches it, by lane or by call
+    reached += by["single x1 processes", "runs_leased_clients"]
+    assert reached >= 0.5  # a run reaches it, by lane or by call, or its host under a lease
     assert by["single x1 processes", "socket_writes_clients"] > 0  # it is sent
     assert by["single x1 in-process", "socket_writes_all"] == 0  # no socket in one process
     assert by["single x1 processes", "target_total"] == 250.0

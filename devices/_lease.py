@@ -1,0 +1,163 @@
+"""A host process's leases: one session's runs of one device, sent by its client.
+
+Every run used to go client → controller → island → host. A *lease* takes
+the controller and the island off that path for the runs that need neither:
+runs of one session on one device, while no other session wants that
+device. The controller grants it (``runtime/control/leases.py``), names
+which of its compiled plans the client may run, and registers it here
+first (``Host.grant_lease``); the client then sends each such run down its
+own lane to this host process (``_runlane.LEASED``), which checks it
+against the lease and hands it to the device as the island would have
+(``Device.run_plan``). The device's report comes back down the same lane.
+
+A lease ends when the controller takes it back (``Host.revoke_lease``:
+another session wants the device, a slice moves, a host drains, the
+session ends), or when the island drops one of its plans from the device
+(the plan then leaves the lease here, in order with the drop). A run that
+comes under a lease that ended is refused with :class:`LeaseEnded` before
+it starts, so its client sends it through the controller instead, with
+nothing run twice. A revocation is answered once the runs the lease let
+through have ended, so whoever took it back (a move, the share policy)
+sees the device as the island does.
+
+Everything here runs on the host process's event loop, called from the
+lane's receiving end and the host actor's endpoints; nothing waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..kernel import ActorRef, AtollError, Promise, as_promise, log_failure
+
+__all__ = ["LeaseEnded", "dropped", "grant", "revoke", "run"]
+
+REPORT_S = 0.5  # a lease's runs are counted to the controller at most this often
+
+_log_failed = log_failure(logging.getLogger(__name__), "a lease's count to the controller")
+
+
+class LeaseEnded(AtollError):
+    """The lease a run came under ended (or was never granted here): the run
+    did not start. Its client sends it through the controller instead."""
+
+
+@dataclass(eq=False)
+class _Lease:
+    """One lease as this host process keeps it."""
+
+    device: int
+    owner: str
+    plans: set[int]
+    report_to: ActorRef[Any] | None  # where its counts go (the controller)
+    in_flight: int = 0
+    ran: int = 0  # runs ended, since the last count sent
+    failed: int = 0  # ... of which failed
+    ended: Promise[tuple[int, int]] | None = None  # revoked: settles once none is in flight
+    timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+
+
+_leases: dict[int, _Lease] = {}  # this process's, by lease id
+_ending: dict[int, _Lease] = {}  # ended here (a plan dropped) and not yet revoked
+
+
+def grant(
+    lease_id: int, device: int, owner: str, plans: Iterable[int], report_to: ActorRef[Any] | None
+) -> None:
+    """Register lease ``lease_id`` (or add ``plans`` to it): ``owner``'s runs
+    of those installed plans on ``device`` may come straight from its client."""
+    lease = _leases.get(lease_id)
+    if lease is None:
+        _leases[lease_id] = _Lease(device, owner, set(plans), report_to)
+    elif lease.device != device or lease.owner != owner:
+        raise AtollError(f"lease {lease_id} is another session's or device's")
+    else:
+        lease.plans.update(plans)
+
+
+def revoke(lease_id: int) -> Promise[tuple[int, int]]:
+    """End lease ``lease_id`` now: later runs under it are refused. Settles,
+    once the runs it let through have ended, with the runs (and failures)
+    not counted to the controller yet; ``(0, 0)`` for a lease not held here."""
+    lease = _ending.pop(lease_id, None) or _end(lease_id)
+    return as_promise((0, 0)) if lease is None or lease.ended is None else lease.ended
+
+
+def _end(lease_id: int) -> _Lease | None:
+    """Take lease ``lease_id`` out of force (later runs under it are refused)."""
+    lease = _leases.pop(lease_id, None)
+    if lease is None:
+        return None
+    if lease.timer is not None:
+        lease.timer.cancel()
+        lease.timer = None
+    lease.ended = Promise(f"lease {lease_id} ended")
+    if lease.in_flight == 0:
+        lease.ended.set_result(_take_counts(lease))
+    return lease
+
+
+def dropped(device: int, plan_ids: Iterable[int]) -> None:
+    """The island dropped these plans from ``device``: a lease that covers
+    one ends here (the controller takes it back too), so that no later run
+    under it reads the outputs of one that was refused."""
+    doomed = set(plan_ids)
+    for lease_id, lease in list(_leases.items()):
+        if lease.device == device and lease.plans & doomed:
+            _ending[lease_id] = lease
+            _end(lease_id)
+
+
+def run(device: ActorRef[Any], target: int, args: Any) -> Promise[Any]:
+    """A run that came under a lease, ``(lease_id, plan_id, epoch, inputs)``,
+    handed to ``device`` (device id ``target``) if the lease allows it;
+    the promise of its report. Raises :class:`LeaseEnded` if not."""
+    lease_id, plan_id, epoch, inputs = args
+    lease = _leases.get(lease_id)
+    if lease is None:
+        raise LeaseEnded(f"lease {lease_id} ended (or was never granted here)")
+    if lease.device != target or plan_id not in lease.plans:
+        raise AtollError(f"lease {lease_id} does not cover plan {plan_id} on device {target}")
+    report: Promise[Any] = device.run_plan(plan_id, epoch, inputs, lease.owner)
+    lease.in_flight += 1
+    report.add_done_callback(functools.partial(_ended, lease_id, lease))
+    return report
+
+
+def _ended(lease_id: int, lease: _Lease, report: Promise[Any]) -> None:
+    """A run under ``lease`` ended: counted, and a revocation waiting for it told."""
+    lease.in_flight -= 1
+    lease.ran += 1
+    if report.exception() is not None or getattr(report.result(), "errors", None):
+        lease.failed += 1
+    if lease.ended is not None:
+        if lease.in_flight == 0 and not lease.ended.done():
+            lease.ended.set_result(_take_counts(lease))
+    elif lease.timer is None and lease.report_to is not None:
+        loop = asyncio.get_running_loop()
+        lease.timer = loop.call_later(REPORT_S, _count, lease_id, lease)
+
+
+def _count(lease_id: int, lease: _Lease) -> None:
+    """Tell the controller how many runs the lease let through since the last count."""
+    lease.timer = None
+    if lease.report_to is None or lease.ended is not None:
+        return
+    ran, failed = _take_counts(lease)
+    lease.report_to.leased(lease_id, ran, failed).add_done_callback(_log_failed)
+
+
+def _take_counts(lease: _Lease) -> tuple[int, int]:
+    counts = lease.ran, lease.failed
+    lease.ran = lease.failed = 0
+    return counts
+
+
+def held() -> dict[int, tuple[int, str, int]]:
+    """For tests and status: each lease held here, ``(device, owner, runs in flight)``."""
+    return {i: (lease.device, lease.owner, lease.in_flight) for i, lease in _leases.items()}

@@ -1,0 +1,240 @@
+"""A client's side of leases: its low-level calls sent straight to the device's host.
+
+The controller may lease a device to a session that has it to itself
+(``runtime/control/leases.py``). :class:`ClientLeases` asks for a lease once
+a call of one shape (computation, device, owner, its inputs' kinds) went
+through the controller ``ASK_AFTER`` times, and then sends such calls down
+its own lane to the device's host (``devices/_lease.py``), which answers
+with the device's run report. What goes that way: a call whose every input
+is a value, a handle, or the promise of an output the same lease is making
+(the device takes it from what it keeps of that run, as ``PriorOutput``);
+at most the lease's ``window`` runs at once. Everything else goes through
+the controller, as before.
+
+A lease ends without a word to the client: its host refuses the next run
+under it with ``LeaseEnded``, before that run started, and the client sends
+that run (and every later one the host refuses) through the controller,
+asks again no sooner than ``RETRY_S`` later, and goes on.
+
+What is asynchronous: asking for a lease is a Cap'n Proto call whose
+answer comes later (the calls meanwhile go through the controller); a
+leased call's answer is a promise settled from the host's report.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...devices import BufferHandle, Computation, RunReport
+from ...devices._lease import LeaseEnded
+from ...devices._plan import PriorOutput
+from ...devices._runlane import LEASED
+from ...kernel import Promise, failed, forward, log_failure
+from ...kernel.config import settings
+from ...kernel.lowlevel import counts
+from ..calls import input_kinds
+
+if TYPE_CHECKING:
+    from ...kernel import ActorRef
+    from ..control.controller import Controller
+    from ..control.leases import LeaseGrant
+    from ..runlanes import Caller
+    from ..topology import Topology
+
+__all__ = ["ASK_AFTER", "RETRY_S", "ClientLeases", "Send"]
+
+ASK_AFTER = 2  # calls of one shape through the controller before a lease is asked for
+RETRY_S = 1.0  # after a refusal, or a lease's end, none is asked for that long
+SHAPES_KEPT = 256  # call shapes remembered (the oldest go first)
+
+Send = Callable[[str, list[tuple[str, int] | None]], Promise[Any]]
+_Shape = tuple[Computation, int, str, tuple[tuple[Any, ...], ...]]
+
+_log_refused = log_failure(logging.getLogger(__name__), "asking for a lease", logging.DEBUG)
+
+
+@dataclass(eq=False)
+class _Asked:
+    """What the client knows of one call shape's lease."""
+
+    calls: int = 0  # through the controller, since the last ask
+    grant: LeaseGrant | None = None
+    asking: bool = False
+    not_before: float = 0.0
+
+
+class ClientLeases:
+    """One client's leases, by call shape (see the module docstring).
+
+    ``lanes(host_id)``: the client's lane to that host process, if up.
+    """
+
+    def __init__(
+        self,
+        controller: ActorRef[Controller],
+        topology: Topology,
+        lanes: Callable[[int], Caller | None],
+    ) -> None:
+        self._controller = controller
+        self._topology = topology
+        self._lanes = lanes
+        self._shapes: dict[_Shape, _Asked] = {}
+        self._epochs: dict[int, itertools.count[int]] = {}  # by lease id
+        self._in_flight: dict[int, int] = {}  # by lease id
+        # outputs of leased runs not answered yet: (lease id, epoch, node, index)
+        self._made: weakref.WeakKeyDictionary[Promise[Any], tuple[int, int, int, int]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.sent = 0  # runs sent under a lease (for tests and benchmarks)
+        self.refused = 0  # ... that their host refused (sent again through the controller)
+
+    def granted(self) -> int:
+        """How many call shapes go under a lease now."""
+        return sum(asked.grant is not None for asked in self._shapes.values())
+
+    def route(
+        self,
+        computation: Computation,
+        device: int,
+        inputs: Sequence[Any],
+        owner: str,
+        output: Promise[BufferHandle],
+        controller: Send,
+    ) -> Send:
+        """How to send one call: under its shape's lease, when it has one
+        and the call can go so, else ``controller`` (asking for a lease when
+        the shape has come often enough)."""
+        key = (computation, device, owner, input_kinds(inputs))
+        asked = self._shapes.get(key)
+        if asked is None:
+            asked = self._shapes[key] = _Asked()
+            while len(self._shapes) > SHAPES_KEPT:
+                del self._shapes[next(iter(self._shapes))]
+        grant = asked.grant
+        if grant is None:
+            asked.calls += 1
+            if asked.calls >= ASK_AFTER and not asked.asking:
+                self._ask(key, asked)
+            return controller
+        lane = self._lanes(grant.host)
+        if lane is None or self._in_flight.get(grant.lease_id, 0) >= grant.window:
+            return controller
+        given = self._given(grant, inputs)
+        if given is None:
+            return controller
+        return functools.partial(self._send, grant, given, output, lane, controller)
+
+    def _given(self, grant: LeaseGrant, inputs: Sequence[Any]) -> list[Any] | None:
+        """The device program's inputs, as a leased run sends them; None
+        when one cannot go that way (a promise of something else, unsettled)."""
+        given = []
+        for index in grant.inputs:
+            value = inputs[index]
+            if isinstance(value, Promise):
+                if value.done():
+                    if value.exception() is not None:
+                        return None  # (the controller says how it failed, as ever)
+                    value = value.result()
+                else:
+                    made = self._made.get(value)
+                    if made is None or made[0] != grant.lease_id:
+                        return None
+                    value = PriorOutput(*made[1:])
+            given.append(value)
+        return given
+
+    def _send(
+        self,
+        grant: LeaseGrant,
+        given: list[Any],
+        output: Promise[BufferHandle],
+        lane: Caller,
+        controller: Send,
+        tag: str,
+        sources: list[tuple[str, int] | None],
+    ) -> Promise[Any]:
+        """Send one run under ``grant``; the promise of its outputs (a list,
+        as the controller's answer is)."""
+        counter = self._epochs.get(grant.lease_id)
+        if counter is None:
+            counter = self._epochs[grant.lease_id] = itertools.count(grant.first_epoch)
+        epoch = next(counter)
+        again = functools.partial(controller, tag, sources)
+        args = (grant.lease_id, grant.plan_id, epoch, given)
+        report: Promise[RunReport] = lane.call(LEASED, grant.device, args, again)
+        self._in_flight[grant.lease_id] = self._in_flight.get(grant.lease_id, 0) + 1
+        self.sent += 1
+        counts["runs_leased"] += 1
+        (node, index), *_ = grant.outputs
+        self._made[output] = (grant.lease_id, epoch, node, index)
+        answer: Promise[Any] = Promise("leased run")
+        report.add_done_callback(functools.partial(self._answered, grant, again, answer))
+        return answer
+
+    def _answered(
+        self,
+        grant: LeaseGrant,
+        again: Callable[[], Promise[Any]],
+        answer: Promise[Any],
+        report: Promise[RunReport],
+    ) -> None:
+        """A leased run's report came: its outputs; or the lease had ended,
+        and the run goes through the controller."""
+        self._in_flight[grant.lease_id] -= 1
+        error = report.exception()
+        if isinstance(error, LeaseEnded):
+            self.refused += 1
+            self._ended(grant.lease_id)
+            forward(again(), answer)
+        elif error is not None:
+            answer.set_exception(error)
+        else:
+            answer.set_result([_output(report.result(), *out) for out in grant.outputs])
+
+    def _ended(self, lease_id: int) -> None:
+        """Lease ``lease_id`` ended: its shapes go through the controller."""
+        later = time.monotonic() + RETRY_S
+        for asked in self._shapes.values():
+            if asked.grant is not None and asked.grant.lease_id == lease_id:
+                asked.grant, asked.calls, asked.not_before = None, 0, later
+
+    def _ask(self, key: _Shape, asked: _Asked) -> None:
+        """Ask the controller for a lease on ``key``'s device, for its shape
+        (in the background), if it is time to and the lane is up."""
+        computation, device, owner, kinds = key
+        if time.monotonic() < asked.not_before or not settings().leases:
+            return
+        if self._lanes(self._topology.device(device).host) is None:
+            return
+        asked.asking = True
+        answer: Promise[LeaseGrant | None] = self._controller.lease(
+            computation, device, kinds, owner
+        )
+        answer.add_done_callback(functools.partial(self._granted, asked))
+
+    def _granted(self, asked: _Asked, answer: Promise[LeaseGrant | None]) -> None:
+        asked.asking = False
+        asked.calls = 0
+        grant = answer.result() if answer.exception() is None else None
+        if answer.exception() is not None:
+            _log_refused(answer)
+        if grant is None:
+            asked.not_before = time.monotonic() + RETRY_S
+        asked.grant = grant
+
+
+def _output(report: RunReport, node: int, index: int) -> BufferHandle | Promise[BufferHandle]:
+    """Output ``index`` of ``node`` in a leased run's report; the failed
+    promise of one whose gang failed (as the controller's answer has it)."""
+    try:
+        handle: BufferHandle = report.output(node, index)
+    except Exception as exc:
+        return failed(exc)
+    return handle

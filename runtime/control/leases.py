@@ -1,0 +1,281 @@
+"""The controller's leases: which session's client may send a device its runs itself.
+
+A run of one session on one device needs the controller only to admit it
+(the session's gang quota), to place and plan it (the same every time for
+a call of one shape), and to order it among other sessions' runs (the
+island's share policy). While no other session wants the device there is
+nothing to order, so the controller hands that device's runs of a call
+shape to the session's client for a while: a **lease**, as Ray's scheduler
+leases a worker to an owner, which then submits to it directly.
+
+* **Granting** (:meth:`Leases.grant`, the client asks by ``Controller.lease``
+  after a few calls of one shape): only over run lanes to a host process,
+  with whole-plan compiling on, when the call compiles to one program on
+  that one device, when no other session ran on the device in the last
+  ``QUIET_S`` and none holds a lease on it, and while no slice is changing
+  or has moved (a moved buffer's handle is made fresh by the controller,
+  on its path). The plan is installed first (through the island, in its
+  order), then the lease is registered at the device's host
+  (``devices/_lease.py``), then the client hears of it. One lease per
+  device at a time; a session's lease gathers every call shape it asks for
+  on that device.
+* **Quota.** A lease holds ``window`` of the session's gang quota (at most
+  ``LEASE_WINDOW``, at most half of the room left) for as long as it lives;
+  the client keeps at most that many of its runs in flight and sends any
+  more through the controller, so the quota holds as before.
+* **Taking back** (:meth:`Leases.take_back`): when a run of another session
+  comes for the device (the lease ends, and its runs from then on go through
+  the island, in its order); before an elastic change (a move, suspend,
+  drain, lost host: the change waits for the lease's runs, as for any
+  run); when its session ends; when the host is replaced. The host refuses
+  later runs under it with ``LeaseEnded``, and its client sends them
+  through the controller: nothing runs twice, nothing is lost. Its quota
+  comes back once its runs ended.
+* **Counting.** The host tells the controller how many runs each lease let
+  through, every half second at most (``Controller.leased``), for
+  ``/metrics`` and ``atoll top``.
+
+A lease's runs are numbered apart from the controller's (``EPOCH_SHIFT``),
+so that their gang ids and the outputs a device keeps for later runs
+(``PriorOutput``) never meet the island's. What is asynchronous: granting
+waits for the plan's install and the host's answer; taking back answers
+once the host did (its runs ended). Everything else is plain bookkeeping
+on the controller's loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ...kernel import Promise, all_settled, as_promise, log_failure
+from ...kernel.config import settings
+from .planner import CompiledPlan
+
+if TYPE_CHECKING:
+    from ...devices import Host
+    from ...kernel import ActorRef
+    from .elastic import Elastic
+    from .island import IslandScheduler
+    from .metrics import RunCounters
+    from .tenancy import Tenants
+
+__all__ = ["EPOCH_SHIFT", "LEASE_WINDOW", "QUIET_S", "LeaseGrant", "Leases"]
+
+LEASE_WINDOW = 64  # runs a lease lets its client have in flight (out of its gang quota)
+QUIET_S = 1.0  # a device another session ran on this recently is not leased
+EPOCH_SHIFT = 40  # a lease's runs are numbered (lease id << EPOCH_SHIFT) + n
+
+_log = logging.getLogger(__name__)
+_log_failed = log_failure(_log, "a lease taken back")
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    """What a client is told of its lease, for one call shape: send runs of
+    plan ``plan_id`` to ``device`` (on host ``host``) down its lane there,
+    each with the call's inputs at ``inputs`` (indices, in the order the
+    device's program reads them), numbered from ``first_epoch`` on (the
+    same numbers for every shape of one lease: the client counts them);
+    the run's outputs are the report's ``outputs`` (``(node, index)``);
+    at most ``window`` runs in flight."""
+
+    lease_id: int
+    device: int
+    host: int
+    plan_id: int
+    inputs: tuple[int, ...]
+    outputs: tuple[tuple[int, int], ...]
+    window: int
+    first_epoch: int
+
+
+class LeaseView(Protocol):
+    """What of the controller :class:`Leases` reads and calls."""
+
+    @property
+    def tenants(self) -> Tenants: ...
+    @property
+    def runs(self) -> RunCounters: ...
+    @property
+    def elastic(self) -> Elastic: ...
+    @property
+    def host_refs(self) -> Sequence[ActorRef[Host]]: ...
+    @property
+    def host_addresses(self) -> Sequence[str]: ...
+    @property
+    def schedulers(self) -> dict[int, ActorRef[IslandScheduler]]: ...
+    @property
+    def compile(self) -> bool | None: ...
+    @property
+    def report_to(self) -> ActorRef[Any]: ...
+
+    def host_of_device(self, device: int) -> int: ...
+
+
+@dataclass(eq=False)
+class _Held:
+    """A lease the controller granted and has not taken back."""
+
+    lease_id: int
+    device: int
+    host: int
+    owner: str
+    window: int  # of its session's gang quota
+    plans: set[int]
+
+
+class Leases:
+    """The controller's leases and what it saw of who runs where (see the
+    module docstring)."""
+
+    def __init__(self, controller: LeaseView) -> None:
+        self._controller = controller
+        self.by_device: dict[int, _Held] = {}
+        self._ids = itertools.count(1)
+        self._seen: dict[int, dict[str, float]] = {}  # device -> owner -> its last run there
+        self.hold_off = 0  # elastic changes under way: none is granted meanwhile
+        self.granted = 0
+        self.taken_back = 0
+
+    def seen(self, devices: Iterable[int], owner: str) -> None:
+        """A run of ``owner`` came for ``devices`` (through the controller):
+        remembered, and a lease another session holds on one of them ends."""
+        now = time.monotonic()
+        for device in devices:
+            seen = self._seen.get(device)
+            if seen is None:
+                seen = self._seen[device] = {}
+            seen[owner] = now
+            if self.by_device:
+                held = self.by_device.get(device)
+                if held is not None and held.owner != owner:
+                    self.take_back(held).add_done_callback(_log_failed)
+
+    def refusal(self, device: int, owner: str) -> str | None:
+        """Why ``owner`` may not have a lease on ``device`` now, or None."""
+        c = self._controller
+        if not settings().leases:
+            return "leases are off (ATOLL_LEASES=0)"
+        if not c.compile or not c.host_addresses[c.host_of_device(device)]:
+            return "the device's host is in the controller's process, or plans run gang by gang"
+        if self.hold_off or c.elastic.gates or c.elastic.located:
+            return "slices are changing, or buffers moved"
+        held = self.by_device.get(device)
+        if held is not None and held.owner != owner:
+            return "another session holds the device's lease"
+        now = time.monotonic()
+        for other, when in self._seen.get(device, {}).items():
+            if other != owner and now - when < QUIET_S:
+                return "another session ran on the device just now"
+        return None
+
+    async def grant(self, compiled: CompiledPlan, device: int, owner: str) -> LeaseGrant | None:
+        """A lease on ``device`` for ``owner``'s runs of ``compiled`` (a call
+        of one shape), or None when it cannot have one (see :meth:`refusal`).
+        Waits for the plan's install and the host's answer."""
+        program = compiled.programs.get(device)
+        if len(compiled.programs) != 1 or program is None or compiled.island < 0:
+            return None
+        if any(node < 0 for node, _, _ in compiled.outputs) or self.refusal(device, owner):
+            return None
+        c = self._controller
+        await c.schedulers[compiled.island].install(compiled)
+        if self.refusal(device, owner):  # (things changed meanwhile)
+            return None
+        held = self.by_device.get(device) or self._new(device, owner)
+        if held is None:
+            return None
+        new = compiled.plan_id not in held.plans
+        held.plans.add(compiled.plan_id)
+        if new:
+            host = c.host_refs[held.host]
+            try:
+                await host.grant_lease(
+                    held.lease_id, device, owner, [compiled.plan_id], c.report_to
+                )
+            except Exception:  # (its host is gone, say): no lease
+                self.take_back(held).add_done_callback(_log_failed)
+                raise
+        return LeaseGrant(
+            held.lease_id,
+            device,
+            held.host,
+            compiled.plan_id,
+            program.inputs,
+            tuple((node, index) for node, index, _ in compiled.outputs),
+            held.window,
+            held.lease_id << EPOCH_SHIFT,
+        )
+
+    def _new(self, device: int, owner: str) -> _Held | None:
+        """A new lease on ``device`` for ``owner``, its quota held; None if
+        the session has no room for one."""
+        tenants = self._controller.tenants
+        window = tenants.reserve(owner, LEASE_WINDOW)
+        if window < 1:
+            return None
+        host = self._controller.host_of_device(device)
+        held = _Held(next(self._ids), device, host, owner, window, set())
+        self.by_device[device] = held
+        self.granted += 1
+        return held
+
+    def take_back(self, held: _Held) -> Promise[None]:
+        """End ``held``: its host refuses later runs under it; settles once the
+        runs it let through ended (or its host is gone), its quota given back."""
+        if self.by_device.get(held.device) is held:
+            del self.by_device[held.device]
+        self.taken_back += 1
+        c = self._controller
+        if not held.plans:  # its host never heard of it
+            c.tenants.unreserve(held.owner, held.window)
+            return as_promise(None)
+        ended: Promise[tuple[int, int]] = c.host_refs[held.host].revoke_lease(held.lease_id)
+        done: Promise[None] = Promise(f"lease {held.lease_id} taken back")
+        ended.add_done_callback(functools.partial(self._ended, held, done))
+        return done
+
+    def _ended(self, held: _Held, done: Promise[None], ended: Promise[tuple[int, int]]) -> None:
+        c = self._controller
+        if ended.exception() is None:
+            c.runs.leased(*ended.result())
+        c.tenants.unreserve(held.owner, held.window)
+        done.set_result(None)
+
+    def take_back_all(self, owner: str | None = None, host: int | None = None) -> Promise[None]:
+        """End every lease (of ``owner``, or on ``host``, if given); settles
+        once all of them did."""
+        doomed = [
+            held
+            for held in self.by_device.values()
+            if (owner is None or held.owner == owner) and (host is None or held.host == host)
+        ]
+        return all_settled([self.take_back(held) for held in doomed])
+
+    def plans_dropped(self, plan_ids: Iterable[int]) -> None:
+        """The controller let these plans go: a lease that covers one ends
+        (its host ends it too, as the drop reaches the device)."""
+        doomed = set(plan_ids)
+        for held in [h for h in self.by_device.values() if h.plans & doomed]:
+            self.take_back(held).add_done_callback(_log_failed)
+
+    def host_gone(self, host: int) -> None:
+        """Host ``host`` was lost or replaced: its leases went with it."""
+        for held in [h for h in self.by_device.values() if h.host == host]:
+            del self.by_device[held.device]
+            self.taken_back += 1
+            self._controller.tenants.unreserve(held.owner, held.window)
+
+    def status(self) -> dict[str, Any]:
+        """For tests and ``atoll status``: the leases held, granted, taken back."""
+        return {
+            "held": {d: (h.owner, h.lease_id, sorted(h.plans)) for d, h in self.by_device.items()},
+            "granted": self.granted,
+            "taken_back": self.taken_back,
+        }

@@ -1,0 +1,256 @@
+"""Leases: a session alone on a device sends its calls straight to the device's host.
+
+The host's table (``devices/_lease.py``) on its own, on both backends; the
+controller's side of the quota (``Tenants.reserve``); and, over host
+processes, the whole round: a lease granted after a few calls, calls under
+it answered by the host with the controller off the path, a chain across
+loop turns, a failing call, another session taking the device back (the
+refused calls go through the controller, nothing is lost or run twice),
+an elastic change and the session's end taking it back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from atoll.benchmarks._testbed import up_cluster
+from atoll.devices import Computation, RunReport
+from atoll.devices import _lease as host_leases
+from atoll.kernel import AtollError, Promise, process_counters
+from atoll.runtime.client.connect import connect
+from atoll.runtime.control.tenancy import Tenants
+from atoll.transports.capnp import capnp_runtime
+
+pytestmark = pytest.mark.anyio
+
+
+# -- the host's table --------------------------------------------------------------
+class _Device:
+    """A device's ``run_plan`` whose reports the test settles."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[Any, ...]] = []
+        self.reports: list[Promise[RunReport]] = []
+
+    def run_plan(self, *args: Any) -> Promise[RunReport]:
+        self.runs.append(args)
+        self.reports.append(Promise("report"))
+        return self.reports[-1]
+
+
+@pytest.fixture
+def table() -> Any:
+    yield host_leases
+    host_leases._leases.clear()
+    host_leases._ending.clear()
+
+
+async def test_a_run_under_a_lease_reaches_its_device_as_the_sessions(table: Any) -> None:
+    device = _Device()
+    table.grant(7, 3, "alice.x", [11], None)
+    report = table.run(device, 3, (7, 11, 5, ["in"]))
+    assert device.runs == [(11, 5, ["in"], "alice.x")]
+    device.reports[0].set_result(RunReport())
+    assert report.done() and table.held() == {7: (3, "alice.x", 0)}
+
+
+async def test_a_revoked_lease_refuses_later_runs_and_answers_once_its_runs_ended(
+    table: Any,
+) -> None:
+    device = _Device()
+    table.grant(7, 3, "alice.x", [11], None)
+    table.run(device, 3, (7, 11, 1, []))
+    ended = table.revoke(7)
+    assert not ended.done()  # its run is still going
+    with pytest.raises(host_leases.LeaseEnded):
+        table.run(device, 3, (7, 11, 2, []))
+    assert len(device.runs) == 1
+    device.reports[0].set_result(RunReport(errors={0: ValueError("no")}))
+    assert ended.result() == (1, 1)  # one run, failed
+    assert table.revoke(7).result() == (0, 0)  # twice: nothing held
+
+
+async def test_a_lease_covers_its_own_plans_and_device_only(table: Any) -> None:
+    device = _Device()
+    table.grant(7, 3, "alice.x", [11], None)
+    with pytest.raises(AtollError, match="does not cover plan 12"):
+        table.run(device, 3, (7, 12, 1, []))
+    with pytest.raises(AtollError, match="on device 4"):
+        table.run(device, 4, (7, 11, 1, []))
+    with pytest.raises(host_leases.LeaseEnded):
+        table.run(device, 3, (8, 11, 1, []))
+    with pytest.raises(AtollError, match="another session"):
+        table.grant(7, 3, "bob.y", [11], None)
+    assert device.runs == []
+
+
+async def test_a_dropped_plan_ends_the_lease_that_covers_it(table: Any) -> None:
+    """Every later run under it is refused, so none reads the output of
+    one that was (it goes through the controller)."""
+    device = _Device()
+    table.grant(7, 3, "alice.x", [11, 12], None)
+    table.run(device, 3, (7, 12, 1, []))
+    table.dropped(3, [11])
+    with pytest.raises(host_leases.LeaseEnded):
+        table.run(device, 3, (7, 12, 2, []))
+    ended = table.revoke(7)  # the controller's, later: waits for the run as ever
+    assert not ended.done()
+    device.reports[0].set_result(RunReport())
+    assert ended.result() == (1, 0)
+
+
+# -- the quota a lease holds -------------------------------------------------------
+def test_a_lease_holds_half_the_room_left_of_its_sessions_gang_quota() -> None:
+    tenants = Tenants()
+    tenants.set_quotas("alice.x", 10, None)
+    assert tenants.reserve("alice.x", 64) == 5
+    assert tenants.rows()["alice.x"]["outstanding"] == 5
+    assert tenants.reserve("alice.x", 64) == 2
+    tenants.unreserve("alice.x", 7)
+    assert tenants.rows()["alice.x"]["outstanding"] == 0
+    assert tenants.reserve("nobody", 64) == 64  # not a session: not counted
+
+
+def test_stalled_gangs_go_when_a_lease_gives_its_quota_back() -> None:
+    tenants = Tenants()
+    tenants.set_quotas("alice.x", 2, None)
+    held = tenants.reserve("alice.x", 64)
+    sent: list[int] = []
+    tenants.admit("alice.x", lambda: sent.append(1), print)
+    tenants.admit("alice.x", lambda: sent.append(2), print)  # stalls behind the lease
+    assert (held, sent) == (1, [1])
+    assert tenants.reserve("alice.x", 64) == 0  # none while a gang stalls
+    tenants.unreserve("alice.x", held)
+    assert sent == [1, 2]
+
+
+# -- over host processes -------------------------------------------------------------
+def _plus_one(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x) + 1
+
+
+def _fails(x: np.ndarray) -> np.ndarray:
+    raise ValueError("no")
+
+
+STEP = Computation("plus1", _plus_one, flops=1e3)
+FAILS = Computation("fails", _fails, flops=1e3)
+
+
+async def _until(check: Callable[[], Any], what: str) -> None:
+    for _ in range(1000):
+        done = check()
+        if await done if asyncio.iscoroutine(done) else done:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+@contextlib.asynccontextmanager
+async def _two_sessions(tmp_path: Path) -> AsyncIterator[tuple[Any, Any, Any]]:
+    """Two clients of ``atoll up`` with two hosts (one device each): their
+    sessions, and the first's connection."""
+    async with (
+        capnp_runtime(),
+        up_cluster(2, tmp_path, "4a" * 16) as cluster,
+        connect(cluster.cluster_file) as first,
+        connect(cluster.cluster_file) as second,
+    ):
+        yield await first.cluster("alice"), await second.cluster("bob"), first
+
+
+async def _leased(handle: Any, device: int) -> None:
+    """Calls on ``device`` until a lease holds it (its host's lane is up), for
+    both shapes of call the tests make: an array by value, and a handle."""
+
+    async def held() -> bool:
+        x = handle.run(STEP, device, [np.zeros(2, np.float32)])
+        await asyncio.sleep(0)  # (its batch leaves: the next call is one of its own)
+        await handle.fetch(handle.run(STEP, device, [x]))
+        status = await handle.controller.lease_status()
+        return device in status["held"] and handle._leases.granted() == 2
+
+    await _until(held, f"a lease on device {device}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (where Cap'n Proto runs)
+async def test_a_lease_takes_the_controller_off_the_path_until_another_session_comes(
+    tmp_path: Path,
+) -> None:
+    async with _two_sessions(tmp_path) as (alice, bob, _):
+        await _leased(alice, 0)
+        leases = alice._leases
+        sent, hosts_answered = leases.sent, process_counters()["answers_from_hosts"]
+        x = await alice.fetch(alice.run(STEP, 0, [np.zeros(2, np.float32)]))
+        refs = []
+        for _ in range(10):  # a chain across loop turns: each reads one not back yet
+            x = alice.run(STEP, 0, [x])
+            refs.append(x)
+            await asyncio.sleep(0)
+        np.testing.assert_array_equal(await alice.fetch(x), np.full(2, 11.0))
+        assert leases.sent - sent == 11
+        assert process_counters()["answers_from_hosts"] == hosts_answered  # none by DONE
+        for _ in range(100):  # a failing call: through the controller, then under the lease
+            before = leases.sent
+            with pytest.raises(Exception, match="no"):
+                await alice.run(FAILS, 0, [x])
+            if leases.sent > before:
+                break
+            await asyncio.sleep(0.01)
+        assert leases.sent - sent == 12
+
+        # bob runs on device 0: alice's lease ends; her calls still come right
+        await bob.fetch(bob.run(STEP, 0, [np.zeros(2, np.float32)]))
+        await _until(
+            lambda: _not_held(alice, 0), "the lease taken back once another session ran there"
+        )
+        y = x
+        for _ in range(5):  # each is refused by the host (its lease ended), and goes again
+            y = alice.run(STEP, 0, [y])
+            await asyncio.sleep(0)
+        np.testing.assert_array_equal(await alice.fetch(y), np.full(2, 16.0))
+        assert 1 <= leases.refused == leases.sent - sent - 12
+        status = await alice.controller.lease_status()
+        assert 0 not in status["held"]
+        assert status["taken_back"] >= 1
+        del refs
+
+        async def quota_back() -> bool:  # the lease's share of alice's gang quota
+            rows = await alice.controller.tenant_usage()
+            return bool(rows[alice.owner]["outstanding"] == 0)
+
+        await _until(quota_back, "the lease's quota given back")
+
+
+async def _not_held(handle: Any, device: int) -> bool:
+    status = await handle.controller.lease_status()
+    return device not in status["held"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (where Cap'n Proto runs)
+async def test_an_elastic_change_and_the_sessions_end_take_leases_back(tmp_path: Path) -> None:
+    async with (
+        capnp_runtime(),
+        up_cluster(2, tmp_path, "4b" * 16) as cluster,
+        connect(cluster.cluster_file) as second,
+    ):
+        bob = await second.cluster("bob")
+        async with connect(cluster.cluster_file) as first:
+            alice = await first.cluster("alice")
+            await _leased(alice, 1)
+            slice_ = await bob.devices(1)
+            await bob.move(slice_)  # an elastic change: every lease first
+            assert 1 not in (await bob.controller.lease_status())["held"]
+            await _leased(alice, 1)  # (granted again once it is over)
+        await _until(lambda: _not_held(bob, 1), "the lease taken back when its session ended")
