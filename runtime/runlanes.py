@@ -45,7 +45,15 @@ from ..kernel.config import settings
 from ..kernel.lowlevel import counts
 from ..transports import oneway
 
-__all__ = ["DIAL_TIMEOUT_S", "Caller", "RunLanes", "call_lane", "host_lane", "lanes_on"]
+__all__ = [
+    "DIAL_TIMEOUT_S",
+    "Caller",
+    "HostLanes",
+    "RunLanes",
+    "call_lane",
+    "host_lane",
+    "lanes_on",
+]
 
 DIAL_TIMEOUT_S = 10.0  # a far end that does not say where its lane is by then is called by capnp
 
@@ -131,6 +139,46 @@ def host_lane(
         lane.hello, lane.done_to = answers.hello, answers
     lane.start(host.run_lane(), token)
     return lane
+
+
+class HostLanes:
+    """Lanes to the host processes for a client in the controller's own
+    process (``process_cluster``): its references to the hosts are its own
+    links already (:meth:`get` gives none), and its calls under a lease
+    (``runtime/client/leases.py``) go down a lane to each host process,
+    dialled the first time one is asked for (:meth:`answering`). Frees go
+    by call, as before."""
+
+    def __init__(self, hosts: Sequence[ActorRef[Host]], token: bytes) -> None:
+        self._hosts = hosts  # the cluster's own list: a replaced host shows up in it
+        self._token = token
+        self._by_id: dict[int, tuple[ActorRef[Host], Caller]] = {}
+
+    def get(self, address: str, host_id: int) -> ActorRef[Host] | None:
+        return None
+
+    def lane(self, host: ActorRef[Host]) -> Caller | None:
+        return None
+
+    def answering(self, host_id: int) -> Caller | None:
+        """The lane to host ``host_id``'s process if it is up (else one is
+        dialled, once per process of that host, and None for now)."""
+        host = self._hosts[host_id]
+        found = self._by_id.get(host_id)
+        if found is None or found[0] is not host:
+            if found is not None:
+                found[1].close()
+            self._by_id[host_id] = (host, host_lane(host_id, host, self._token))
+            return None
+        return found[1] if found[1].up else None
+
+    def lanes(self) -> list[Caller]:
+        return [lane for _, lane in self._by_id.values()]
+
+    def aclose(self) -> None:
+        for _, lane in self._by_id.values():
+            lane.close()
+        self._by_id.clear()
 
 
 def call_lane(

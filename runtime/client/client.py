@@ -176,7 +176,7 @@ class Cluster:
         # low-level calls sent straight to their device's host, under a lease
         # from the controller (runtime/client/leases.py); None: in one process
         self._leases: ClientLeases | None = None
-        if self._lane is not None and direct is not None:
+        if direct is not None and wire is None:
             self._leases = ClientLeases(controller, topology, self._lease_lane)
 
     @property
@@ -323,13 +323,15 @@ class Cluster:
 
     async def _in_order(self) -> None:
         """Send the runs collected so far, and wait until those sent by call
-        lane reached the controller: the Cap'n Proto call that follows
-        travels on another connection, and must come after them."""
+        lane reached the controller, and those sent under a lease their
+        devices: the Cap'n Proto call that follows travels on another
+        connection, and must come after them."""
         self.flush()
         barrier = self._lane.sync() if self._lane is not None else None
-        if barrier is not None:  # settled either way: a lost lane failed what it had
-            with contextlib.suppress(Exception):
-                await barrier
+        barriers = [barrier] if barrier is not None else []
+        if self._leases is not None:
+            barriers += self._leases.sync()
+        await all_settled(barriers)  # either way: a lost lane failed what it had
 
     def flush(self) -> None:
         """Send the ``run`` calls collected in this loop turn now (they go
@@ -402,7 +404,9 @@ class Cluster:
         gang took them. The run is tagged, and so are its outputs, so that a
         later run reading one where it was made need not wait for it to come
         back (``Controller.run_graph``)."""
-        send = functools.partial(self._to_controller, RUN_GRAPH, graph, inputs, owner)
+        send: Send = functools.partial(self._to_controller, RUN_GRAPH, graph, inputs, owner)
+        if self._leases is not None:  # under a lease, straight to the device's host
+            send = self._leases.route_graph(graph, inputs, owner, outputs, send)
         self._sent(inputs, outputs, send)
 
     def _send_call(

@@ -1,15 +1,16 @@
-"""A client's side of leases: its low-level calls sent straight to the device's host.
+"""A client's side of leases: its runs of one device sent straight to the device's host.
 
 The controller may lease a device to a session that has it to itself
 (``runtime/control/leases.py``). :class:`ClientLeases` asks for a lease once
-a call of one shape (computation, device, owner, its inputs' kinds) went
-through the controller ``ASK_AFTER`` times, and then sends such calls down
-its own lane to the device's host (``devices/_lease.py``), which answers
-with the device's run report. What goes that way: a call whose every input
-is a value, a handle, or the promise of an output the same lease is making
-(the device takes it from what it keeps of that run, as ``PriorOutput``);
-at most the lease's ``window`` runs at once. Everything else goes through
-the controller, as before.
+a run of one shape (a low-level call: computation, device, its inputs'
+kinds; or a graph whose plan is one program on one device), of one owner,
+went through the controller ``ASK_AFTER`` times, and then sends such runs
+down its own lane to the device's host (``devices/_lease.py``), which
+answers with the device's run report. What goes that way: a run whose
+every input is a value, a handle, or the promise of an output the same
+lease is making (the device takes it from what it keeps of that run, as
+``PriorOutput``); at most the lease's ``window`` runs at once. Everything
+else goes through the controller, as before.
 
 A lease ends without a word to the client: its host refuses the next run
 under it with ``LeaseEnded``, before that run started, and the client sends
@@ -17,8 +18,8 @@ that run (and every later one the host refuses) through the controller,
 asks again no sooner than ``RETRY_S`` later, and goes on.
 
 What is asynchronous: asking for a lease is a Cap'n Proto call whose
-answer comes later (the calls meanwhile go through the controller); a
-leased call's answer is a promise settled from the host's report.
+answer comes later (the runs meanwhile go through the controller); a
+leased run's answer is a promise settled from the host's report.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import math
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +42,7 @@ from ...kernel import Promise, failed, forward, log_failure
 from ...kernel.config import settings
 from ...kernel.lowlevel import counts
 from ..calls import input_kinds
+from ..graph import Graph
 
 if TYPE_CHECKING:
     from ...kernel import ActorRef
@@ -55,7 +58,7 @@ RETRY_S = 1.0  # after a refusal, or a lease's end, none is asked for that long
 SHAPES_KEPT = 256  # call shapes remembered (the oldest go first)
 
 Send = Callable[[str, list[tuple[str, int] | None]], Promise[Any]]
-_Shape = tuple[Computation, int, str, tuple[tuple[Any, ...], ...]]
+Ask = Callable[[], "Promise[LeaseGrant | None]"]
 
 _log_refused = log_failure(logging.getLogger(__name__), "asking for a lease", logging.DEBUG)
 
@@ -85,15 +88,23 @@ class ClientLeases:
         self._controller = controller
         self._topology = topology
         self._lanes = lanes
-        self._shapes: dict[_Shape, _Asked] = {}
+        self._shapes: dict[Hashable, _Asked] = {}  # by call shape, or graph, and owner
         self._epochs: dict[int, itertools.count[int]] = {}  # by lease id
         self._in_flight: dict[int, int] = {}  # by lease id
+        self._lane_of: dict[int, Caller] = {}  # by lease id: the lane its runs went down
         # outputs of leased runs not answered yet: (lease id, epoch, node, index)
         self._made: weakref.WeakKeyDictionary[Promise[Any], tuple[int, int, int, int]] = (
             weakref.WeakKeyDictionary()
         )
         self.sent = 0  # runs sent under a lease (for tests and benchmarks)
         self.refused = 0  # ... that their host refused (sent again through the controller)
+
+    def sync(self) -> list[Promise[Any]]:
+        """Promises that settle once the runs sent under a lease so far
+        reached their devices (or were refused there): a Cap'n Proto call
+        that must come after them (a slice's release) waits for these."""
+        lanes = {id(lane): lane for i, lane in self._lane_of.items() if self._in_flight.get(i)}
+        return [p for p in (lane.sync() for lane in lanes.values()) if p is not None]
 
     def granted(self) -> int:
         """How many call shapes go under a lease now."""
@@ -108,28 +119,70 @@ class ClientLeases:
         output: Promise[BufferHandle],
         controller: Send,
     ) -> Send:
-        """How to send one call: under its shape's lease, when it has one
-        and the call can go so, else ``controller`` (asking for a lease when
-        the shape has come often enough)."""
-        key = (computation, device, owner, input_kinds(inputs))
+        """How to send one low-level call: under its shape's lease, when it
+        has one and the call can go so, else ``controller`` (asking for a
+        lease when the shape has come often enough)."""
+        kinds = input_kinds(inputs)
+        asked = self._asked((computation, device, owner, kinds))
+        if asked.grant is None:
+            host = self._topology.device(device).host
+            ask = functools.partial(self._controller.lease, computation, device, kinds, owner)
+            self._count(asked, ask, host)
+            return controller
+        return self._route(asked.grant, inputs, [output], controller)
+
+    def route_graph(
+        self,
+        graph: Graph,
+        inputs: Sequence[Any],
+        owner: str,
+        outputs: Sequence[Promise[BufferHandle]],
+        controller: Send,
+    ) -> Send:
+        """How to send one run of ``graph``, as :meth:`route` says for a call
+        (a graph whose plan is one program on one device may have a lease)."""
+        asked = self._asked((graph, owner))
+        if asked.calls == 0 and asked.grant is None and not _on_one_device(graph):
+            asked.not_before = math.inf  # (its plan spans devices: never asked for)
+        if asked.grant is None:
+            self._count(asked, functools.partial(self._controller.lease_graph, graph, owner))
+            return controller
+        return self._route(asked.grant, inputs, outputs, controller)
+
+    def _asked(self, key: Hashable) -> _Asked:
         asked = self._shapes.get(key)
         if asked is None:
             asked = self._shapes[key] = _Asked()
             while len(self._shapes) > SHAPES_KEPT:
                 del self._shapes[next(iter(self._shapes))]
-        grant = asked.grant
-        if grant is None:
-            asked.calls += 1
-            if asked.calls >= ASK_AFTER and not asked.asking:
-                self._ask(key, asked)
-            return controller
+        return asked
+
+    def _count(self, asked: _Asked, ask: Ask, host: int | None = None) -> None:
+        """One more run of a shape with no lease: ask for one (in the
+        background) once it came often enough, if it is time to and its
+        host's lane is up (``host``: None when not known before)."""
+        asked.calls += 1
+        if asked.calls < ASK_AFTER or asked.asking or time.monotonic() < asked.not_before:
+            return
+        if not settings().leases or (host is not None and self._lanes(host) is None):
+            return
+        asked.asking = True
+        ask().add_done_callback(functools.partial(self._granted, asked))
+
+    def _route(
+        self,
+        grant: LeaseGrant,
+        inputs: Sequence[Any],
+        outputs: Sequence[Promise[BufferHandle]],
+        controller: Send,
+    ) -> Send:
         lane = self._lanes(grant.host)
         if lane is None or self._in_flight.get(grant.lease_id, 0) >= grant.window:
             return controller
         given = self._given(grant, inputs)
-        if given is None:
+        if given is None or len(outputs) != len(grant.outputs):
             return controller
-        return functools.partial(self._send, grant, given, output, lane, controller)
+        return functools.partial(self._send, grant, given, list(outputs), lane, controller)
 
     def _given(self, grant: LeaseGrant, inputs: Sequence[Any]) -> list[Any] | None:
         """The device program's inputs, as a leased run sends them; None
@@ -154,7 +207,7 @@ class ClientLeases:
         self,
         grant: LeaseGrant,
         given: list[Any],
-        output: Promise[BufferHandle],
+        outputs: list[Promise[BufferHandle]],
         lane: Caller,
         controller: Send,
         tag: str,
@@ -170,10 +223,11 @@ class ClientLeases:
         args = (grant.lease_id, grant.plan_id, epoch, given)
         report: Promise[RunReport] = lane.call(LEASED, grant.device, args, again)
         self._in_flight[grant.lease_id] = self._in_flight.get(grant.lease_id, 0) + 1
+        self._lane_of[grant.lease_id] = lane
         self.sent += 1
         counts["runs_leased"] += 1
-        (node, index), *_ = grant.outputs
-        self._made[output] = (grant.lease_id, epoch, node, index)
+        for output, (node, index) in zip(outputs, grant.outputs, strict=True):
+            self._made[output] = (grant.lease_id, epoch, node, index)
         answer: Promise[Any] = Promise("leased run")
         report.add_done_callback(functools.partial(self._answered, grant, again, answer))
         return answer
@@ -205,20 +259,6 @@ class ClientLeases:
             if asked.grant is not None and asked.grant.lease_id == lease_id:
                 asked.grant, asked.calls, asked.not_before = None, 0, later
 
-    def _ask(self, key: _Shape, asked: _Asked) -> None:
-        """Ask the controller for a lease on ``key``'s device, for its shape
-        (in the background), if it is time to and the lane is up."""
-        computation, device, owner, kinds = key
-        if time.monotonic() < asked.not_before or not settings().leases:
-            return
-        if self._lanes(self._topology.device(device).host) is None:
-            return
-        asked.asking = True
-        answer: Promise[LeaseGrant | None] = self._controller.lease(
-            computation, device, kinds, owner
-        )
-        answer.add_done_callback(functools.partial(self._granted, asked))
-
     def _granted(self, asked: _Asked, answer: Promise[LeaseGrant | None]) -> None:
         asked.asking = False
         asked.calls = 0
@@ -228,6 +268,12 @@ class ClientLeases:
         if grant is None:
             asked.not_before = time.monotonic() + RETRY_S
         asked.grant = grant
+
+
+def _on_one_device(graph: Graph) -> bool:
+    """Whether every node of ``graph`` is on one slice of one device."""
+    slices = {node.slice.slice_id for node in graph.nodes}
+    return len(slices) == 1 and graph.nodes[0].slice.size == 1
 
 
 def _output(report: RunReport, node: int, index: int) -> BufferHandle | Promise[BufferHandle]:

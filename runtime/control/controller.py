@@ -477,6 +477,20 @@ class Controller(Actor):
         return await self.leases.grant(compiled, device, owner)
 
     @endpoint
+    async def lease_graph(self, graph: Graph, owner: str = "") -> LeaseGrant | None:
+        """A lease for session ``owner``'s runs of ``graph``, when its plan
+        is one program on one device (as :meth:`lease` for a call)."""
+        if self.elastic.gates:
+            return None
+        compiled = self._compiled_plan(self.plan_for(graph, owner), graph)
+        if not isinstance(compiled, CompiledPlan) or len(compiled.programs) != 1:
+            return None
+        (device,) = compiled.programs
+        if self.leases.refusal(device, owner) is not None:
+            return None
+        return await self.leases.grant(compiled, device, owner)
+
+    @endpoint
     def leased(self, lease_id: int, ran: int, failed: int) -> None:
         """A host's count of the runs lease ``lease_id`` let through."""
         self.runs.leased(ran, failed)

@@ -63,6 +63,7 @@ from ..control.controller import Controller, spawn_control
 from ..control.island import IslandScheduler
 from ..control.metrics import Snapshot, collect
 from ..control.sessions import SessionWatcher
+from ..runlanes import HostLanes, lanes_on
 from ..tools.dashboard import Dashboard
 from ..tools.status import cluster_status
 from ..topology import Topology
@@ -569,7 +570,12 @@ async def process_cluster(
     spec.check_for("capnp")
     address, token = "capnp://127.0.0.1:0", default_token()
     async with _controller(spec, address, token, start_timeout) as (system, _, info):
-        yield info.client(system, owner)
+        lanes = HostLanes(info.hosts, token) if lanes_on() else None
+        try:  # (its calls under a lease go to the hosts by lane: runtime/client/leases.py)
+            yield info.client(system, owner, lanes)
+        finally:
+            if lanes is not None:
+                lanes.aclose()
 
 
 async def run_up(

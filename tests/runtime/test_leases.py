@@ -13,17 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import numpy as np
 import pytest
 
 from atoll.benchmarks._testbed import up_cluster
-from atoll.devices import Computation, RunReport
+from atoll.devices import Aval, Computation, RunReport
 from atoll.devices import _lease as host_leases
 from atoll.kernel import AtollError, Promise, process_counters
+from atoll.runtime import GraphBuilder, local_cluster
 from atoll.runtime.client.connect import connect
 from atoll.runtime.control.tenancy import Tenants
 from atoll.transports.capnp import capnp_runtime
@@ -144,11 +147,24 @@ STEP = Computation("plus1", _plus_one, flops=1e3)
 FAILS = Computation("fails", _fails, flops=1e3)
 
 
-async def _until(check: Callable[[], Any], what: str) -> None:
-    for _ in range(1000):
-        done = check()
-        if await done if asyncio.iscoroutine(done) else done:
-            return
+async def _within(awaitable: Any, what: str, seconds: float = 30.0) -> Any:
+    """``await awaitable``, or an AssertionError that says what hung."""
+    try:
+        with anyio.fail_after(seconds):
+            return await awaitable
+    except TimeoutError:
+        raise AssertionError(f"hung: {what}") from None
+
+
+async def _until(check: Callable[[], Any], what: str, seconds: float = 30.0) -> None:
+    """Wait until ``check()`` (or what it returns, awaited) is true; each
+    check may take up to ``seconds`` too."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with anyio.fail_after(seconds, shield=False):
+            done = check()
+            if await done if asyncio.iscoroutine(done) else done:
+                return
         await asyncio.sleep(0.01)
     raise AssertionError(f"never: {what}")
 
@@ -190,26 +206,26 @@ async def test_a_lease_takes_the_controller_off_the_path_until_another_session_c
         await _leased(alice, 0)
         leases = alice._leases
         sent, hosts_answered = leases.sent, process_counters()["answers_from_hosts"]
-        x = await alice.fetch(alice.run(STEP, 0, [np.zeros(2, np.float32)]))
+        x = await _within(alice.fetch(alice.run(STEP, 0, [np.zeros(2, np.float32)])), "a run")
         refs = []
         for _ in range(10):  # a chain across loop turns: each reads one not back yet
             x = alice.run(STEP, 0, [x])
             refs.append(x)
             await asyncio.sleep(0)
-        np.testing.assert_array_equal(await alice.fetch(x), np.full(2, 11.0))
+        np.testing.assert_array_equal(await _within(alice.fetch(x), "a chain"), np.full(2, 11.0))
         assert leases.sent - sent == 11
         assert process_counters()["answers_from_hosts"] == hosts_answered  # none by DONE
         for _ in range(100):  # a failing call: through the controller, then under the lease
             before = leases.sent
             with pytest.raises(Exception, match="no"):
-                await alice.run(FAILS, 0, [x])
+                await _within(alice.run(FAILS, 0, [x]), "a failing run")
             if leases.sent > before:
                 break
             await asyncio.sleep(0.01)
         assert leases.sent - sent == 12
 
         # bob runs on device 0: alice's lease ends; her calls still come right
-        await bob.fetch(bob.run(STEP, 0, [np.zeros(2, np.float32)]))
+        await _within(bob.fetch(bob.run(STEP, 0, [np.zeros(2, np.float32)])), "bob's run")
         await _until(
             lambda: _not_held(alice, 0), "the lease taken back once another session ran there"
         )
@@ -217,7 +233,7 @@ async def test_a_lease_takes_the_controller_off_the_path_until_another_session_c
         for _ in range(5):  # each is refused by the host (its lease ended), and goes again
             y = alice.run(STEP, 0, [y])
             await asyncio.sleep(0)
-        np.testing.assert_array_equal(await alice.fetch(y), np.full(2, 16.0))
+        np.testing.assert_array_equal(await _within(alice.fetch(y), "refused"), np.full(2, 16.0))
         assert 1 <= leases.refused == leases.sent - sent - 12
         status = await alice.controller.lease_status()
         assert 0 not in status["held"]
@@ -254,3 +270,56 @@ async def test_an_elastic_change_and_the_sessions_end_take_leases_back(tmp_path:
             assert 1 not in (await bob.controller.lease_status())["held"]
             await _leased(alice, 1)  # (granted again once it is over)
         await _until(lambda: _not_held(bob, 1), "the lease taken back when its session ended")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (where Cap'n Proto runs)
+async def test_a_program_on_one_device_runs_under_a_lease_until_its_slice_goes(
+    tmp_path: Path,
+) -> None:
+    """A graph whose plan is one program on one device goes under a lease
+    too; a release made right after a leased run comes after it."""
+    scalar = Aval((), "float32")
+    async with _two_sessions(tmp_path) as (alice, _, _):
+        slice_ = await alice.devices(1)
+        builder = GraphBuilder()
+        (out,) = builder.add(STEP, slice_, [builder.input(scalar)], [scalar])
+        graph = builder.build([out])
+        x = 0.0
+        for _ in range(500):
+            [ref] = alice.run_graph(graph, [np.float32(x)])
+            x = float(await alice.fetch(ref))
+            if alice._leases.granted():
+                break
+            await asyncio.sleep(0.01)
+        sent = alice._leases.sent
+        [ref] = alice.run_graph(graph, [np.float32(x)])
+        assert float(await alice.fetch(ref)) == x + 1 and alice._leases.sent == sent + 1
+        [last] = alice.run_graph(graph, [np.float32(x)])
+        await alice.release(slice_)  # right after: the leased run reached its device first
+        assert float(await alice.fetch(last)) == x + 1
+
+        async def none_held() -> bool:  # its plan was dropped with the slice
+            return not (await alice.controller.lease_status())["held"]
+
+        await _until(none_held, "the lease taken back when the slice went")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (where Cap'n Proto runs)
+async def test_a_client_in_the_controllers_own_process_has_leases_too() -> None:
+    """``local_cluster(transport="capnp")``: the driver holds the controller;
+    its calls under a lease go down its own lane to the host process."""
+    async with local_cluster(1, 1, 1, transport="capnp") as cluster:
+        x = np.zeros(2, np.float32)
+        for _ in range(500):
+            x = await cluster.fetch(cluster.run(STEP, 0, [x]))
+            if cluster._leases is not None and cluster._leases.granted():
+                break
+            await asyncio.sleep(0.01)
+        assert cluster._leases is not None
+        sent = cluster._leases.sent
+        x = await cluster.fetch(cluster.run(STEP, 0, [x]))
+        assert cluster._leases.sent == sent + 1 and float(x[0]) >= 2.0
