@@ -64,6 +64,8 @@ class _Lease:
 
 _leases: dict[int, _Lease] = {}  # this process's, by lease id
 _ending: dict[int, _Lease] = {}  # ended here (a plan dropped) and not yet revoked
+_ended_ids: dict[int, None] = {}  # leases ended here, the newest last: never granted again
+ENDED_KEPT = 4096
 
 
 def grant(
@@ -72,6 +74,8 @@ def grant(
     """Register lease ``lease_id`` (or add ``plans`` to it): ``owner``'s runs
     of those installed plans on ``device`` may come straight from its client."""
     lease = _leases.get(lease_id)
+    if lease is None and lease_id in _ended_ids:  # (a grant that crossed its end)
+        raise LeaseEnded(f"lease {lease_id} ended here already")
     if lease is None:
         _leases[lease_id] = _Lease(device, owner, set(plans), report_to)
     elif lease.device != device or lease.owner != owner:
@@ -84,7 +88,7 @@ def revoke(lease_id: int) -> Promise[tuple[int, int]]:
     """End lease ``lease_id`` now: later runs under it are refused. Settles,
     once the runs it let through have ended, with the runs (and failures)
     not counted to the controller yet; ``(0, 0)`` for a lease not held here."""
-    lease = _ending.pop(lease_id, None) or _end(lease_id)
+    lease = _end(lease_id) or _ending.pop(lease_id, None)
     return as_promise((0, 0)) if lease is None or lease.ended is None else lease.ended
 
 
@@ -93,6 +97,9 @@ def _end(lease_id: int) -> _Lease | None:
     lease = _leases.pop(lease_id, None)
     if lease is None:
         return None
+    _ended_ids[lease_id] = None
+    while len(_ended_ids) > ENDED_KEPT:
+        del _ended_ids[next(iter(_ended_ids))]
     if lease.timer is not None:
         lease.timer.cancel()
         lease.timer = None

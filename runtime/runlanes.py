@@ -155,10 +155,11 @@ class HostLanes:
         self._by_id: dict[int, tuple[ActorRef[Host], Caller]] = {}
 
     def get(self, address: str, host_id: int) -> ActorRef[Host] | None:
-        return None
+        """The host's reference here (this process's own link to it)."""
+        return self._hosts[host_id] if 0 <= host_id < len(self._hosts) else None
 
     def lane(self, host: ActorRef[Host]) -> Caller | None:
-        return None
+        return None  # (frees go by call)
 
     def answering(self, host_id: int) -> Caller | None:
         """The lane to host ``host_id``'s process if it is up (else one is

@@ -60,7 +60,8 @@ SHAPES_KEPT = 256  # call shapes remembered (the oldest go first)
 Send = Callable[[str, list[tuple[str, int] | None]], Promise[Any]]
 Ask = Callable[[], "Promise[LeaseGrant | None]"]
 
-_log_refused = log_failure(logging.getLogger(__name__), "asking for a lease", logging.DEBUG)
+_log = logging.getLogger(__name__)
+_log_refused = log_failure(_log, "asking for a lease", logging.DEBUG)
 
 
 @dataclass(eq=False)
@@ -166,8 +167,14 @@ class ClientLeases:
             return
         if not settings().leases or (host is not None and self._lanes(host) is None):
             return
+        try:
+            asking = ask()
+        except Exception:  # (not a run's business: it goes through the controller)
+            _log.debug("asking for a lease", exc_info=True)
+            asked.not_before = time.monotonic() + RETRY_S
+            return
         asked.asking = True
-        ask().add_done_callback(functools.partial(self._granted, asked))
+        asking.add_done_callback(functools.partial(self._granted, asked))
 
     def _route(
         self,
@@ -221,7 +228,7 @@ class ClientLeases:
         epoch = next(counter)
         again = functools.partial(controller, tag, sources)
         args = (grant.lease_id, grant.plan_id, epoch, given)
-        report: Promise[RunReport] = lane.call(LEASED, grant.device, args, again)
+        report: Promise[RunReport] = lane.call(LEASED, grant.device, args, _no_lane)
         self._in_flight[grant.lease_id] = self._in_flight.get(grant.lease_id, 0) + 1
         self._lane_of[grant.lease_id] = lane
         self.sent += 1
@@ -246,7 +253,10 @@ class ClientLeases:
         if isinstance(error, LeaseEnded):
             self.refused += 1
             self._ended(grant.lease_id)
-            forward(again(), answer)
+            try:
+                forward(again(), answer)
+            except Exception as exc:  # nothing was sent: the run fails with why
+                answer.set_exception(exc)
         elif error is not None:
             answer.set_exception(error)
         else:
@@ -268,6 +278,12 @@ class ClientLeases:
         if grant is None:
             asked.not_before = time.monotonic() + RETRY_S
         asked.grant = grant
+
+
+def _no_lane() -> Promise[Any]:
+    """A leased run whose lane went down before it left: it goes through the
+    controller (as one its host refused)."""
+    return failed(LeaseEnded("the lane to the lease's host is down"))
 
 
 def _on_one_device(graph: Graph) -> bool:

@@ -120,6 +120,9 @@ class Controller(Actor):
         self._pending: dict[tuple[str, str], _CompiledRun] = {}  # compiled runs under way
         self._outbox: dict[int, list[tuple[RunArgs, Promise[Any]]]] = {}  # by island: this turn's
         self._calls: dict[tuple[Any, ...], Graph] = {}  # low-level calls' graphs, by shape
+        # leases being taken back (another session came), and the runs held behind them
+        self._lease_gates: list[Promise[None]] = []
+        self._behind_gates: list[_CompiledRun] = []
 
     async def on_start(self) -> None:
         answers = [host.address() for host in self.host_refs]
@@ -265,6 +268,7 @@ class Controller(Actor):
             while alloc.owner == owner and (busy := self.elastic.change_under_way(alloc.slice_id)):
                 await busy
         await self.leases.take_back_all(owner=owner)
+        self.leases.forget(owner)
         self.tenants.forget(owner)
         for slice_id in self.resources.release_owner(owner):
             self.plans.invalidate_slice(slice_id)
@@ -322,8 +326,16 @@ class Controller(Actor):
         be). The slices re-placed; the buffers it held are lost."""
         for island in self.schedulers.values():  # its run lanes go: calls fail, not wait
             island.host_lost(host_id).add_done_callback(_log_failed_notice)
-        self.leases.host_gone(host_id)
-        return self._in_background(self._without_leases, self.elastic.host_lost, host_id)
+        self.leases.host_gone(host_id)  # (the others stay: its slices go to other devices)
+        return self._in_background(self._granting_none, self.elastic.host_lost, host_id)
+
+    async def _granting_none(self, op: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``op(*args)``, with no lease granted until it is over."""
+        self.leases.hold_off += 1
+        try:
+            return await op(*args)
+        finally:
+            self.leases.hold_off -= 1
 
     async def _without_leases(self, op: Callable[..., Awaitable[T]], *args: Any) -> T:
         """``op(*args)``, an elastic change, once every lease was taken back
@@ -331,9 +343,9 @@ class Controller(Actor):
         self.leases.hold_off += 1
         try:
             await self.leases.take_back_all()
-            return await op(*args)
         finally:
             self.leases.hold_off -= 1
+        return await self._granting_none(op, *args)
 
     def _in_background(self, op: Callable[..., Awaitable[T]], *args: Any) -> Promise[T]:
         """The promise of ``op(*args)``, run as a task beside the message loop."""
@@ -454,41 +466,47 @@ class Controller(Actor):
         return graph
 
     @endpoint
-    async def lease(
+    def lease(
         self,
         computation: Computation,
         device: int,
         kinds: Sequence[Sequence[Any]],
         owner: str = "",
-    ) -> LeaseGrant | None:
+    ) -> Promise[LeaseGrant | None]:
         """A lease for session ``owner``'s low-level calls of ``computation``
         on ``device`` with inputs of these kinds (``runtime/calls.py``,
         ``input_kinds``): its client may send them to the device's host
         itself (``runtime/control/leases.py``). None when it may not now.
-        Asynchronous: waits for the plan's install and the host's answer."""
+        Asynchronous: answered once the plan is installed and the host has
+        the lease, while the controller goes on with its messages."""
         self.cluster_topology.device(device)  # raises for an unknown device
         shape = tuple(tuple(kind) for kind in kinds)
         if self.leases.refusal(device, owner) is not None:
-            return None
+            return as_promise(None)
         graph = self._call_graph(computation, device, shape)
         compiled = self._compiled_plan(self.plan_for(graph, owner), graph)
         if not isinstance(compiled, CompiledPlan):
-            return None
-        return await self.leases.grant(compiled, device, owner)
+            return as_promise(None)
+        return self._in_background(self.leases.grant, compiled, device, owner)
 
     @endpoint
-    async def lease_graph(self, graph: Graph, owner: str = "") -> LeaseGrant | None:
+    def lease_graph(self, graph: Graph, owner: str = "") -> Promise[LeaseGrant | None]:
         """A lease for session ``owner``'s runs of ``graph``, when its plan
         is one program on one device (as :meth:`lease` for a call)."""
         if self.elastic.gates:
-            return None
+            return as_promise(None)
         compiled = self._compiled_plan(self.plan_for(graph, owner), graph)
         if not isinstance(compiled, CompiledPlan) or len(compiled.programs) != 1:
-            return None
+            return as_promise(None)
         (device,) = compiled.programs
         if self.leases.refusal(device, owner) is not None:
-            return None
-        return await self.leases.grant(compiled, device, owner)
+            return as_promise(None)
+        return self._in_background(self.leases.grant, compiled, device, owner)
+
+    def plan_live(self, compiled: CompiledPlan) -> bool:
+        """Whether ``compiled`` is still a plan the controller keeps (one let
+        go was dropped from its devices)."""
+        return any(found is compiled for found in self._compiled.values())
 
     @endpoint
     def leased(self, lease_id: int, ran: int, failed: int) -> None:
@@ -597,7 +615,6 @@ class Controller(Actor):
         the run's device when one device makes every output."""
         epoch = next(self._runs)
         self._compiled_runs += 1
-        self.leases.seen(compiled.programs, owner)  # (another session's lease there ends)
         outs: list[Promise[BufferHandle]] = [
             as_promise(inputs[index]) if node < 0 else Promise(f"output {node}/{index}")
             for node, index, _ in compiled.outputs
@@ -624,6 +641,28 @@ class Controller(Actor):
         self._pending.pop(key, None)
 
     def _send_run(self, run: _CompiledRun) -> None:
+        """Send an admitted compiled run on, unless another session's lease
+        on one of its devices is being taken back: then it waits, with every
+        run admitted after it, in order, until the lease's runs ended (the
+        island orders it among what the device really has)."""
+        taken = self.leases.seen(run.compiled.programs, run.owner)
+        if taken is not None:
+            self._lease_gates.append(taken)
+            taken.add_done_callback(self._gate_settled)
+        if self._lease_gates:
+            self._behind_gates.append(run)
+            return
+        self._dispatch(run)
+
+    def _gate_settled(self, _: Promise[None]) -> None:
+        """A lease was taken back: once every one was, the runs held go, in order."""
+        if all(gate.done() for gate in self._lease_gates):
+            self._lease_gates.clear()
+            held, self._behind_gates = self._behind_gates, []
+            for run in held:
+                self._dispatch(run)
+
+    def _dispatch(self, run: _CompiledRun) -> None:
         """Send an admitted compiled run to its island (each of its parts to
         its own, when it has several: their devices' reports, together)."""
         weight = self.tenants.weight(run.owner)  # its share, for the policy's accounting

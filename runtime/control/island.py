@@ -97,6 +97,7 @@ class IslandScheduler(Actor):
         self._positions = 0  # gangs dispatched: each gang's place in the island's order
         self._running: dict[str, int] = {}  # gang -> its shards sent and not done (status)
         self._installed: dict[int, tuple[ActorRef[Device], set[int]]] = {}  # device -> plans
+        self._installing: dict[tuple[int, int], Promise[None]] = {}  # (device, plan): sent
         self._last_seq: int | None = None  # the last gang's place, as the policy numbered it
         self.broken: PolicyError | None = None  # the policy broke its contract: all runs fail
         self._completed: Callable[[], Promise[int]] | None = None  # its own ``completed``
@@ -324,6 +325,9 @@ class IslandScheduler(Actor):
         timeline.control("install plan", self._lane, plan=program.plan_id, device=device)
         sent: Promise[None] = self._call(device, runlane.INSTALL, program)
         sent.add_done_callback(functools.partial(_forget_failed, plans, program.plan_id))
+        key = (device, program.plan_id)
+        self._installing[key] = sent  # (until answered: install() waits for it too)
+        sent.add_done_callback(functools.partial(_answered, self._installing, key))
         return sent
 
     @endpoint(inline=True)
@@ -335,7 +339,8 @@ class IslandScheduler(Actor):
         sent: list[Promise[None]] = []
         for device, program in compiled.programs.items():
             installed = self._install(device, self.devices[device], program)
-            if installed is not None:
+            installed = installed or self._installing.get((device, program.plan_id))
+            if installed is not None:  # (sent now, or before and not answered yet)
                 sent.append(installed)
         return when_settled(sent, functools.partial(_raise_first, sent), "installed")
 
@@ -464,6 +469,13 @@ def _unless_not_installed(
 
     all_settled([report, installed]).add_done_callback(settled)
     return out
+
+
+def _answered(
+    installing: dict[tuple[int, int], Promise[None]], key: tuple[int, int], _: Any
+) -> None:
+    """An install was answered: ``install()`` need not wait for it any more."""
+    installing.pop(key, None)
 
 
 def _raise_first(answers: Sequence[Promise[None]]) -> None:

@@ -73,6 +73,8 @@ EPOCH_SHIFT = 40  # a lease's runs are numbered (lease id << EPOCH_SHIFT) + n
 
 _log = logging.getLogger(__name__)
 _log_failed = log_failure(_log, "a lease taken back")
+_log_gone = log_failure(_log, "a lease taken back from a host given up for lost", logging.DEBUG)
+ENDED_KEPT = 4096  # ended sessions remembered (a grant under way for one is refused)
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class LeaseView(Protocol):
     def report_to(self) -> ActorRef[Any]: ...
 
     def host_of_device(self, device: int) -> int: ...
+    def plan_live(self, compiled: CompiledPlan) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -128,6 +131,7 @@ class _Held:
     owner: str
     window: int  # of its session's gang quota
     plans: set[int]
+    taken: bool = False  # taken back (once: its quota is given back once)
 
 
 class Leases:
@@ -140,13 +144,16 @@ class Leases:
         self._ids = itertools.count(1)
         self._seen: dict[int, dict[str, float]] = {}  # device -> owner -> its last run there
         self.hold_off = 0  # elastic changes under way: none is granted meanwhile
+        self._ended_owners: dict[str, None] = {}  # sessions that ended (the newest last)
         self.granted = 0
         self.taken_back = 0
 
-    def seen(self, devices: Iterable[int], owner: str) -> None:
-        """A run of ``owner`` came for ``devices`` (through the controller):
-        remembered, and a lease another session holds on one of them ends."""
+    def seen(self, devices: Iterable[int], owner: str) -> Promise[None] | None:
+        """A run of ``owner`` goes to ``devices`` (through the controller):
+        remembered; a lease another session holds on one of them ends, and
+        the promise that it did (its runs ended) is returned; else None."""
         now = time.monotonic()
+        taken: list[Promise[None]] = []
         for device in devices:
             seen = self._seen.get(device)
             if seen is None:
@@ -155,7 +162,8 @@ class Leases:
             if self.by_device:
                 held = self.by_device.get(device)
                 if held is not None and held.owner != owner:
-                    self.take_back(held).add_done_callback(_log_failed)
+                    taken.append(self.take_back(held))
+        return all_settled(taken) if taken else None
 
     def refusal(self, device: int, owner: str) -> str | None:
         """Why ``owner`` may not have a lease on ``device`` now, or None."""
@@ -166,6 +174,8 @@ class Leases:
             return "the device's host is in the controller's process, or plans run gang by gang"
         if self.hold_off or c.elastic.gates or c.elastic.located:
             return "slices are changing, or buffers moved"
+        if owner in self._ended_owners:
+            return "the session ended"
         held = self.by_device.get(device)
         if held is not None and held.owner != owner:
             return "another session holds the device's lease"
@@ -186,7 +196,7 @@ class Leases:
             return None
         c = self._controller
         await c.schedulers[compiled.island].install(compiled)
-        if self.refusal(device, owner):  # (things changed meanwhile)
+        if self.refusal(device, owner) or not c.plan_live(compiled):  # (changed meanwhile)
             return None
         held = self.by_device.get(device) or self._new(device, owner)
         if held is None:
@@ -202,6 +212,8 @@ class Leases:
             except Exception:  # (its host is gone, say): no lease
                 self.take_back(held).add_done_callback(_log_failed)
                 raise
+            if held.taken or not c.plan_live(compiled):  # (taken back, or let go, meanwhile)
+                return None
         return LeaseGrant(
             held.lease_id,
             device,
@@ -231,6 +243,9 @@ class Leases:
         runs it let through ended (or its host is gone), its quota given back."""
         if self.by_device.get(held.device) is held:
             del self.by_device[held.device]
+        if held.taken:
+            return as_promise(None)
+        held.taken = True
         self.taken_back += 1
         c = self._controller
         if not held.plans:  # its host never heard of it
@@ -269,8 +284,21 @@ class Leases:
         """Host ``host`` was lost or replaced: its leases went with it."""
         for held in [h for h in self.by_device.values() if h.host == host]:
             del self.by_device[held.device]
+            held.taken = True
             self.taken_back += 1
             self._controller.tenants.unreserve(held.owner, held.window)
+            # (a host given up for lost may still be there: tell it, if it hears)
+            revoked = self._controller.host_refs[host].revoke_lease(held.lease_id)
+            revoked.add_done_callback(_log_gone)
+
+    def forget(self, owner: str) -> None:
+        """Session ``owner`` ended (its leases were taken back): no lease is
+        granted to it again, and what was seen of it goes."""
+        self._ended_owners[owner] = None
+        while len(self._ended_owners) > ENDED_KEPT:
+            del self._ended_owners[next(iter(self._ended_owners))]
+        for seen in self._seen.values():
+            seen.pop(owner, None)
 
     def status(self) -> dict[str, Any]:
         """For tests and ``atoll status``: the leases held, granted, taken back."""

@@ -53,6 +53,7 @@ def table() -> Any:
     yield host_leases
     host_leases._leases.clear()
     host_leases._ending.clear()
+    host_leases._ended_ids.clear()
 
 
 async def test_a_run_under_a_lease_reaches_its_device_as_the_sessions(table: Any) -> None:
@@ -103,6 +104,8 @@ async def test_a_dropped_plan_ends_the_lease_that_covers_it(table: Any) -> None:
     table.dropped(3, [11])
     with pytest.raises(host_leases.LeaseEnded):
         table.run(device, 3, (7, 12, 2, []))
+    with pytest.raises(host_leases.LeaseEnded):  # a grant that crossed the drop
+        table.grant(7, 3, "alice.x", [13], None)
     ended = table.revoke(7)  # the controller's, later: waits for the run as ever
     assert not ended.done()
     device.reports[0].set_result(RunReport())
