@@ -23,6 +23,10 @@ What this module holds:
   (a Cap'n Proto call that keeps their promises), and the target's calls
   behind it wait until they are there, so the order holds.
 
+A client's lane to a host process also carries its runs under a lease
+(``LEASED``: ``devices/_lease.py`` checks each), and the island's drop of
+a plan ends a lease that covers it, in order with the runs before it.
+
 The calling ends are :mod:`atoll.runtime.runlanes`. Everything runs on the
 process's event loop (asyncio, where Cap'n Proto runs).
 """

@@ -30,6 +30,7 @@ import logging
 import math
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -65,6 +66,16 @@ _log_refused = log_failure(_log, "asking for a lease", logging.DEBUG)
 
 
 @dataclass(eq=False)
+class _Leased:
+    """A run sent under a lease, until its host answered it or it went
+    through the controller (refused)."""
+
+    again: Callable[[], Promise[Any]]  # how it goes through the controller
+    answer: Promise[Any]
+    settled: bool = False
+
+
+@dataclass(eq=False)
 class _Asked:
     """What the client knows of one call shape's lease."""
 
@@ -93,10 +104,14 @@ class ClientLeases:
         self._epochs: dict[int, itertools.count[int]] = {}  # by lease id
         self._in_flight: dict[int, int] = {}  # by lease id
         self._lane_of: dict[int, Caller] = {}  # by lease id: the lane its runs went down
-        # outputs of leased runs not answered yet: (lease id, epoch, node, index)
-        self._made: weakref.WeakKeyDictionary[Promise[Any], tuple[int, int, int, int]] = (
+        # outputs of leased runs: (lease id, epoch, node, index, the run)
+        self._made: weakref.WeakKeyDictionary[Promise[Any], tuple[int, int, int, int, _Leased]] = (
             weakref.WeakKeyDictionary()
         )
+        self._unsettled: dict[int, deque[_Leased]] = {}  # by lease id, in the order sent
+        # runs for the controller held back, in order, behind a leased run they
+        # read (which may yet be refused, and go through the controller first)
+        self._held: deque[tuple[Callable[[], Promise[Any]], Promise[Any], list[Any]]] = deque()
         self.sent = 0  # runs sent under a lease (for tests and benchmarks)
         self.refused = 0  # ... that their host refused (sent again through the controller)
 
@@ -129,7 +144,7 @@ class ClientLeases:
             host = self._topology.device(device).host
             ask = functools.partial(self._controller.lease, computation, device, kinds, owner)
             self._count(asked, ask, host)
-            return controller
+            return self._in_order(controller, inputs)
         return self._route(asked.grant, inputs, [output], controller)
 
     def route_graph(
@@ -147,7 +162,7 @@ class ClientLeases:
             asked.not_before = math.inf  # (its plan spans devices: never asked for)
         if asked.grant is None:
             self._count(asked, functools.partial(self._controller.lease_graph, graph, owner))
-            return controller
+            return self._in_order(controller, inputs)
         return self._route(asked.grant, inputs, outputs, controller)
 
     def _asked(self, key: Hashable) -> _Asked:
@@ -185,11 +200,52 @@ class ClientLeases:
     ) -> Send:
         lane = self._lanes(grant.host)
         if lane is None or self._in_flight.get(grant.lease_id, 0) >= grant.window:
-            return controller
+            return self._in_order(controller, inputs)
         given = self._given(grant, inputs)
         if given is None or len(outputs) != len(grant.outputs):
-            return controller
+            return self._in_order(controller, inputs)
         return functools.partial(self._send, grant, given, list(outputs), lane, controller)
+
+    def _in_order(self, controller: Send, inputs: Sequence[Any]) -> Send:
+        """``controller``, unless the run reads the output of a leased run
+        not answered yet (or runs wait so already): its host may yet refuse
+        that one, which then goes through the controller, and it must get
+        there first (a run that reads a promise the controller has not seen
+        made holds its device's later calls back at the island). Held back,
+        in order, until then."""
+        if not self._held and not self._blocked(inputs):
+            return controller
+        return functools.partial(self._hold, controller, list(inputs))
+
+    def _blocked(self, inputs: Sequence[Any]) -> bool:
+        """Whether an input is the output of a leased run not settled yet."""
+        for value in inputs:
+            if isinstance(value, Promise) and not value.done():
+                made = self._made.get(value)
+                if made is not None and not made[4].settled:
+                    return True
+        return False
+
+    def _hold(
+        self,
+        controller: Send,
+        inputs: list[Any],
+        tag: str,
+        sources: list[tuple[str, int] | None],
+    ) -> Promise[Any]:
+        answer: Promise[Any] = Promise("held back")
+        self._held.append((functools.partial(controller, tag, sources), answer, inputs))
+        self._release()
+        return answer
+
+    def _release(self) -> None:
+        """Send the runs held back whose leased inputs settled, in order."""
+        while self._held:
+            send, answer, inputs = self._held[0]
+            if self._blocked(inputs):
+                return
+            self._held.popleft()
+            _forward_sent(send, answer)
 
     def _given(self, grant: LeaseGrant, inputs: Sequence[Any]) -> list[Any] | None:
         """The device program's inputs, as a leased run sends them; None
@@ -206,7 +262,7 @@ class ClientLeases:
                     made = self._made.get(value)
                     if made is None or made[0] != grant.lease_id:
                         return None
-                    value = PriorOutput(*made[1:])
+                    value = PriorOutput(*made[1:4])
             given.append(value)
         return given
 
@@ -233,34 +289,41 @@ class ClientLeases:
         self._lane_of[grant.lease_id] = lane
         self.sent += 1
         counts["runs_leased"] += 1
+        leased = _Leased(again, Promise("leased run"))
+        self._unsettled.setdefault(grant.lease_id, deque()).append(leased)
         for output, (node, index) in zip(outputs, grant.outputs, strict=True):
-            self._made[output] = (grant.lease_id, epoch, node, index)
-        answer: Promise[Any] = Promise("leased run")
-        report.add_done_callback(functools.partial(self._answered, grant, again, answer))
-        return answer
+            self._made[output] = (grant.lease_id, epoch, node, index, leased)
+        report.add_done_callback(functools.partial(self._answered, grant, leased))
+        return leased.answer
 
-    def _answered(
-        self,
-        grant: LeaseGrant,
-        again: Callable[[], Promise[Any]],
-        answer: Promise[Any],
-        report: Promise[RunReport],
-    ) -> None:
-        """A leased run's report came: its outputs; or the lease had ended,
-        and the run goes through the controller."""
-        self._in_flight[grant.lease_id] -= 1
+    def _answered(self, grant: LeaseGrant, leased: _Leased, report: Promise[RunReport]) -> None:
+        """A leased run's report came: its outputs. Or the lease had ended:
+        this run and every later one under it (all refused, or about to be)
+        go through the controller now, in the order they were sent."""
+        lease_id = grant.lease_id
+        self._in_flight[lease_id] -= 1
         error = report.exception()
-        if isinstance(error, LeaseEnded):
-            self.refused += 1
-            self._ended(grant.lease_id)
-            try:
-                forward(again(), answer)
-            except Exception as exc:  # nothing was sent: the run fails with why
-                answer.set_exception(exc)
-        elif error is not None:
-            answer.set_exception(error)
+        if leased.settled:  # refused, and sent again with an earlier one
+            pass
+        elif isinstance(error, LeaseEnded):
+            self._ended(lease_id)
+            later = list(self._unsettled.get(lease_id, ()))
+            for run in later[later.index(leased) :]:
+                if not run.settled:
+                    run.settled = True
+                    self.refused += 1
+                    _forward_sent(run.again, run.answer)
         else:
-            answer.set_result([_output(report.result(), *out) for out in grant.outputs])
+            leased.settled = True
+            if error is not None:
+                leased.answer.set_exception(error)
+            else:
+                leased.answer.set_result([_output(report.result(), *o) for o in grant.outputs])
+        unsettled = self._unsettled.get(lease_id)
+        while unsettled and unsettled[0].settled:
+            unsettled.popleft()
+        if self._held:
+            self._release()
 
     def _ended(self, lease_id: int) -> None:
         """Lease ``lease_id`` ended: its shapes go through the controller."""
@@ -278,6 +341,14 @@ class ClientLeases:
         if grant is None:
             asked.not_before = time.monotonic() + RETRY_S
         asked.grant = grant
+
+
+def _forward_sent(send: Callable[[], Promise[Any]], answer: Promise[Any]) -> None:
+    """``answer`` follows what ``send()`` sends; fails with why if it sent nothing."""
+    try:
+        forward(send(), answer)
+    except Exception as exc:
+        answer.set_exception(exc)
 
 
 def _no_lane() -> Promise[Any]:

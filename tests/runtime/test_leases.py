@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -25,7 +27,7 @@ import pytest
 from atoll.benchmarks._testbed import up_cluster
 from atoll.devices import Aval, Computation, RunReport
 from atoll.devices import _lease as host_leases
-from atoll.kernel import AtollError, Promise, process_counters
+from atoll.kernel import AtollError, HostLost, Promise, process_counters
 from atoll.runtime import GraphBuilder, local_cluster
 from atoll.runtime.client.connect import connect
 from atoll.runtime.control.tenancy import Tenants
@@ -138,6 +140,18 @@ def test_stalled_gangs_go_when_a_lease_gives_its_quota_back() -> None:
 
 
 # -- over host processes -------------------------------------------------------------
+def _over_processes(test: Any) -> Any:
+    """A test over host processes: slow, bounded, on asyncio (where Cap'n Proto runs)."""
+    marks = (
+        pytest.mark.parametrize("anyio_backend", ["asyncio"]),
+        pytest.mark.timeout(120),
+        pytest.mark.slow,
+    )
+    for mark in marks:
+        test = mark(test)
+    return test
+
+
 def _plus_one(x: np.ndarray) -> np.ndarray:
     return np.asarray(x) + 1
 
@@ -199,9 +213,7 @@ async def _leased(handle: Any, device: int) -> None:
     await _until(held, f"a lease on device {device}")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (where Cap'n Proto runs)
+@_over_processes
 async def test_a_lease_takes_the_controller_off_the_path_until_another_session_comes(
     tmp_path: Path,
 ) -> None:
@@ -255,9 +267,7 @@ async def _not_held(handle: Any, device: int) -> bool:
     return device not in status["held"]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (where Cap'n Proto runs)
+@_over_processes
 async def test_an_elastic_change_and_the_sessions_end_take_leases_back(tmp_path: Path) -> None:
     async with (
         capnp_runtime(),
@@ -275,9 +285,7 @@ async def test_an_elastic_change_and_the_sessions_end_take_leases_back(tmp_path:
         await _until(lambda: _not_held(bob, 1), "the lease taken back when its session ended")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (where Cap'n Proto runs)
+@_over_processes
 async def test_a_program_on_one_device_runs_under_a_lease_until_its_slice_goes(
     tmp_path: Path,
 ) -> None:
@@ -309,9 +317,7 @@ async def test_a_program_on_one_device_runs_under_a_lease_until_its_slice_goes(
         await _until(none_held, "the lease taken back when the slice went")
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # (where Cap'n Proto runs)
+@_over_processes
 async def test_a_client_in_the_controllers_own_process_has_leases_too() -> None:
     """``local_cluster(transport="capnp")``: the driver holds the controller;
     its calls under a lease go down its own lane to the host process."""
@@ -326,3 +332,43 @@ async def test_a_client_in_the_controllers_own_process_has_leases_too() -> None:
         sent = cluster._leases.sent
         x = await cluster.fetch(cluster.run(STEP, 0, [x]))
         assert cluster._leases.sent == sent + 1 and float(x[0]) >= 2.0
+
+
+def _slow(x: np.ndarray) -> np.ndarray:
+    time.sleep(0.05)
+    return np.asarray(x) + 1
+
+
+@_over_processes
+async def test_a_host_killed_under_a_lease_fails_its_runs_and_leaves_the_rest(
+    tmp_path: Path,
+) -> None:
+    """``kill -9`` of a leased device's host: the runs sent under the lease
+    fail with ``HostLost`` (none hangs), the lease is gone, and the other
+    host's device goes on."""
+    slow = Computation("slow", _slow, flops=1e3)
+    async with (
+        capnp_runtime(),
+        up_cluster(2, tmp_path, "4c" * 16) as cluster,
+        connect(cluster.cluster_file) as first,
+    ):
+        alice = await first.cluster("alice")
+        await _leased(alice, 1)
+        leases = alice._leases
+        assert leases is not None
+        x = np.zeros(2, np.float32)
+        for _ in range(100):  # the slow call's shape under the lease too
+            x = await _within(alice.fetch(alice.run(slow, 1, [x])), "a slow run")
+            if leases.granted() == 3:
+                break
+        sent = leases.sent
+        running = [alice.run(slow, 1, [x]) for _ in range(3)]
+        await asyncio.sleep(0)
+        await _until(lambda: leases.sent == sent + 3, "three runs under the lease")
+        os.kill(cluster.host_pids[1], signal.SIGKILL)
+        for run in running:
+            with pytest.raises(HostLost):
+                await _within(run, "a leased run on a killed host")
+        await _until(lambda: _not_held(alice, 1), "the lease gone with its host")
+        y = await _within(alice.fetch(alice.run(STEP, 0, [x])), "a run on the other host")
+        np.testing.assert_array_equal(y, x + 1)
