@@ -70,7 +70,9 @@ class _Leased:
     """A run sent under a lease, until its host answered it or it went
     through the controller (refused)."""
 
-    again: Callable[[], Promise[Any]]  # how it goes through the controller
+    # how it goes through the controller; None once settled (it holds the
+    # run's inputs, which a chain's later outputs must not keep alive)
+    again: Callable[[], Promise[Any]] | None
     answer: Promise[Any]
     settled: bool = False
 
@@ -309,12 +311,13 @@ class ClientLeases:
             self._ended(lease_id)
             later = list(self._unsettled.get(lease_id, ()))
             for run in later[later.index(leased) :]:
-                if not run.settled:
+                if not run.settled and run.again is not None:
                     run.settled = True
                     self.refused += 1
-                    _forward_sent(run.again, run.answer)
+                    again, run.again = run.again, None
+                    _forward_sent(again, run.answer)
         else:
-            leased.settled = True
+            leased.settled, leased.again = True, None
             if error is not None:
                 leased.answer.set_exception(error)
             else:
