@@ -123,6 +123,7 @@ class Controller(Actor):
         # leases being taken back (another session came), and the runs held behind them
         self._lease_gates: list[Promise[None]] = []
         self._behind_gates: list[_CompiledRun] = []
+        self._held_devices: set[int] = set()  # the devices of the runs held
 
     async def on_start(self) -> None:
         answers = [host.address() for host in self.host_refs]
@@ -642,15 +643,20 @@ class Controller(Actor):
 
     def _send_run(self, run: _CompiledRun) -> None:
         """Send an admitted compiled run on, unless another session's lease
-        on one of its devices is being taken back: then it waits, with every
-        run admitted after it, in order, until the lease's runs ended (the
-        island orders it among what the device really has)."""
-        taken = self.leases.seen(run.compiled.programs, run.owner)
+        on one of its devices is being taken back: then it waits until the
+        lease's runs ended (the island orders it among what the device
+        really has), and so does every later run on a device of a run held
+        (each device's runs reach the island in the order they came; a run
+        may read an earlier one's output where it was made). Runs on other
+        devices go on meanwhile."""
+        devices = run.compiled.programs
+        taken = self.leases.seen(devices, run.owner)
         if taken is not None:
             self._lease_gates.append(taken)
             taken.add_done_callback(self._gate_settled)
-        if self._lease_gates:
+        if taken is not None or not self._held_devices.isdisjoint(devices):
             self._behind_gates.append(run)
+            self._held_devices.update(devices)
             return
         self._dispatch(run)
 
@@ -658,6 +664,7 @@ class Controller(Actor):
         """A lease was taken back: once every one was, the runs held go, in order."""
         if all(gate.done() for gate in self._lease_gates):
             self._lease_gates.clear()
+            self._held_devices.clear()
             held, self._behind_gates = self._behind_gates, []
             for run in held:
                 self._dispatch(run)

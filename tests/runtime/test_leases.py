@@ -372,3 +372,37 @@ async def test_a_host_killed_under_a_lease_fails_its_runs_and_leaves_the_rest(
         await _until(lambda: _not_held(alice, 1), "the lease gone with its host")
         y = await _within(alice.fetch(alice.run(STEP, 0, [x])), "a run on the other host")
         np.testing.assert_array_equal(y, x + 1)
+
+
+def _slower(x: np.ndarray) -> np.ndarray:
+    time.sleep(0.2)
+    return np.asarray(x) + 1
+
+
+@_over_processes
+async def test_a_lease_taken_back_holds_back_only_the_runs_on_its_device(
+    tmp_path: Path,
+) -> None:
+    """bob's run on alice's leased device waits until her leased runs there
+    ended; his run on the other host's device does not."""
+    slower = Computation("slower", _slower, flops=1e3)
+    async with _two_sessions(tmp_path) as (alice, bob, _):
+        await _leased(alice, 0)
+        leases = alice._leases
+        x = np.zeros(2, np.float32)
+        for _ in range(100):  # the slower call's shape under the lease too
+            x = await _within(alice.fetch(alice.run(slower, 0, [x])), "a slower run")
+            if leases.granted() == 3:
+                break
+        sent = leases.sent
+        running = [alice.run(slower, 0, [x]) for _ in range(10)]  # 2 s of device 0
+        await asyncio.sleep(0)
+        await _until(lambda: leases.sent == sent + 10, "ten runs under the lease")
+        there = bob.run(STEP, 0, [np.zeros(2, np.float32)])
+        await asyncio.sleep(0)
+        elsewhere = await _within(bob.fetch(bob.run(STEP, 1, [np.zeros(2, np.float32)])), "bob")
+        np.testing.assert_array_equal(elsewhere, np.ones(2))
+        assert not running[-1].done()  # (device 0 is still busy with alice's runs)
+        np.testing.assert_array_equal(await _within(bob.fetch(there), "bob's held run"), 1.0)
+        for run in running:
+            np.testing.assert_array_equal(await _within(alice.fetch(run), "alice"), x + 1)
