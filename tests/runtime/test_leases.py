@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -334,8 +335,29 @@ async def test_a_client_in_the_controllers_own_process_has_leases_too() -> None:
         assert cluster._leases.sent == sent + 1 and float(x[0]) >= 2.0
 
 
-def _slow(x: np.ndarray) -> np.ndarray:
-    time.sleep(0.05)
+async def _leased_too(handle: Any, device: int, computation: Computation) -> np.ndarray:
+    """A lease on ``device`` for the tests' two shapes of call and for
+    ``computation`` on an array; the array it last made."""
+    await _leased(handle, device)
+    x = np.zeros(2, np.float32)
+    for _ in range(100):
+        x = np.asarray(await _within(handle.fetch(handle.run(computation, device, [x])), "a call"))
+        if handle._leases.granted() == 3:
+            return x
+    raise AssertionError(f"no lease for {computation.name}")
+
+
+async def _sent_leased(handle: Any, calls: list[tuple[Computation, int, Any]]) -> list[Any]:
+    """Make ``calls`` in one loop turn, each under its lease; their outputs."""
+    sent = handle._leases.sent
+    outputs = [handle.run(computation, device, [x]) for computation, device, x in calls]
+    await asyncio.sleep(0)
+    await _until(lambda: handle._leases.sent == sent + len(calls), "the calls under a lease")
+    return outputs
+
+
+def _plus_one_after(seconds: float, x: np.ndarray) -> np.ndarray:
+    time.sleep(seconds)
     return np.asarray(x) + 1
 
 
@@ -346,25 +368,15 @@ async def test_a_host_killed_under_a_lease_fails_its_runs_and_leaves_the_rest(
     """``kill -9`` of a leased device's host: the runs sent under the lease
     fail with ``HostLost`` (none hangs), the lease is gone, and the other
     host's device goes on."""
-    slow = Computation("slow", _slow, flops=1e3)
+    slow = Computation("slow", functools.partial(_plus_one_after, 0.05), flops=1e3)
     async with (
         capnp_runtime(),
         up_cluster(2, tmp_path, "4c" * 16) as cluster,
         connect(cluster.cluster_file) as first,
     ):
         alice = await first.cluster("alice")
-        await _leased(alice, 1)
-        leases = alice._leases
-        assert leases is not None
-        x = np.zeros(2, np.float32)
-        for _ in range(100):  # the slow call's shape under the lease too
-            x = await _within(alice.fetch(alice.run(slow, 1, [x])), "a slow run")
-            if leases.granted() == 3:
-                break
-        sent = leases.sent
-        running = [alice.run(slow, 1, [x]) for _ in range(3)]
-        await asyncio.sleep(0)
-        await _until(lambda: leases.sent == sent + 3, "three runs under the lease")
+        x = await _leased_too(alice, 1, slow)
+        running = await _sent_leased(alice, [(slow, 1, x)] * 3)
         os.kill(cluster.host_pids[1], signal.SIGKILL)
         for run in running:
             with pytest.raises(HostLost):
@@ -374,30 +386,16 @@ async def test_a_host_killed_under_a_lease_fails_its_runs_and_leaves_the_rest(
         np.testing.assert_array_equal(y, x + 1)
 
 
-def _slower(x: np.ndarray) -> np.ndarray:
-    time.sleep(0.2)
-    return np.asarray(x) + 1
-
-
 @_over_processes
 async def test_a_lease_taken_back_holds_back_only_the_runs_on_its_device(
     tmp_path: Path,
 ) -> None:
     """bob's run on alice's leased device waits until her leased runs there
     ended; his run on the other host's device does not."""
-    slower = Computation("slower", _slower, flops=1e3)
+    slower = Computation("slower", functools.partial(_plus_one_after, 0.2), flops=1e3)
     async with _two_sessions(tmp_path) as (alice, bob, _):
-        await _leased(alice, 0)
-        leases = alice._leases
-        x = np.zeros(2, np.float32)
-        for _ in range(100):  # the slower call's shape under the lease too
-            x = await _within(alice.fetch(alice.run(slower, 0, [x])), "a slower run")
-            if leases.granted() == 3:
-                break
-        sent = leases.sent
-        running = [alice.run(slower, 0, [x]) for _ in range(10)]  # 2 s of device 0
-        await asyncio.sleep(0)
-        await _until(lambda: leases.sent == sent + 10, "ten runs under the lease")
+        x = await _leased_too(alice, 0, slower)
+        running = await _sent_leased(alice, [(slower, 0, x)] * 10)  # 2 s of device 0
         there = bob.run(STEP, 0, [np.zeros(2, np.float32)])
         await asyncio.sleep(0)
         elsewhere = await _within(bob.fetch(bob.run(STEP, 1, [np.zeros(2, np.float32)])), "bob")
