@@ -190,17 +190,22 @@ class Testbed:
 
 @contextlib.asynccontextmanager
 async def up_cluster(
-    hosts: int, workdir: Path, token: str, relay: str = "", store_bytes: int | None = None
+    hosts: int,
+    workdir: Path,
+    token: str,
+    relay: str = "",
+    store_bytes: int | None = None,
+    scheduler: str = "share",
 ) -> AsyncIterator[Testbed]:
     """``atoll up --hosts HOSTS`` with a fast host heartbeat; stopped on the way out.
 
     ``relay``: the hosts are machines of their own to one another, and read
     arrays through this bulk relay. ``store_bytes``: each host's store limit
-    (work waits ``STORE_WAIT_S`` for room)."""
+    (work waits ``STORE_WAIT_S`` for room). ``scheduler``: the islands' policy."""
     fast = Settings().replace(host_heartbeat=HEARTBEAT, store_wait_s=STORE_WAIT_S)
     env = dict(os.environ, **fast.to_env(), **{env_name("token"): token})
     cluster_file = workdir / "cluster.json"
-    args = ["up", "--hosts", str(hosts), "--devices-per-host", "1"]
+    args = ["up", "--hosts", str(hosts), "--devices-per-host", "1", "--scheduler", scheduler]
     if store_bytes is not None:
         args += ["--store-bytes", str(store_bytes)]
     host_env = dict(env)

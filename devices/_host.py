@@ -165,14 +165,17 @@ class Host(HostEndpoints):
         owner: str,
         plan_ids: list[int],
         report_to: ActorRef[Any] | None = None,
+        weight: float = 1.0,
+        costs: dict[int, float] | None = None,
     ) -> None:
         """Let session ``owner``'s client send runs of these installed plans
         on ``device`` straight here, under lease ``lease_id`` (or add the
-        plans to it); ``report_to`` (the controller) hears their counts
-        (``devices/_lease.py``)."""
+        plans to it); ``report_to`` (the controller) hears their counts;
+        ``weight`` and each plan's ``costs`` order its runs on a device that
+        leases share (``devices/_lease.py``)."""
         if device not in self.device_ids:
             raise AtollError(f"device {device} is not on host {self.host_id}")
-        leases.grant(lease_id, device, owner, plan_ids, report_to)
+        leases.grant(lease_id, device, owner, plan_ids, report_to, weight, costs)
 
     @endpoint
     def revoke_lease(self, lease_id: int) -> Promise[tuple[int, int]]:

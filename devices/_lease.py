@@ -1,24 +1,35 @@
-"""A host process's leases: one session's runs of one device, sent by its client.
+"""A host process's leases: a session's runs of one device, sent by its client.
 
 Every run used to go client → controller → island → host. A *lease* takes
 the controller and the island off that path for the runs that need neither:
-runs of one session on one device, while no other session wants that
-device. The controller grants it (``runtime/control/leases.py``), names
-which of its compiled plans the client may run, and registers it here
-first (``Host.grant_lease``); the client then sends each such run down its
-own lane to this host process (``_runlane.LEASED``), which checks it
-against the lease and hands it to the device as the island would have
-(``Device.run_plan``). The device's report comes back down the same lane.
+runs of one session on one device. The controller grants it
+(``runtime/control/leases.py``), names which of its compiled plans the
+client may run, and registers it here first (``Host.grant_lease``); the
+client then sends each such run down its own lane to this host process
+(``_runlane.LEASED``), which checks it against the lease and hands it to
+the device as the island would have (``Device.run_plan``). The device's
+report comes back down the same lane.
+
+**Shared devices.** Under an island policy that says so
+(``leases_shared``: the share policy), several sessions may hold leases on
+one device at once, and this host orders their runs as the island would:
+by stride over the sessions' weights, per device. While two or more leases
+share a device, at most ``DEPTH`` of their runs are on it at a time; the
+others wait here, each lease's in the order they came, and as each run
+ends the lease with the least device time for its weight (its *pass*) has
+its next run handed over. A lease that comes back from idle starts at the
+lowest pass of the busy ones (idling banks nothing). A lease alone on its
+device hands every run over at once, as before.
 
 A lease ends when the controller takes it back (``Host.revoke_lease``:
-another session wants the device, a slice moves, a host drains, the
+another session's gang wants the device, a slice moves, a host drains, the
 session ends), or when the island drops one of its plans from the device
 (the plan then leaves the lease here, in order with the drop). A run that
-comes under a lease that ended is refused with :class:`LeaseEnded` before
-it starts, so its client sends it through the controller instead, with
-nothing run twice. A revocation is answered once the runs the lease let
-through have ended, so whoever took it back (a move, the share policy)
-sees the device as the island does.
+comes under a lease that ended, or that still waited here when it ended,
+is refused with :class:`LeaseEnded` before it starts, so its client sends
+it through the controller instead, with nothing run twice. A revocation is
+answered once the runs the lease handed over have ended, so whoever took
+it back (a move, the share policy) sees the device as the island does.
 
 Everything here runs on the host process's event loop, called from the
 lane's receiving end and the host actor's endpoints; nothing waits.
@@ -29,15 +40,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..kernel import ActorRef, AtollError, Promise, as_promise, log_failure
+from ..kernel import ActorRef, AtollError, Promise, as_promise, forward, log_failure
 
-__all__ = ["LeaseEnded", "dropped", "grant", "revoke", "run"]
+__all__ = ["DEPTH", "LeaseEnded", "dropped", "grant", "revoke", "run"]
 
 REPORT_S = 0.5  # a lease's runs are counted to the controller at most this often
+DEPTH = 8  # a shared device's leased runs on it at a time (the rest wait here)
 
 _log_failed = log_failure(logging.getLogger(__name__), "a lease's count to the controller")
 
@@ -47,47 +60,75 @@ class LeaseEnded(AtollError):
     did not start. Its client sends it through the controller instead."""
 
 
+# a run that waits for its turn on a shared device: (plan, epoch, inputs, its report)
+_Waiting = tuple[int, int, Any, Promise[Any]]
+
+
 @dataclass(eq=False)
 class _Lease:
     """One lease as this host process keeps it."""
 
     device: int
     owner: str
-    plans: set[int]
+    plans: dict[int, float]  # plan id -> its cost per run (gangs on the device)
     report_to: ActorRef[Any] | None  # where its counts go (the controller)
-    in_flight: int = 0
+    weight: float = 1.0  # its session's share weight
+    pass_: float = 0.0  # device time handed over, over its weight (while shared)
+    waiting: deque[_Waiting] = field(default_factory=deque)
+    in_flight: int = 0  # runs handed to the device and not ended
     ran: int = 0  # runs ended, since the last count sent
     failed: int = 0  # ... of which failed
     ended: Promise[tuple[int, int]] | None = None  # revoked: settles once none is in flight
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
+@dataclass(eq=False)
+class _Queue:
+    """One device's leases in this process, and its leased runs on it."""
+
+    device: ActorRef[Any] | None = None  # (known from its first run)
+    leases: dict[int, _Lease] = field(default_factory=dict)
+    running: int = 0  # leased runs handed to the device and not ended
+    waiting: int = 0  # leased runs that wait here for their turn
+
+
 _leases: dict[int, _Lease] = {}  # this process's, by lease id
+_queues: dict[int, _Queue] = {}  # by device
 _ending: dict[int, _Lease] = {}  # ended here (a plan dropped) and not yet revoked
 _ended_ids: dict[int, None] = {}  # leases ended here, the newest last: never granted again
 ENDED_KEPT = 4096
 
 
 def grant(
-    lease_id: int, device: int, owner: str, plans: Iterable[int], report_to: ActorRef[Any] | None
+    lease_id: int,
+    device: int,
+    owner: str,
+    plans: Iterable[int],
+    report_to: ActorRef[Any] | None,
+    weight: float = 1.0,
+    costs: Mapping[int, float] | None = None,
 ) -> None:
     """Register lease ``lease_id`` (or add ``plans`` to it): ``owner``'s runs
-    of those installed plans on ``device`` may come straight from its client."""
+    of those installed plans on ``device`` may come straight from its client;
+    ``weight`` is its session's share, ``costs`` each plan's device time per
+    run (1.0 if not given), both for a device that leases share."""
     lease = _leases.get(lease_id)
     if lease is None and lease_id in _ended_ids:  # (a grant that crossed its end)
         raise LeaseEnded(f"lease {lease_id} ended here already")
-    if lease is None:
-        _leases[lease_id] = _Lease(device, owner, set(plans), report_to)
-    elif lease.device != device or lease.owner != owner:
+    if lease is not None and (lease.device != device or lease.owner != owner):
         raise AtollError(f"lease {lease_id} is another session's or device's")
-    else:
-        lease.plans.update(plans)
+    if lease is None:
+        lease = _leases[lease_id] = _Lease(device, owner, {}, report_to, weight)
+        _queues.setdefault(device, _Queue()).leases[lease_id] = lease
+    lease.weight = weight
+    lease.plans.update((plan, (costs or {}).get(plan, 1.0)) for plan in plans)
 
 
 def revoke(lease_id: int) -> Promise[tuple[int, int]]:
-    """End lease ``lease_id`` now: later runs under it are refused. Settles,
-    once the runs it let through have ended, with the runs (and failures)
-    not counted to the controller yet; ``(0, 0)`` for a lease not held here."""
+    """End lease ``lease_id`` now: later runs under it, and those that wait
+    here, are refused. Settles, once the runs it handed over have ended,
+    with the runs (and failures) not counted to the controller yet;
+    ``(0, 0)`` for a lease not held here."""
     lease = _end(lease_id) or _ending.pop(lease_id, None)
     return as_promise((0, 0)) if lease is None or lease.ended is None else lease.ended
 
@@ -104,6 +145,16 @@ def _end(lease_id: int) -> _Lease | None:
         lease.timer.cancel()
         lease.timer = None
     lease.ended = Promise(f"lease {lease_id} ended")
+    queue = _queues[lease.device]
+    del queue.leases[lease_id]
+    refused, lease.waiting = lease.waiting, deque()
+    queue.waiting -= len(refused)
+    for _, _, _, waiting in refused:
+        waiting.set_exception(LeaseEnded(f"lease {lease_id} ended before this run's turn"))
+    if not queue.leases and not queue.running:
+        del _queues[lease.device]
+    else:
+        _next(queue)  # (one lease fewer: more may go now)
     if lease.in_flight == 0:
         lease.ended.set_result(_take_counts(lease))
     return lease
@@ -115,33 +166,79 @@ def dropped(device: int, plan_ids: Iterable[int]) -> None:
     under it reads the outputs of one that was refused."""
     doomed = set(plan_ids)
     for lease_id, lease in list(_leases.items()):
-        if lease.device == device and lease.plans & doomed:
+        if lease.device == device and not doomed.isdisjoint(lease.plans):
             _ending[lease_id] = lease
             _end(lease_id)
 
 
 def run(device: ActorRef[Any], target: int, args: Any) -> Promise[Any]:
     """A run that came under a lease, ``(lease_id, plan_id, epoch, inputs)``,
-    handed to ``device`` (device id ``target``) if the lease allows it;
-    the promise of its report. Raises :class:`LeaseEnded` if not."""
+    handed to ``device`` (device id ``target``) if the lease allows it, now
+    or at its turn; the promise of its report. Raises :class:`LeaseEnded`
+    if not."""
     lease_id, plan_id, epoch, inputs = args
     lease = _leases.get(lease_id)
     if lease is None:
         raise LeaseEnded(f"lease {lease_id} ended (or was never granted here)")
     if lease.device != target or plan_id not in lease.plans:
         raise AtollError(f"lease {lease_id} does not cover plan {plan_id} on device {target}")
-    report: Promise[Any] = device.run_plan(plan_id, epoch, inputs, lease.owner)
+    queue = _queues[target]
+    queue.device = device
+    if len(queue.leases) == 1:  # alone on its device: straight on
+        return _start(queue, lease_id, lease, plan_id, epoch, inputs)
+    if not lease.in_flight and not lease.waiting:  # back from idle: banks nothing
+        lease.pass_ = max(lease.pass_, _lowest_busy_pass(queue, lease.pass_))
+    if queue.waiting or queue.running >= DEPTH:
+        waiting: Promise[Any] = Promise(f"lease {lease_id}, run {epoch}")
+        lease.waiting.append((plan_id, epoch, inputs, waiting))
+        queue.waiting += 1
+        return waiting
+    return _start(queue, lease_id, lease, plan_id, epoch, inputs)
+
+
+def _lowest_busy_pass(queue: _Queue, default: float) -> float:
+    """The lowest pass of the leases with runs on or for the device (``default``: none)."""
+    busy = [lease.pass_ for lease in queue.leases.values() if lease.in_flight or lease.waiting]
+    return min(busy, default=default)
+
+
+def _start(
+    queue: _Queue, lease_id: int, lease: _Lease, plan_id: int, epoch: int, inputs: Any
+) -> Promise[Any]:
+    """Hand a run to the device, charged to its lease's pass."""
+    assert queue.device is not None
+    lease.pass_ += lease.plans[plan_id] / lease.weight
+    report: Promise[Any] = queue.device.run_plan(plan_id, epoch, inputs, lease.owner)
     lease.in_flight += 1
-    report.add_done_callback(functools.partial(_ended, lease_id, lease))
+    queue.running += 1
+    report.add_done_callback(functools.partial(_ended, lease_id, lease, queue))
     return report
 
 
-def _ended(lease_id: int, lease: _Lease, report: Promise[Any]) -> None:
-    """A run under ``lease`` ended: counted, and a revocation waiting for it told."""
+def _next(queue: _Queue) -> None:
+    """Hand the device the waiting runs it has room for, lowest pass first."""
+    while queue.waiting and (queue.running < DEPTH or len(queue.leases) == 1):
+        lease_id, lease = min(
+            ((i, lease) for i, lease in queue.leases.items() if lease.waiting),
+            key=lambda item: (item[1].pass_, item[0]),
+        )
+        plan_id, epoch, inputs, waiting = lease.waiting.popleft()
+        queue.waiting -= 1
+        forward(_start(queue, lease_id, lease, plan_id, epoch, inputs), waiting)
+
+
+def _ended(lease_id: int, lease: _Lease, queue: _Queue, report: Promise[Any]) -> None:
+    """A run under ``lease`` ended: counted, the device's next waiting run
+    handed over, and a revocation waiting for it told."""
     lease.in_flight -= 1
+    queue.running -= 1
     lease.ran += 1
     if report.exception() is not None or getattr(report.result(), "errors", None):
         lease.failed += 1
+    if queue.waiting:
+        _next(queue)
+    elif not queue.leases and not queue.running and _queues.get(lease.device) is queue:
+        del _queues[lease.device]
     if lease.ended is not None:
         if lease.in_flight == 0 and not lease.ended.done():
             lease.ended.set_result(_take_counts(lease))

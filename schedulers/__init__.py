@@ -20,6 +20,7 @@ from ._protocol import Submit as Submit
 from ._protocol import UnknownScheduler as UnknownScheduler
 from ._protocol import check_scheduler as check_scheduler
 from ._protocol import get_scheduler as get_scheduler
+from ._protocol import leases_shared as leases_shared
 from ._protocol import register_scheduler as register_scheduler
 from ._protocol import scheduler_names as scheduler_names
 from ._share import ClientShare as ClientShare
@@ -42,6 +43,7 @@ __all__ = [
     "UnknownScheduler",
     "check_scheduler",
     "get_scheduler",
+    "leases_shared",
     "register_scheduler",
     "scheduler_names",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "UnknownScheduler",
     "check_scheduler",
     "get_scheduler",
+    "leases_shared",
     "register_scheduler",
     "scheduler_names",
 ]
@@ -101,6 +102,17 @@ class IslandPolicy(Protocol):
         running...), for ``atoll status``; ``{}`` for a policy that keeps
         none. A policy without this method shows none."""
         ...
+
+
+def leases_shared(name: str) -> bool:
+    """Whether the policy registered as ``name`` lets several sessions hold
+    leases on one device at once (``runtime/control/leases.py``), their runs
+    then ordered by the device's host by weighted stride, as
+    :class:`SharePolicy` would order them on that device. A policy says so
+    by a true class attribute ``leases_shared``; without it, a device is
+    leased to one session at a time, and every other session's run goes
+    through the policy."""
+    return bool(getattr(check_scheduler(name), "leases_shared", False))
 
 
 class PolicyError(UsageError):

@@ -87,6 +87,10 @@ class SharePolicy:
     gangs go at once, as in FIFO).
     """
 
+    # sessions' leases may share a device: its host orders their runs by
+    # this same stride rule, per device (devices/_lease.py)
+    leases_shared = True
+
     def __init__(self, depth: int = 8, horizon: int = 256, max_depth: int = 32) -> None:
         if depth < 1 or horizon < 0 or max_depth < depth:
             raise PolicyError(

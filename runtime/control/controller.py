@@ -41,6 +41,7 @@ from ...kernel import (
     when_settled,
 )
 from ...kernel.lowlevel import call_soon
+from ...schedulers import leases_shared
 from ..calls import device_of_slice, input_kinds, kinds_graph
 from ..graph import Graph, ValueRef
 from ..latency import Wire, over
@@ -67,6 +68,7 @@ __all__ = ["Controller", "spawn_control"]
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 _log_failed_notice = log_failure(_log, "a notice to a host")
+_log_lease_failed = log_failure(_log, "a lease taken back")
 
 
 class Controller(Actor):
@@ -130,6 +132,8 @@ class Controller(Actor):
         self.host_addresses = [await answer for answer in answers]
         self.set_push(self.push)
         self.set_compile(self.compile)
+        policies = await self.policies()
+        self.leases.shared_islands = {i for i, name in policies.items() if leases_shared(name)}
         if self._lane is not None:
             await self._serve_call_lanes(*self._lane)
 
@@ -581,6 +585,10 @@ class Controller(Actor):
         """The host of physical device ``device``."""
         return self.cluster_topology.device(device).host
 
+    def island_of_device(self, device: int) -> int:
+        """The island of physical device ``device``."""
+        return self.cluster_topology.device(device).island
+
     @property
     def report_to(self) -> ActorRef[Controller]:
         """This controller, for hosts to count leases' runs to (``leased``)."""
@@ -869,8 +877,10 @@ class Controller(Actor):
     ) -> dict[str, Any]:
         """Register session ``owner`` or change its weight (None: keep it) and,
         with ``quotas``, its quotas (queued gangs; store bytes, per host)."""
-        if weight is not None:
+        if weight is not None and weight != self.tenants.weight(owner):
             self.tenants.set_weight(owner, weight)
+            # (its hosts order its leased runs by the weight they were told)
+            self.leases.take_back_all(owner=owner).add_done_callback(_log_lease_failed)
         if quotas:
             held = self.tenants.byte_quota(owner)  # hosts know it (None: they have none)
             self.tenants.set_quotas(owner, max_gangs, max_bytes)

@@ -16,16 +16,26 @@ leases a worker to an owner, which then submits to it directly.
   or has moved (a moved buffer's handle is made fresh by the controller,
   on its path). The plan is installed first (through the island, in its
   order), then the lease is registered at the device's host
-  (``devices/_lease.py``), then the client hears of it. One lease per
-  device at a time; a session's lease gathers every call shape it asks for
-  on that device.
+  (``devices/_lease.py``), then the client hears of it. A session's lease
+  gathers every call shape it asks for on that device.
+* **Shared devices.** Under an island policy that allows it
+  (``schedulers.leases_shared``: the share policy, the default), several
+  sessions may hold leases on one device at once, and the device's host
+  orders their runs by stride over their weights, as the policy would on
+  that device. Then only another session's gang over several devices (in
+  the last ``QUIET_S``) keeps a lease from being granted, or takes one
+  back: the island must order it among what the device runs. Another
+  session's run of one device through the controller (its first calls,
+  before its own lease) runs beside the leases' runs. Under other policies
+  a device is leased to one session at a time.
 * **Quota.** A lease holds ``window`` of the session's gang quota (at most
   ``LEASE_WINDOW``, at most half of the room left) for as long as it lives;
   the client keeps at most that many of its runs in flight and sends any
   more through the controller, so the quota holds as before.
 * **Taking back** (:meth:`Leases.take_back`): when a run of another session
-  comes for the device (the lease ends, and its runs from then on go through
-  the island, in its order); before an elastic change (a move, suspend,
+  comes for the device (only a gang over several devices, on a shared
+  device; the lease ends, and its runs from then on go through the island,
+  in its order); when its session's weight changes; before an elastic change (a move, suspend,
   drain, lost host: the change waits for the lease's runs, as for any
   run); when its session ends; when the host is replaced. The host refuses
   later runs under it with ``LeaseEnded``, and its client sends them
@@ -49,7 +59,7 @@ import functools
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -118,6 +128,7 @@ class LeaseView(Protocol):
     def report_to(self) -> ActorRef[Any]: ...
 
     def host_of_device(self, device: int) -> int: ...
+    def island_of_device(self, device: int) -> int: ...
     def plan_live(self, compiled: CompiledPlan) -> bool: ...
 
 
@@ -131,6 +142,7 @@ class _Held:
     owner: str
     window: int  # of its session's gang quota
     plans: set[int]
+    shared: bool  # on a device other sessions may hold leases on too
     taken: bool = False  # taken back (once: its quota is given back once)
 
 
@@ -140,29 +152,32 @@ class Leases:
 
     def __init__(self, controller: LeaseView) -> None:
         self._controller = controller
-        self.by_device: dict[int, _Held] = {}
+        self.by_device: dict[int, dict[str, _Held]] = {}  # device -> owner -> its lease
+        self.shared_islands: set[int] = set()  # whose policy lets leases share a device
         self._ids = itertools.count(1)
         self._seen: dict[int, dict[str, float]] = {}  # device -> owner -> its last run there
+        self._wide_seen: dict[int, dict[str, float]] = {}  # ... its last gang over several
         self.hold_off = 0  # elastic changes under way: none is granted meanwhile
         self._ended_owners: dict[str, None] = {}  # sessions that ended (the newest last)
         self.granted = 0
         self.taken_back = 0
 
-    def seen(self, devices: Iterable[int], owner: str) -> Promise[None] | None:
+    def seen(self, devices: Collection[int], owner: str) -> Promise[None] | None:
         """A run of ``owner`` goes to ``devices`` (through the controller):
         remembered; a lease another session holds on one of them ends, and
         the promise that it did (its runs ended) is returned; else None."""
         now = time.monotonic()
+        wide = len(devices) > 1
         taken: list[Promise[None]] = []
         for device in devices:
-            seen = self._seen.get(device)
-            if seen is None:
-                seen = self._seen[device] = {}
-            seen[owner] = now
-            if self.by_device:
-                held = self.by_device.get(device)
-                if held is not None and held.owner != owner:
-                    taken.append(self.take_back(held))
+            for seen in (self._seen, self._wide_seen) if wide else (self._seen,):
+                if device not in seen:
+                    seen[device] = {}
+                seen[device][owner] = now
+            held = self.by_device.get(device) if self.by_device else None
+            for other in list(held.values()) if held else ():
+                if other.owner != owner and (wide or not other.shared):
+                    taken.append(self.take_back(other))
         return all_settled(taken) if taken else None
 
     def refusal(self, device: int, owner: str) -> str | None:
@@ -176,13 +191,13 @@ class Leases:
             return "slices are changing, or buffers moved"
         if owner in self._ended_owners:
             return "the session ended"
-        held = self.by_device.get(device)
-        if held is not None and held.owner != owner:
+        shared = c.island_of_device(device) in self.shared_islands
+        if not shared and any(other != owner for other in self.by_device.get(device, ())):
             return "another session holds the device's lease"
         now = time.monotonic()
-        for other, when in self._seen.get(device, {}).items():
+        for other, when in (self._wide_seen if shared else self._seen).get(device, {}).items():
             if other != owner and now - when < QUIET_S:
-                return "another session ran on the device just now"
+                return "another session ran on the device just now (a gang over several, if shared)"
         return None
 
     async def grant(self, compiled: CompiledPlan, device: int, owner: str) -> LeaseGrant | None:
@@ -198,16 +213,18 @@ class Leases:
         await c.schedulers[compiled.island].install(compiled)
         if self.refusal(device, owner) or not c.plan_live(compiled):  # (changed meanwhile)
             return None
-        held = self.by_device.get(device) or self._new(device, owner)
+        held = self.by_device.get(device, {}).get(owner) or self._new(device, owner)
         if held is None:
             return None
         new = compiled.plan_id not in held.plans
         held.plans.add(compiled.plan_id)
         if new:
             host = c.host_refs[held.host]
+            weight = c.tenants.weight(owner)
+            cost = {compiled.plan_id: float(sum(len(d) for _, d in compiled.gangs))}
             try:
                 await host.grant_lease(
-                    held.lease_id, device, owner, [compiled.plan_id], c.report_to
+                    held.lease_id, device, owner, [compiled.plan_id], c.report_to, weight, cost
                 )
             except Exception:  # (its host is gone, say): no lease
                 self.take_back(held).add_done_callback(_log_failed)
@@ -228,21 +245,32 @@ class Leases:
     def _new(self, device: int, owner: str) -> _Held | None:
         """A new lease on ``device`` for ``owner``, its quota held; None if
         the session has no room for one."""
-        tenants = self._controller.tenants
-        window = tenants.reserve(owner, LEASE_WINDOW)
+        c = self._controller
+        window = c.tenants.reserve(owner, LEASE_WINDOW)
         if window < 1:
             return None
-        host = self._controller.host_of_device(device)
-        held = _Held(next(self._ids), device, host, owner, window, set())
-        self.by_device[device] = held
+        shared = c.island_of_device(device) in self.shared_islands
+        host = c.host_of_device(device)
+        held = _Held(next(self._ids), device, host, owner, window, set(), shared)
+        self.by_device.setdefault(device, {})[owner] = held
         self.granted += 1
         return held
+
+    def _unlist(self, held: _Held) -> None:
+        """``held`` is no longer in force (if it was)."""
+        owners = self.by_device.get(held.device)
+        if owners is not None and owners.get(held.owner) is held:
+            del owners[held.owner]
+            if not owners:
+                del self.by_device[held.device]
+
+    def _all(self) -> list[_Held]:
+        return [held for owners in self.by_device.values() for held in owners.values()]
 
     def take_back(self, held: _Held) -> Promise[None]:
         """End ``held``: its host refuses later runs under it; settles once the
         runs it let through ended (or its host is gone), its quota given back."""
-        if self.by_device.get(held.device) is held:
-            del self.by_device[held.device]
+        self._unlist(held)
         if held.taken:
             return as_promise(None)
         held.taken = True
@@ -268,7 +296,7 @@ class Leases:
         once all of them did."""
         doomed = [
             held
-            for held in self.by_device.values()
+            for held in self._all()
             if (owner is None or held.owner == owner) and (host is None or held.host == host)
         ]
         return all_settled([self.take_back(held) for held in doomed])
@@ -277,13 +305,13 @@ class Leases:
         """The controller let these plans go: a lease that covers one ends
         (its host ends it too, as the drop reaches the device)."""
         doomed = set(plan_ids)
-        for held in [h for h in self.by_device.values() if h.plans & doomed]:
+        for held in [h for h in self._all() if h.plans & doomed]:
             self.take_back(held).add_done_callback(_log_failed)
 
     def host_gone(self, host: int) -> None:
         """Host ``host`` was lost or replaced: its leases went with it."""
-        for held in [h for h in self.by_device.values() if h.host == host]:
-            del self.by_device[held.device]
+        for held in [h for h in self._all() if h.host == host]:
+            self._unlist(held)
             held.taken = True
             self.taken_back += 1
             self._controller.tenants.unreserve(held.owner, held.window)
@@ -297,13 +325,16 @@ class Leases:
         self._ended_owners[owner] = None
         while len(self._ended_owners) > ENDED_KEPT:
             del self._ended_owners[next(iter(self._ended_owners))]
-        for seen in self._seen.values():
+        for seen in (*self._seen.values(), *self._wide_seen.values()):
             seen.pop(owner, None)
 
     def status(self) -> dict[str, Any]:
         """For tests and ``atoll status``: the leases held, granted, taken back."""
         return {
-            "held": {d: (h.owner, h.lease_id, sorted(h.plans)) for d, h in self.by_device.items()},
+            "held": {
+                d: [(h.owner, h.lease_id, sorted(h.plans)) for h in owners.values()]
+                for d, owners in self.by_device.items()
+            },
             "granted": self.granted,
             "taken_back": self.taken_back,
         }

@@ -55,6 +55,7 @@ class _Device:
 def table() -> Any:
     yield host_leases
     host_leases._leases.clear()
+    host_leases._queues.clear()
     host_leases._ending.clear()
     host_leases._ended_ids.clear()
 
@@ -113,6 +114,72 @@ async def test_a_dropped_plan_ends_the_lease_that_covers_it(table: Any) -> None:
     assert not ended.done()
     device.reports[0].set_result(RunReport())
     assert ended.result() == (1, 0)
+
+
+def _owners(device: _Device, start: int = 0) -> list[str]:
+    """The sessions of the device's runs from ``start`` on, in the order handed over."""
+    return [args[3] for args in device.runs[start:]]
+
+
+def _end_runs(device: _Device, count: int) -> None:
+    """The device finishes its oldest ``count`` runs not finished yet (or all it has)."""
+    for _ in range(count):
+        report = next((r for r in device.reports if not r.done()), None)
+        if report is not None:
+            report.set_result(RunReport())
+
+
+async def test_a_device_two_leases_share_hands_their_runs_over_by_weight(table: Any) -> None:
+    """At most ``DEPTH`` leased runs on the device; the rest wait, and go
+    lowest pass first: bob, of weight 3, has three runs handed over for
+    each of alice's, each lease's in the order sent."""
+    device = _Device()
+    table.grant(1, 0, "alice.x", [11], None, 1.0, {11: 1.0})
+    table.grant(2, 0, "bob.y", [12], None, 3.0, {12: 1.0})
+    alice = [table.run(device, 0, (1, 11, e, [])) for e in range(40)]
+    bob = [table.run(device, 0, (2, 12, e, [])) for e in range(40)]
+    assert len(device.runs) == table.DEPTH  # (alice's first, as she came first)
+    for _ in range(40):
+        _end_runs(device, 1)
+    handed = _owners(device, table.DEPTH)
+    assert handed[:32].count("bob.y") == 24  # 3 of his for each of hers
+    bobs = [args[1] for args in device.runs if args[3] == "bob.y"]
+    assert bobs == list(range(len(bobs)))  # in the order he sent them
+    _end_runs(device, 80)  # (each run ended hands the next over)
+    assert all(run.done() for run in alice + bob)
+
+
+async def test_a_lease_back_from_idle_banks_nothing_and_alone_it_waits_for_none(
+    table: Any,
+) -> None:
+    device = _Device()
+    table.grant(1, 0, "alice.x", [11], None)
+    [table.run(device, 0, (1, 11, e, [])) for e in range(30)]  # alone: all at once
+    assert len(device.runs) == 30
+    table.grant(2, 0, "bob.y", [12], None)
+    [table.run(device, 0, (2, 12, e, [])) for e in range(30)]
+    [table.run(device, 0, (1, 11, e, [])) for e in range(30, 60)]
+    _end_runs(device, 30)  # alice's first 30: now they take turns from her pass on
+    handed = _owners(device, 30)
+    assert handed.count("bob.y") - handed.count("alice.x") in (0, 1, 2)
+
+
+async def test_a_revoked_shared_lease_refuses_the_runs_that_waited_and_lets_the_rest_go(
+    table: Any,
+) -> None:
+    device = _Device()
+    table.grant(1, 0, "alice.x", [11], None)
+    table.grant(2, 0, "bob.y", [12], None)
+    alice = [table.run(device, 0, (1, 11, e, [])) for e in range(12)]
+    bob = [table.run(device, 0, (2, 12, e, [])) for e in range(12)]
+    ended = table.revoke(1)  # 8 of hers on the device; 4 refused
+    assert [type(run.exception()) for run in alice[8:]] == [table.LeaseEnded] * 4
+    assert len(device.runs) == 8 + 12  # bob is alone now: his all go
+    _end_runs(device, 8)
+    assert ended.result() == (8, 0)
+    _end_runs(device, 12)
+    assert all(run.done() and run.exception() is None for run in bob)
+    assert table._queues[0].waiting == 0
 
 
 # -- the quota a lease holds -------------------------------------------------------
@@ -188,12 +255,14 @@ async def _until(check: Callable[[], Any], what: str, seconds: float = 30.0) -> 
 
 
 @contextlib.asynccontextmanager
-async def _two_sessions(tmp_path: Path) -> AsyncIterator[tuple[Any, Any, Any]]:
+async def _two_sessions(
+    tmp_path: Path, scheduler: str = "share"
+) -> AsyncIterator[tuple[Any, Any, Any]]:
     """Two clients of ``atoll up`` with two hosts (one device each): their
     sessions, and the first's connection."""
     async with (
         capnp_runtime(),
-        up_cluster(2, tmp_path, "4a" * 16) as cluster,
+        up_cluster(2, tmp_path, "4a" * 16, scheduler=scheduler) as cluster,
         connect(cluster.cluster_file) as first,
         connect(cluster.cluster_file) as second,
     ):
@@ -218,7 +287,8 @@ async def _leased(handle: Any, device: int) -> None:
 async def test_a_lease_takes_the_controller_off_the_path_until_another_session_comes(
     tmp_path: Path,
 ) -> None:
-    async with _two_sessions(tmp_path) as (alice, bob, _):
+    """Under gang FIFO, whose devices are leased to one session at a time."""
+    async with _two_sessions(tmp_path, "fifo") as (alice, bob, _):
         await _leased(alice, 0)
         leases = alice._leases
         sent, hosts_answered = leases.sent, process_counters()["answers_from_hosts"]
@@ -261,6 +331,48 @@ async def test_a_lease_takes_the_controller_off_the_path_until_another_session_c
             return bool(rows[alice.owner]["outstanding"] == 0)
 
         await _until(quota_back, "the lease's quota given back")
+
+
+@_over_processes
+async def test_sessions_share_a_device_under_leases_until_a_gang_over_several_comes(
+    tmp_path: Path,
+) -> None:
+    """Under the share policy bob's calls on alice's leased device get a
+    lease of their own beside hers; his gang over both devices takes hers
+    back (the island orders it), and her later calls, refused, come right
+    through the controller."""
+    async with _two_sessions(tmp_path) as (alice, bob, _):
+        await _leased(alice, 0)
+        await _leased(bob, 0)
+
+        await _until(lambda: _held_by(alice, 0, alice.owner, bob.owner), "two leases on 0")
+        sent = (alice._leases.sent, bob._leases.sent)
+        x, y = np.zeros(2, np.float32), np.full(2, 10, np.float32)
+        for _ in range(8):  # both under their leases, side by side
+            x, y = alice.run(STEP, 0, [x]), bob.run(STEP, 0, [y])
+            await asyncio.sleep(0)
+        np.testing.assert_array_equal(await _within(alice.fetch(x), "alice"), np.full(2, 8.0))
+        np.testing.assert_array_equal(await _within(bob.fetch(y), "bob"), np.full(2, 18.0))
+        assert (alice._leases.sent - sent[0], bob._leases.sent - sent[1]) == (8, 8)
+
+        wide = await bob.devices(2)  # a gang over both devices: alice's lease ends
+        scalar = Aval((), "float32")
+        builder = GraphBuilder()
+        (out,) = builder.add(STEP, wide, [builder.input(scalar)], [scalar])
+        [gang] = bob.run_graph(builder.build([out]), [np.float32(1)])
+        assert float(await _within(bob.fetch(gang), "the gang")) == 2.0
+        await _until(lambda: _held_by(alice, 0, bob.owner), "alice's lease taken back")
+        for _ in range(5):  # refused by the host, and sent again
+            x = alice.run(STEP, 0, [x])
+            await asyncio.sleep(0)
+        np.testing.assert_array_equal(await _within(alice.fetch(x), "refused"), np.full(2, 13.0))
+        assert alice._leases.refused >= 1
+
+
+async def _held_by(handle: Any, device: int, *owners: str) -> bool:
+    """Whether exactly ``owners`` hold leases on ``device``."""
+    status = await handle.controller.lease_status()
+    return sorted(owner for owner, _, _ in status["held"].get(device, [])) == sorted(owners)
 
 
 async def _not_held(handle: Any, device: int) -> bool:
@@ -391,9 +503,10 @@ async def test_a_lease_taken_back_holds_back_only_the_runs_on_its_device(
     tmp_path: Path,
 ) -> None:
     """bob's run on alice's leased device waits until her leased runs there
-    ended; his run on the other host's device does not."""
+    ended; his run on the other host's device does not (gang FIFO: a
+    device is leased to one session at a time)."""
     slower = Computation("slower", functools.partial(_plus_one_after, 0.2), flops=1e3)
-    async with _two_sessions(tmp_path) as (alice, bob, _):
+    async with _two_sessions(tmp_path, "fifo") as (alice, bob, _):
         x = await _leased_too(alice, 0, slower)
         running = await _sent_leased(alice, [(slower, 0, x)] * 10)  # 2 s of device 0
         there = bob.run(STEP, 0, [np.zeros(2, np.float32)])
