@@ -90,8 +90,8 @@ async def test_a_chain_across_hosts_is_on_the_right_devices_in_order(tmp_path: P
 @pytest.mark.timeout(180)
 async def test_a_pipeline_program_recorded_with_run_record_true(tmp_path: Path) -> None:
     """GPipe: 4 stages on 4 hosts, 4 micro-batches, 16 nodes. Each stage's
-    device runs micro-batches 0..3 in order, and micro-batch m passes the
-    stages in order; every gang names the program and its node."""
+    device runs its 4 micro-batches, and micro-batch m passes the stages in
+    order; every gang names the program and its node."""
     from atoll.devices.jax import JaxDevice
     from atoll.examples import pipeline
 
@@ -114,8 +114,10 @@ async def test_a_pipeline_program_recorded_with_run_record_true(tmp_path: Path) 
         mine = [e for e in ran if e["name"] == f"stage{s}"]
         assert len({(e["pid"], e["tid"]) for e in mine}) == 1  # one device per stage
         assert len(mine) == 4
-        positions = [e["args"]["position"] for e in mine]
-        assert positions == sorted(positions)  # micro-batches in dispatch order
+        # each its own place in the dispatch order (a device may run a later
+        # micro-batch first when its input came first: docs/performance.md,
+        # the eleventh session)
+        assert len({e["args"]["position"] for e in mine}) == 4
     moved = [e for e in events if e.get("cat") == "transfer" and e["ph"] == "X"]
     moved = [e for e in moved if e["name"] == "push"]
     hops = sorted((e["args"]["src_host"], e["args"]["dst_host"]) for e in moved)
@@ -130,8 +132,10 @@ async def test_a_pipeline_program_recorded_with_run_record_true(tmp_path: Path) 
 
 
 def _nth(ran: list[dict[str, Any]], event: dict[str, Any]) -> int:
-    """Which of its stage's runs ``event`` is (0 for the first micro-batch)."""
-    return [e for e in ran if e["name"] == event["name"]].index(event)
+    """Which of its stage's runs ``event`` is, in dispatch order (0 for the
+    first micro-batch)."""
+    mine = [e for e in ran if e["name"] == event["name"]]
+    return sorted(e["args"]["position"] for e in mine).index(event["args"]["position"])
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the capnp transport
