@@ -165,9 +165,9 @@ class Settings:
     leases: bool = _setting(
         True,
         "ATOLL_LEASES",
-        "a session alone on a device sends its low-level calls there straight to the "
-        "device's host, under a lease from the controller; 0: every run through the "
-        "controller (A/B runs)",
+        "a session's runs of one device go straight to the device's host, under a lease "
+        "from the controller (several sessions' may share a device under the share "
+        "policy); 0: every run through the controller (A/B runs)",
         _flag,
     )
     push_lanes: bool = _setting(

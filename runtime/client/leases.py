@@ -1,12 +1,13 @@
 """A client's side of leases: its runs of one device sent straight to the device's host.
 
-The controller may lease a device to a session that has it to itself
-(``runtime/control/leases.py``). :class:`ClientLeases` asks for a lease once
-a run of one shape (a low-level call: computation, device, its inputs'
-kinds; or a graph whose plan is one program on one device), of one owner,
-went through the controller ``ASK_AFTER`` times, and then sends such runs
-down its own lane to the device's host (``devices/_lease.py``), which
-answers with the device's run report. What goes that way: a run whose
+The controller may lease a device to a session (to it alone, or beside
+other sessions' leases under the share policy: ``runtime/control/leases.py``).
+:class:`ClientLeases` asks for a lease once a run of one shape (a
+low-level call: computation, device, its inputs' kinds; or a graph whose
+plan is one program on one device), of one owner, went through the
+controller ``ASK_AFTER`` times, and then sends such runs down its own lane
+to the device's host (``devices/_lease.py``), which answers with the
+device's run report. What goes that way: a run whose
 every input is a value, a handle, or the promise of an output the same
 lease is making (the device takes it from what it keeps of that run, as
 ``PriorOutput``); at most the lease's ``window`` runs at once. Everything

@@ -1,12 +1,15 @@
-"""Leases: a session alone on a device sends its calls straight to the device's host.
+"""Leases: a session sends its calls of one device straight to the device's host.
 
-The host's table (``devices/_lease.py``) on its own, on both backends; the
-controller's side of the quota (``Tenants.reserve``); and, over host
-processes, the whole round: a lease granted after a few calls, calls under
-it answered by the host with the controller off the path, a chain across
-loop turns, a failing call, another session taking the device back (the
-refused calls go through the controller, nothing is lost or run twice),
-an elastic change and the session's end taking it back.
+The host's table (``devices/_lease.py``) on its own, on both backends, with
+the stride order of several leases on one device; the controller's side of
+the quota (``Tenants.reserve``); and, over host processes, the whole round:
+a lease granted after a few calls, calls under it answered by the host
+with the controller off the path, a chain across loop turns, a failing
+call, two sessions' leases side by side on one device (the share policy),
+another session taking the device back (any run under gang FIFO, a gang
+over several devices under the share policy: the refused calls go through
+the controller, nothing is lost or run twice), an elastic change and the
+session's end taking it back.
 """
 
 from __future__ import annotations
