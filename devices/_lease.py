@@ -47,7 +47,7 @@ from typing import Any
 
 from ..kernel import ActorRef, AtollError, Promise, as_promise, forward, log_failure
 
-__all__ = ["DEPTH", "LeaseEnded", "dropped", "grant", "revoke", "run"]
+__all__ = ["DEPTH", "LeaseEnded", "dropped", "grant", "handed_over", "revoke", "run"]
 
 REPORT_S = 0.5  # a lease's runs are counted to the controller at most this often
 DEPTH = 8  # a shared device's leased runs on it at a time (the rest wait here)
@@ -60,8 +60,31 @@ class LeaseEnded(AtollError):
     did not start. Its client sends it through the controller instead."""
 
 
-# a run that waits for its turn on a shared device: (plan, epoch, inputs, its report)
-_Waiting = tuple[int, int, Any, Promise[Any]]
+class _Waiting:
+    """A run that waits for its turn on a shared device; ``report`` settles as
+    its device's report does, once it is handed over (or fails if refused)."""
+
+    __slots__ = ("epoch", "inputs", "plan_id", "report", "source", "watchers")
+
+    def __init__(self, plan_id: int, epoch: int, inputs: Any, source: object) -> None:
+        self.plan_id, self.epoch, self.inputs, self.source = plan_id, epoch, inputs, source
+        self.report: Promise[Any] = Promise(f"leased run {epoch}")
+        self.watchers: list[_Watch] | None = None  # syncs that wait for it to leave
+
+    def left(self) -> None:
+        """It was handed over or refused: the syncs that waited for it are told."""
+        for watch in self.watchers or ():
+            watch.left -= 1
+            if watch.left == 0:
+                watch.done.set_result(None)
+
+
+@dataclass(eq=False)
+class _Watch:
+    """A lane's sync that waits for its runs waiting here to leave."""
+
+    left: int
+    done: Promise[None] = field(default_factory=lambda: Promise("leased runs handed over"))
 
 
 @dataclass(eq=False)
@@ -73,7 +96,8 @@ class _Lease:
     plans: dict[int, float]  # plan id -> its cost per run (gangs on the device)
     report_to: ActorRef[Any] | None  # where its counts go (the controller)
     weight: float = 1.0  # its session's share weight
-    pass_: float = 0.0  # device time handed over, over its weight (while shared)
+    pass_: float = 0.0  # device time handed over, over its weight
+    busy: bool = False  # it has runs on the device or waiting for it
     waiting: deque[_Waiting] = field(default_factory=deque)
     in_flight: int = 0  # runs handed to the device and not ended
     ran: int = 0  # runs ended, since the last count sent
@@ -90,6 +114,9 @@ class _Queue:
     leases: dict[int, _Lease] = field(default_factory=dict)
     running: int = 0  # leased runs handed to the device and not ended
     waiting: int = 0  # leased runs that wait here for their turn
+    busy: int = 0  # leases with runs on the device or waiting for it
+    vtime: float = 0.0  # the pass of the last lease a run was handed over for
+    handing: bool = False  # (handing runs over now: not again from a callback)
 
 
 _leases: dict[int, _Lease] = {}  # this process's, by lease id
@@ -134,7 +161,8 @@ def revoke(lease_id: int) -> Promise[tuple[int, int]]:
 
 
 def _end(lease_id: int) -> _Lease | None:
-    """Take lease ``lease_id`` out of force (later runs under it are refused)."""
+    """Take lease ``lease_id`` out of force (later runs under it are refused,
+    and so are those that wait here)."""
     lease = _leases.pop(lease_id, None)
     if lease is None:
         return None
@@ -149,8 +177,12 @@ def _end(lease_id: int) -> _Lease | None:
     del queue.leases[lease_id]
     refused, lease.waiting = lease.waiting, deque()
     queue.waiting -= len(refused)
-    for _, _, _, waiting in refused:
-        waiting.set_exception(LeaseEnded(f"lease {lease_id} ended before this run's turn"))
+    for waiting in refused:
+        waiting.left()
+        waiting.report.set_exception(LeaseEnded(f"lease {lease_id} ended before this run's turn"))
+    if lease.busy:  # (its runs on the device end in their time; it asks for no more)
+        lease.busy = False
+        queue.busy -= 1
     if not queue.leases and not queue.running:
         del _queues[lease.device]
     else:
@@ -171,11 +203,11 @@ def dropped(device: int, plan_ids: Iterable[int]) -> None:
             _end(lease_id)
 
 
-def run(device: ActorRef[Any], target: int, args: Any) -> Promise[Any]:
-    """A run that came under a lease, ``(lease_id, plan_id, epoch, inputs)``,
-    handed to ``device`` (device id ``target``) if the lease allows it, now
-    or at its turn; the promise of its report. Raises :class:`LeaseEnded`
-    if not."""
+def run(device: ActorRef[Any], target: int, args: Any, source: object = None) -> Promise[Any]:
+    """A run that came under a lease, ``(lease_id, plan_id, epoch, inputs)``
+    (from lane ``source``), handed to ``device`` (device id ``target``) if
+    the lease allows it, now or at its turn; the promise of its report.
+    Raises :class:`LeaseEnded` if not."""
     lease_id, plan_id, epoch, inputs = args
     lease = _leases.get(lease_id)
     if lease is None:
@@ -184,22 +216,39 @@ def run(device: ActorRef[Any], target: int, args: Any) -> Promise[Any]:
         raise AtollError(f"lease {lease_id} does not cover plan {plan_id} on device {target}")
     queue = _queues[target]
     queue.device = device
-    if len(queue.leases) == 1:  # alone on its device: straight on
-        return _start(queue, lease_id, lease, plan_id, epoch, inputs)
-    if not lease.in_flight and not lease.waiting:  # back from idle: banks nothing
-        lease.pass_ = max(lease.pass_, _lowest_busy_pass(queue, lease.pass_))
-    if queue.waiting or queue.running >= DEPTH:
-        waiting: Promise[Any] = Promise(f"lease {lease_id}, run {epoch}")
-        lease.waiting.append((plan_id, epoch, inputs, waiting))
+    if not lease.busy:  # back from idle: it banked nothing
+        floor = min((other.pass_ for other in queue.leases.values() if other.busy), default=None)
+        lease.pass_ = max(lease.pass_, queue.vtime if floor is None else floor)
+        lease.busy = True
+        queue.busy += 1
+    if queue.waiting or (queue.busy > 1 and queue.running >= DEPTH):
+        waiting = _Waiting(plan_id, epoch, inputs, source)
+        lease.waiting.append(waiting)
         queue.waiting += 1
-        return waiting
-    return _start(queue, lease_id, lease, plan_id, epoch, inputs)
+        return waiting.report
+    try:  # alone on the device (or room on it): straight on
+        return _start(queue, lease_id, lease, plan_id, epoch, inputs)
+    except BaseException:
+        _idle(queue, lease)
+        raise
 
 
-def _lowest_busy_pass(queue: _Queue, default: float) -> float:
-    """The lowest pass of the leases with runs on or for the device (``default``: none)."""
-    busy = [lease.pass_ for lease in queue.leases.values() if lease.in_flight or lease.waiting]
-    return min(busy, default=default)
+def handed_over(source: object) -> Promise[None] | None:
+    """A promise that settles once the runs from lane ``source`` that wait
+    here now were handed to their devices (or refused); None if none waits.
+    The lane's sync answers with it: what a client sends after (a slice's
+    release) must come after those runs, as after any other."""
+    watch: _Watch | None = None
+    for queue in _queues.values():
+        if not queue.waiting:
+            continue
+        for lease in queue.leases.values():
+            for waiting in lease.waiting:
+                if waiting.source is source:
+                    watch = watch or _Watch(0)
+                    watch.left += 1
+                    waiting.watchers = [*(waiting.watchers or ()), watch]
+    return None if watch is None else watch.done
 
 
 def _start(
@@ -207,8 +256,9 @@ def _start(
 ) -> Promise[Any]:
     """Hand a run to the device, charged to its lease's pass."""
     assert queue.device is not None
-    lease.pass_ += lease.plans[plan_id] / lease.weight
     report: Promise[Any] = queue.device.run_plan(plan_id, epoch, inputs, lease.owner)
+    queue.vtime = lease.pass_
+    lease.pass_ += lease.plans[plan_id] / lease.weight
     lease.in_flight += 1
     queue.running += 1
     report.add_done_callback(functools.partial(_ended, lease_id, lease, queue))
@@ -216,15 +266,38 @@ def _start(
 
 
 def _next(queue: _Queue) -> None:
-    """Hand the device the waiting runs it has room for, lowest pass first."""
-    while queue.waiting and (queue.running < DEPTH or len(queue.leases) == 1):
-        lease_id, lease = min(
-            ((i, lease) for i, lease in queue.leases.items() if lease.waiting),
-            key=lambda item: (item[1].pass_, item[0]),
-        )
-        plan_id, epoch, inputs, waiting = lease.waiting.popleft()
-        queue.waiting -= 1
-        forward(_start(queue, lease_id, lease, plan_id, epoch, inputs), waiting)
+    """Hand the device the waiting runs it has room for, lowest pass first
+    (at most ``DEPTH`` on it while two leases or more are busy)."""
+    if queue.handing:  # (a run that ended at once, in the loop below)
+        return
+    queue.handing = True
+    try:
+        while queue.waiting and (queue.busy <= 1 or queue.running < DEPTH):
+            lease_id, lease = min(
+                ((i, lease) for i, lease in queue.leases.items() if lease.waiting),
+                key=lambda item: (item[1].pass_, item[0]),
+            )
+            waiting = lease.waiting.popleft()
+            queue.waiting -= 1
+            waiting.left()
+            try:
+                report = _start(
+                    queue, lease_id, lease, waiting.plan_id, waiting.epoch, waiting.inputs
+                )
+            except Exception as exc:  # (the device would not take it: it fails alone)
+                waiting.report.set_exception(exc)
+                _idle(queue, lease)
+                continue
+            forward(report, waiting.report)
+    finally:
+        queue.handing = False
+
+
+def _idle(queue: _Queue, lease: _Lease) -> None:
+    """``lease`` no longer busy, if it has nothing on the device or waiting."""
+    if lease.busy and not lease.in_flight and not lease.waiting:
+        lease.busy = False
+        queue.busy -= 1
 
 
 def _ended(lease_id: int, lease: _Lease, queue: _Queue, report: Promise[Any]) -> None:
@@ -235,6 +308,7 @@ def _ended(lease_id: int, lease: _Lease, queue: _Queue, report: Promise[Any]) ->
     lease.ran += 1
     if report.exception() is not None or getattr(report.result(), "errors", None):
         lease.failed += 1
+    _idle(queue, lease)
     if queue.waiting:
         _next(queue)
     elif not queue.leases and not queue.running and _queues.get(lease.device) is queue:

@@ -484,7 +484,8 @@ class _DeviceEnd(_End):
 
     def deliver(self, kind: int, target: int, args: Any, request: int) -> Promise[Any]:
         if kind == SYNC:  # what came before it on the link went to its actors
-            return as_promise(None)
+            # (or waits for its turn on a device that leases share: until it went)
+            return _lease.handed_over(self) or as_promise(None)
         if target < 0 and kind == FREE:  # a client's frees at this host
             host = _hosts.get(-1 - target)
             if host is None:
@@ -495,7 +496,7 @@ class _DeviceEnd(_End):
         if ref is None:
             raise AtollError(f"device {target} is not in this host process")
         if kind == LEASED:  # a client's, under a lease (checked there)
-            return _lease.run(ref, target, args)
+            return _lease.run(ref, target, args, self)
         if kind == DROP:  # (in order with the runs that came before it)
             _lease.dropped(target, args[0])
         answer: Promise[Any] = getattr(ref, ENDPOINTS[kind])(*args)

@@ -132,8 +132,10 @@ class Controller(Actor):
         self.host_addresses = [await answer for answer in answers]
         self.set_push(self.push)
         self.set_compile(self.compile)
-        policies = await self.policies()
-        self.leases.shared_islands = {i for i, name in policies.items() if leases_shared(name)}
+        shared = {i for i, name in (await self.policies()).items() if leases_shared(name)}
+        self.leases.shared_devices = {
+            d.id for d in self.cluster_topology.devices if d.island in shared
+        }
         if self._lane is not None:
             await self._serve_call_lanes(*self._lane)
 
@@ -585,10 +587,6 @@ class Controller(Actor):
         """The host of physical device ``device``."""
         return self.cluster_topology.device(device).host
 
-    def island_of_device(self, device: int) -> int:
-        """The island of physical device ``device``."""
-        return self.cluster_topology.device(device).island
-
     @property
     def report_to(self) -> ActorRef[Controller]:
         """This controller, for hosts to count leases' runs to (``leased``)."""
@@ -877,10 +875,11 @@ class Controller(Actor):
     ) -> dict[str, Any]:
         """Register session ``owner`` or change its weight (None: keep it) and,
         with ``quotas``, its quotas (queued gangs; store bytes, per host)."""
-        if weight is not None and weight != self.tenants.weight(owner):
+        if weight is not None:
+            changed = weight != self.tenants.weight(owner)
             self.tenants.set_weight(owner, weight)
-            # (its hosts order its leased runs by the weight they were told)
-            self.leases.take_back_all(owner=owner).add_done_callback(_log_lease_failed)
+            if changed:  # (its hosts order its leased runs by the weight they were told)
+                self.leases.take_back_all(owner=owner).add_done_callback(_log_lease_failed)
         if quotas:
             held = self.tenants.byte_quota(owner)  # hosts know it (None: they have none)
             self.tenants.set_quotas(owner, max_gangs, max_bytes)

@@ -23,11 +23,12 @@ leases a worker to an owner, which then submits to it directly.
   sessions may hold leases on one device at once, and the device's host
   orders their runs by stride over their weights, as the policy would on
   that device. Then only another session's gang over several devices (in
-  the last ``QUIET_S``) keeps a lease from being granted, or takes one
-  back: the island must order it among what the device runs. Another
-  session's run of one device through the controller (its first calls,
-  before its own lease) runs beside the leases' runs. Under other policies
-  a device is leased to one session at a time.
+  the last ``QUIET_S``), or another session that keeps running there
+  through the controller with no lease of its own (for ``GRACE_S`` and
+  ``GRACE_RUNS`` runs: one refused a lease, say), keeps a lease from being granted, or takes one
+  back: the island must order those runs among what the device runs. Its
+  first calls there, before its own lease, run beside the leases' runs.
+  Under other policies a device is leased to one session at a time.
 * **Quota.** A lease holds ``window`` of the session's gang quota (at most
   ``LEASE_WINDOW``, at most half of the room left) for as long as it lives;
   the client keeps at most that many of its runs in flight and sends any
@@ -75,10 +76,20 @@ if TYPE_CHECKING:
     from .metrics import RunCounters
     from .tenancy import Tenants
 
-__all__ = ["EPOCH_SHIFT", "LEASE_WINDOW", "QUIET_S", "LeaseGrant", "Leases"]
+__all__ = [
+    "EPOCH_SHIFT",
+    "GRACE_RUNS",
+    "GRACE_S",
+    "LEASE_WINDOW",
+    "QUIET_S",
+    "LeaseGrant",
+    "Leases",
+]
 
 LEASE_WINDOW = 64  # runs a lease lets its client have in flight (out of its gang quota)
 QUIET_S = 1.0  # a device another session ran on this recently is not leased
+GRACE_S = 1.0  # ... a shared device: a gang over several, or runs with no lease for this long
+GRACE_RUNS = 64  # ... and this many of them (a session on its way to a lease makes a few)
 EPOCH_SHIFT = 40  # a lease's runs are numbered (lease id << EPOCH_SHIFT) + n
 
 _log = logging.getLogger(__name__)
@@ -128,7 +139,6 @@ class LeaseView(Protocol):
     def report_to(self) -> ActorRef[Any]: ...
 
     def host_of_device(self, device: int) -> int: ...
-    def island_of_device(self, device: int) -> int: ...
     def plan_live(self, compiled: CompiledPlan) -> bool: ...
 
 
@@ -142,7 +152,6 @@ class _Held:
     owner: str
     window: int  # of its session's gang quota
     plans: set[int]
-    shared: bool  # on a device other sessions may hold leases on too
     taken: bool = False  # taken back (once: its quota is given back once)
 
 
@@ -153,10 +162,12 @@ class Leases:
     def __init__(self, controller: LeaseView) -> None:
         self._controller = controller
         self.by_device: dict[int, dict[str, _Held]] = {}  # device -> owner -> its lease
-        self.shared_islands: set[int] = set()  # whose policy lets leases share a device
+        self.shared_devices: set[int] = set()  # whose island's policy lets leases share them
         self._ids = itertools.count(1)
         self._seen: dict[int, dict[str, float]] = {}  # device -> owner -> its last run there
         self._wide_seen: dict[int, dict[str, float]] = {}  # ... its last gang over several
+        # shared device -> owner with no lease there -> [since, last, runs] it ran there
+        self._unleased: dict[int, dict[str, list[float]]] = {}
         self.hold_off = 0  # elastic changes under way: none is granted meanwhile
         self._ended_owners: dict[str, None] = {}  # sessions that ended (the newest last)
         self.granted = 0
@@ -175,10 +186,34 @@ class Leases:
                     seen[device] = {}
                 seen[device][owner] = now
             held = self.by_device.get(device) if self.by_device else None
+            if not wide and self._beside(device, owner, held, now):
+                continue
             for other in list(held.values()) if held else ():
-                if other.owner != owner and (wide or not other.shared):
+                if other.owner != owner:
                     taken.append(self.take_back(other))
         return all_settled(taken) if taken else None
+
+    def _beside(self, device: int, owner: str, held: dict[str, _Held] | None, now: float) -> bool:
+        """Whether ``owner``'s run of ``device`` alone (through the controller)
+        runs beside the device's leases: on a shared device, if it holds one
+        there, or has not kept running there without one (``GRACE_S``)."""
+        if device not in self.shared_devices:
+            return False
+        return owner in (held or ()) or not self._unleased_long(device, owner, now)
+
+    def _unleased_long(self, device: int, owner: str, now: float) -> bool:
+        """``owner`` runs on shared ``device`` through the controller, with no
+        lease there: whether it has for ``GRACE_S`` and ``GRACE_RUNS`` runs
+        (its runs then need the island's order, and the device's leases end)."""
+        runs = self._unleased.get(device)
+        if runs is None:
+            runs = self._unleased[device] = {}
+        since = runs.get(owner)
+        if since is None or now - since[1] > QUIET_S:
+            since = runs[owner] = [now, now, 0]
+        since[1] = now
+        since[2] += 1
+        return now - since[0] >= GRACE_S and since[2] >= GRACE_RUNS
 
     def refusal(self, device: int, owner: str) -> str | None:
         """Why ``owner`` may not have a lease on ``device`` now, or None."""
@@ -191,13 +226,17 @@ class Leases:
             return "slices are changing, or buffers moved"
         if owner in self._ended_owners:
             return "the session ended"
-        shared = c.island_of_device(device) in self.shared_islands
+        shared = device in self.shared_devices
         if not shared and any(other != owner for other in self.by_device.get(device, ())):
             return "another session holds the device's lease"
         now = time.monotonic()
         for other, when in (self._wide_seen if shared else self._seen).get(device, {}).items():
             if other != owner and now - when < QUIET_S:
                 return "another session ran on the device just now (a gang over several, if shared)"
+        for other, (since, last, n) in self._unleased.get(device, {}).items() if shared else ():
+            long = last - since >= GRACE_S and n >= GRACE_RUNS
+            if other != owner and now - last < QUIET_S and long:
+                return "another session runs on the device without a lease"
         return None
 
     async def grant(self, compiled: CompiledPlan, device: int, owner: str) -> LeaseGrant | None:
@@ -249,9 +288,9 @@ class Leases:
         window = c.tenants.reserve(owner, LEASE_WINDOW)
         if window < 1:
             return None
-        shared = c.island_of_device(device) in self.shared_islands
         host = c.host_of_device(device)
-        held = _Held(next(self._ids), device, host, owner, window, set(), shared)
+        held = _Held(next(self._ids), device, host, owner, window, set())
+        self._unleased.get(device, {}).pop(owner, None)
         self.by_device.setdefault(device, {})[owner] = held
         self.granted += 1
         return held
@@ -327,6 +366,8 @@ class Leases:
             del self._ended_owners[next(iter(self._ended_owners))]
         for seen in (*self._seen.values(), *self._wide_seen.values()):
             seen.pop(owner, None)
+        for runs in self._unleased.values():
+            runs.pop(owner, None)
 
     def status(self) -> dict[str, Any]:
         """For tests and ``atoll status``: the leases held, granted, taken back."""

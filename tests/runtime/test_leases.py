@@ -34,6 +34,7 @@ from atoll.devices import _lease as host_leases
 from atoll.kernel import AtollError, HostLost, Promise, process_counters
 from atoll.runtime import GraphBuilder, local_cluster
 from atoll.runtime.client.connect import connect
+from atoll.runtime.control.leases import GRACE_RUNS, GRACE_S
 from atoll.runtime.control.tenancy import Tenants
 from atoll.transports.capnp import capnp_runtime
 
@@ -133,19 +134,21 @@ def _end_runs(device: _Device, count: int) -> None:
 
 
 async def test_a_device_two_leases_share_hands_their_runs_over_by_weight(table: Any) -> None:
-    """At most ``DEPTH`` leased runs on the device; the rest wait, and go
-    lowest pass first: bob, of weight 3, has three runs handed over for
-    each of alice's, each lease's in the order sent."""
+    """While both leases are busy, at most ``DEPTH`` of their runs are on
+    the device; the rest wait, and go lowest pass first: bob, of weight 3,
+    has three runs handed over for each of alice's, each lease's in the
+    order sent."""
     device = _Device()
     table.grant(1, 0, "alice.x", [11], None, 1.0, {11: 1.0})
     table.grant(2, 0, "bob.y", [12], None, 3.0, {12: 1.0})
-    alice = [table.run(device, 0, (1, 11, e, [])) for e in range(40)]
-    bob = [table.run(device, 0, (2, 12, e, [])) for e in range(40)]
-    assert len(device.runs) == table.DEPTH  # (alice's first, as she came first)
-    for _ in range(40):
-        _end_runs(device, 1)
-    handed = _owners(device, table.DEPTH)
-    assert handed[:32].count("bob.y") == 24  # 3 of his for each of hers
+    alice = [table.run(device, 0, (1, 11, e, [])) for e in range(1)]
+    bob = [table.run(device, 0, (2, 12, e, [])) for e in range(1)]
+    alice += [table.run(device, 0, (1, 11, e, [])) for e in range(1, 40)]
+    bob += [table.run(device, 0, (2, 12, e, [])) for e in range(1, 40)]
+    assert len(device.runs) == table.DEPTH
+    _end_runs(device, 40)
+    handed = _owners(device)
+    assert len(handed) == 48 and abs(handed.count("bob.y") - 3 * handed.count("alice.x")) <= 4
     bobs = [args[1] for args in device.runs if args[3] == "bob.y"]
     assert bobs == list(range(len(bobs)))  # in the order he sent them
     _end_runs(device, 80)  # (each run ended hands the next over)
@@ -173,16 +176,44 @@ async def test_a_revoked_shared_lease_refuses_the_runs_that_waited_and_lets_the_
     device = _Device()
     table.grant(1, 0, "alice.x", [11], None)
     table.grant(2, 0, "bob.y", [12], None)
-    alice = [table.run(device, 0, (1, 11, e, [])) for e in range(12)]
-    bob = [table.run(device, 0, (2, 12, e, [])) for e in range(12)]
-    ended = table.revoke(1)  # 8 of hers on the device; 4 refused
-    assert [type(run.exception()) for run in alice[8:]] == [table.LeaseEnded] * 4
-    assert len(device.runs) == 8 + 12  # bob is alone now: his all go
-    _end_runs(device, 8)
-    assert ended.result() == (8, 0)
-    _end_runs(device, 12)
+    alice = [table.run(device, 0, (1, 11, 0, []))]
+    bob = [table.run(device, 0, (2, 12, 0, []))]
+    alice += [table.run(device, 0, (1, 11, e, [])) for e in range(1, 12)]
+    bob += [table.run(device, 0, (2, 12, e, [])) for e in range(1, 12)]
+    assert _owners(device).count("alice.x") == 7  # 8 on the device, the rest wait
+    ended = table.revoke(1)
+    assert [type(run.exception()) for run in alice[7:]] == [table.LeaseEnded] * 5
+    assert len(device.runs) == 8 + 11  # bob is alone now: his all go
+    _end_runs(device, 8)  # (alice's 7 and bob's first)
+    assert ended.result() == (7, 0)
+    _end_runs(device, 11)
     assert all(run.done() and run.exception() is None for run in bob)
-    assert table._queues[0].waiting == 0
+    assert table._queues[0].waiting == table._queues[0].busy == 0
+
+
+async def test_an_idle_lease_holds_no_one_back_and_a_lanes_sync_waits_for_its_waiting_runs(
+    table: Any,
+) -> None:
+    """A lease with nothing on the device does not make the others wait;
+    a lane's sync settles once the runs it sent that waited were handed
+    over (what the client sends after it, a slice's release, comes after
+    them), and at once for a lane with none waiting."""
+    device = _Device()
+    table.grant(1, 0, "alice.x", [11], None)
+    table.grant(2, 0, "bob.y", [12], None)  # bob: idle
+    [table.run(device, 0, (1, 11, e, []), "lane-a") for e in range(20)]
+    assert len(device.runs) == 20
+    table.run(device, 0, (2, 12, 0, []), "lane-b")  # now both are busy: bob waits his turn
+    table.run(device, 0, (1, 11, 20, []), "lane-a")
+    assert len(device.runs) == 20
+    assert table.handed_over("lane-c") is None
+    synced = table.handed_over("lane-b")
+    _end_runs(device, 12)  # 8 on the device now: not yet
+    assert not synced.done() and _owners(device, 20) == []
+    _end_runs(device, 1)  # (level passes: the older lease first)
+    assert not synced.done() and _owners(device, 20) == ["alice.x"]
+    _end_runs(device, 1)
+    assert synced.done() and _owners(device, 20) == ["alice.x", "bob.y"]
 
 
 # -- the quota a lease holds -------------------------------------------------------
@@ -370,6 +401,33 @@ async def test_sessions_share_a_device_under_leases_until_a_gang_over_several_co
             await asyncio.sleep(0)
         np.testing.assert_array_equal(await _within(alice.fetch(x), "refused"), np.full(2, 13.0))
         assert alice._leases.refused >= 1
+
+
+@_over_processes
+async def test_a_session_that_keeps_running_on_a_shared_device_without_a_lease_ends_its_leases(
+    tmp_path: Path,
+) -> None:
+    """bob's client asks for no lease (a session refused one, say): once
+    he has run on device 0 through the controller for ``GRACE_S`` (and
+    ``GRACE_RUNS`` runs), alice's
+    lease there is taken back, and none is granted while he goes on; her
+    calls, refused, come right through the controller."""
+    async with _two_sessions(tmp_path) as (alice, bob, _):
+        await _leased(alice, 0)
+        bob._leases = None  # (every call of his through the controller)
+        y = np.zeros(2, np.float32)
+        deadline, runs = time.monotonic() + GRACE_S + 0.5, 0
+        while time.monotonic() < deadline or runs < GRACE_RUNS + 8:
+            y = await _within(bob.fetch(bob.run(STEP, 0, [y])), "bob's run")
+            runs += 1
+        await _until(lambda: _held_by(alice, 0), "alice's lease taken back")
+        x = np.zeros(2, np.float32)
+        for _ in range(5):
+            x = alice.run(STEP, 0, [x])
+            await asyncio.sleep(0)
+        np.testing.assert_array_equal(await _within(alice.fetch(x), "alice"), np.full(2, 5.0))
+        y = await _within(bob.fetch(bob.run(STEP, 0, [y])), "bob's run")
+        assert await _held_by(alice, 0)  # (bob runs there still: none granted)
 
 
 async def _held_by(handle: Any, device: int, *owners: str) -> bool:
