@@ -27,8 +27,10 @@ def test_every_form_is_measured_beside_plain_jax(capsys: pytest.CaptureFixture[s
                 us, ratio = by[case, f"atoll{variant}"].value, by[case, f"ratio{variant}"].value
                 peak = by[case, f"peak{variant}"].value
                 assert us is not None and us > 0
-                # the ratio is printed to 3 decimals: below 0.1 that is more than 1%
-                assert ratio == pytest.approx(jax_us / us, rel=0.01, abs=1e-3)
+                # the ratio is printed to 3 decimals, each time to 1 (0.05 µs off
+                # at most): below 0.1, or for times of a few µs, that is over 1%
+                slack = 0.01 + 0.05 / jax_us + 0.05 / us
+                assert ratio == pytest.approx(jax_us / us, rel=slack, abs=1e-3)
                 assert peak is not None and peak < 1 << 20  # a handful of 512-byte outputs
     assert by["program 16² inproc", "target"].value == 0.5  # the small size's target
 
