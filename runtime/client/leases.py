@@ -112,6 +112,7 @@ class ClientLeases:
             weakref.WeakKeyDictionary()
         )
         self._unsettled: dict[int, deque[_Leased]] = {}  # by lease id, in the order sent
+        self._over: set[int] = set()  # leases a host refused a run under (ended)
         # runs for the controller held back, in order, behind a leased run they
         # read (which may yet be refused, and go through the controller first)
         self._held: deque[tuple[Callable[[], Promise[Any]], Promise[Any], list[Any]]] = deque()
@@ -326,11 +327,22 @@ class ClientLeases:
         unsettled = self._unsettled.get(lease_id)
         while unsettled and unsettled[0].settled:
             unsettled.popleft()
+        if lease_id in self._over and not self._in_flight[lease_id] and not unsettled:
+            self._forget(lease_id)
         if self._held:
             self._release()
 
+    def _forget(self, lease_id: int) -> None:
+        """An ended lease's last run was answered: what was kept of it goes
+        (a client whose leases are taken back and granted again keeps
+        nothing of the old ones)."""
+        self._over.discard(lease_id)
+        for kept in (self._epochs, self._in_flight, self._lane_of, self._unsettled):
+            kept.pop(lease_id, None)
+
     def _ended(self, lease_id: int) -> None:
         """Lease ``lease_id`` ended: its shapes go through the controller."""
+        self._over.add(lease_id)
         later = time.monotonic() + RETRY_S
         for asked in self._shapes.values():
             if asked.grant is not None and asked.grant.lease_id == lease_id:

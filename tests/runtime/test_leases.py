@@ -389,6 +389,7 @@ async def test_sessions_share_a_device_under_leases_until_a_gang_over_several_co
         np.testing.assert_array_equal(await _within(bob.fetch(y), "bob"), np.full(2, 18.0))
         assert (alice._leases.sent - sent[0], bob._leases.sent - sent[1]) == (8, 8)
 
+        [(ended, _)] = [(i, o) for o, i, _ in (await _status(alice))[0] if o == alice.owner]
         wide = await bob.devices(2)  # a gang over both devices: alice's lease ends
         scalar = Aval((), "float32")
         builder = GraphBuilder()
@@ -401,6 +402,13 @@ async def test_sessions_share_a_device_under_leases_until_a_gang_over_several_co
             await asyncio.sleep(0)
         np.testing.assert_array_equal(await _within(alice.fetch(x), "refused"), np.full(2, 13.0))
         assert alice._leases.refused >= 1
+        assert ended not in alice._leases._in_flight  # (nothing kept of an ended lease)
+
+
+async def _status(handle: Any) -> dict[int, list[tuple[str, int, list[int]]]]:
+    """The leases held, by device."""
+    status = await handle.controller.lease_status()
+    return {int(d): [tuple(h) for h in held] for d, held in status["held"].items()}
 
 
 @_over_processes
