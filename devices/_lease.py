@@ -14,12 +14,14 @@ report comes back down the same lane.
 (``leases_shared``: the share policy), several sessions may hold leases on
 one device at once, and this host orders their runs as the island would:
 by stride over the sessions' weights, per device. While two or more leases
-share a device, at most ``DEPTH`` of their runs are on it at a time; the
-others wait here, each lease's in the order they came, and as each run
-ends the lease with the least device time for its weight (its *pass*) has
-its next run handed over. A lease that comes back from idle starts at the
-lowest pass of the busy ones (idling banks nothing). A lease alone on its
-device hands every run over at once, as before.
+are busy on a device (runs on it, or waiting for it), at most ``DEPTH`` of
+their runs are on it at a time; the others wait here, each lease's in the
+order they came, and as each run ends the lease with the least device time
+for its weight (its *pass*) has its next run handed over. A lease that
+comes back from idle starts at the lowest pass of the busy ones, or at the
+pass of the last run handed over (idling banks nothing). A lease alone
+busy on its device hands every run over at once, as before. A lane's sync
+(:func:`handed_over`) waits for the runs it sent that wait here.
 
 A lease ends when the controller takes it back (``Host.revoke_lease``:
 another session's gang wants the device, a slice moves, a host drains, the

@@ -25,18 +25,19 @@ leases a worker to an owner, which then submits to it directly.
   that device. Then only another session's gang over several devices (in
   the last ``QUIET_S``), or another session that keeps running there
   through the controller with no lease of its own (for ``GRACE_S`` and
-  ``GRACE_RUNS`` runs: one refused a lease, say), keeps a lease from being granted, or takes one
-  back: the island must order those runs among what the device runs. Its
-  first calls there, before its own lease, run beside the leases' runs.
-  Under other policies a device is leased to one session at a time.
+  ``GRACE_RUNS`` runs: one refused a lease, say), keeps a lease from being
+  granted, or takes one back: the island must order those runs among what
+  the device runs. Its first calls there, before its own lease, run beside
+  the leases' runs. Under other policies a device is leased to one session
+  at a time.
 * **Quota.** A lease holds ``window`` of the session's gang quota (at most
   ``LEASE_WINDOW``, at most half of the room left) for as long as it lives;
   the client keeps at most that many of its runs in flight and sends any
   more through the controller, so the quota holds as before.
 * **Taking back** (:meth:`Leases.take_back`): when a run of another session
-  comes for the device (only a gang over several devices, on a shared
-  device; the lease ends, and its runs from then on go through the island,
-  in its order); when its session's weight changes; before an elastic change (a move, suspend,
+  comes for the device (on a shared device, only as above; the lease ends,
+  and its runs from then on go through the island, in its order); when its
+  session's weight changes; before an elastic change (a move, suspend,
   drain, lost host: the change waits for the lease's runs, as for any
   run); when its session ends; when the host is replaced. The host refuses
   later runs under it with ``LeaseEnded``, and its client sends them
