@@ -19,7 +19,10 @@ one wake-up of the far side.
   cut off).
 
 Everything runs on the event loop of the process's Cap'n Proto runtime
-(asyncio); :meth:`Link.send` is synchronous.
+(asyncio); :meth:`Link.send` is synchronous. A caller that is itself the
+end of a loop turn's batch (a client's runs, sent once the turn is over)
+sends inside :func:`writes_together`: its writes leave as it ends, not a
+pass of the loop later.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import asyncio
 import hmac
 import logging
 import struct
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ..kernel.lowlevel import counts
 
@@ -41,6 +46,7 @@ __all__ = [
     "hello",
     "serve",
     "take_hello",
+    "writes_together",
 ]
 
 MAGIC = b"AOW1"
@@ -52,6 +58,30 @@ _SIZE = struct.Struct("!I")  # a message's size
 _log = logging.getLogger(__name__)
 
 Receive = Callable[["Link", list[bytes]], None]
+
+
+class _Together(threading.local):
+    links: list[Link] | None = None  # sent to inside writes_together, to flush at its end
+
+
+_together = _Together()  # (per thread: a loop's sends only, never another thread's)
+
+
+@contextmanager
+def writes_together() -> Iterator[None]:
+    """What is sent inside leaves when it ends, one write per link (as at
+    the end of a loop turn), not on the loop's next pass: for a caller that
+    runs at the end of a turn already, and sends all it has at once."""
+    if _together.links is not None:  # (inside one already: its end writes)
+        yield
+        return
+    _together.links = []
+    try:
+        yield
+    finally:
+        links, _together.links = _together.links, None
+        for link in links:
+            link.flush()
 
 
 class Link(asyncio.Protocol):
@@ -90,7 +120,11 @@ class Link(asyncio.Protocol):
         if self.closed:
             return
         if not self._out:
-            asyncio.get_running_loop().call_soon(self.flush)
+            together = _together.links
+            if together is not None:
+                together.append(self)
+            else:
+                asyncio.get_running_loop().call_soon(self.flush)
         self._out.append(_SIZE.pack(len(message)))
         self._out.append(message)
         counts["lane_messages_out"] += 1

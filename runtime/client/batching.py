@@ -43,6 +43,7 @@ from ...devices import BufferHandle, Computation
 from ...kernel import Promise
 from ...kernel.config import settings
 from ...kernel.lowlevel import call_soon
+from ...transports.oneway import writes_together
 from ..calls import call_graph
 from ..graph import Graph, GraphBuilder, ValueRef
 
@@ -173,10 +174,15 @@ class RunBatcher:
         return value if found is None else _Made(*found)
 
     def flush(self) -> None:
-        """Send what was collected (a no-op when nothing was)."""
+        """Send what was collected (a no-op when nothing was); what goes by
+        lane leaves as it ends (``oneway.writes_together``)."""
         batch, self._batch = self._batch, None
         if batch is None or not batch.runs:
             return
+        with writes_together():
+            self._send_batch(batch)
+
+    def _send_batch(self, batch: _Batch) -> None:
         if any(isinstance(x, _Made) for run in batch.runs for x in run.inputs):
             self._send(*_joined(batch.runs), batch.owner)
             return

@@ -42,6 +42,31 @@ def _handle(host_id: int, host: Any = None) -> BufferHandle:
 
 
 # -- the link --------------------------------------------------------------------
+async def test_sends_made_together_leave_as_the_block_ends_in_one_write() -> None:
+    """``writes_together``: a batch sent at the end of a loop turn leaves
+    at once, in one write per link, not a pass of the loop later."""
+    got: list[bytes] = []
+    address = await oneway.serve("test", "127.0.0.1", TOKEN, lambda _, m: got.extend(m), print)
+    try:
+        link = await oneway.connect(address, TOKEN, lambda *_: None, lambda _: None)
+        writes = process_counters()["socket_writes"]
+        with oneway.writes_together():
+            for i in range(5):
+                link.send(b"m%d" % i)
+            with oneway.writes_together():  # (nested: the outer end writes)
+                link.send(b"m5")
+            assert process_counters()["socket_writes"] == writes
+        assert process_counters()["socket_writes"] - writes == 1  # before any pass of the loop
+        link.send(b"m6")  # outside: at the end of the turn, as before
+        assert process_counters()["socket_writes"] - writes == 1
+        await asyncio.sleep(0.05)
+        assert process_counters()["socket_writes"] - writes == 2
+        assert got == [b"m%d" % i for i in range(7)]
+        link.close()
+    finally:
+        await oneway.aclose()
+
+
 async def test_a_turn_of_sends_leaves_in_one_write_and_arrives_in_order() -> None:
     got: list[list[bytes]] = []
     address = await oneway.serve("test", "127.0.0.1", TOKEN, lambda _, m: got.append(m), print)
