@@ -16,7 +16,7 @@ import functools
 import itertools
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -95,6 +95,7 @@ class Controller(Actor):
         push: bool | None = None,
         spare_hosts: Sequence[int] = (),
         lane: tuple[bytes, str] | None = None,
+        shared_islands: Collection[int] = (),
     ) -> None:
         self.wire = wire
         self.push = push
@@ -113,6 +114,8 @@ class Controller(Actor):
         self.tenants = Tenants()  # sessions' weights and quotas (runtime/control/tenancy.py)
         self.runs = RunCounters()  # for /metrics (runtime/control/metrics.py)
         self.leases = Leases(self)  # sessions' runs sent straight to a host (leases.py)
+        # (the devices whose island's policy lets several sessions' leases share them)
+        self.leases.shared_devices = {d.id for d in topology.devices if d.island in shared_islands}
         self.compile: bool | None = None  # None: when hosts are processes (see set_compile)
         # by (id(plan), compiling): a plan as a whole, or gang by gang
         self._compiled: dict[tuple[int, bool], CompiledPlan | tuple[CompiledPlan, ...]] = {}
@@ -132,10 +135,6 @@ class Controller(Actor):
         self.host_addresses = [await answer for answer in answers]
         self.set_push(self.push)
         self.set_compile(self.compile)
-        shared = {i for i, name in (await self.policies()).items() if leases_shared(name)}
-        self.leases.shared_devices = {
-            d.id for d in self.cluster_topology.devices if d.island in shared
-        }
         if self._lane is not None:
             await self._serve_call_lanes(*self._lane)
 
@@ -350,9 +349,9 @@ class Controller(Actor):
         self.leases.hold_off += 1
         try:
             await self.leases.take_back_all()
+            return await op(*args)
         finally:
             self.leases.hold_off -= 1
-        return await self._granting_none(op, *args)
 
     def _in_background(self, op: Callable[..., Awaitable[T]], *args: Any) -> Promise[T]:
         """The promise of ``op(*args)``, run as a task beside the message loop."""
@@ -1073,6 +1072,7 @@ def spawn_control(
         push,
         spare_hosts,
         (token, interface) if by_lane and interface else None,
+        {island for island, name in policies.items() if leases_shared(name)},
         name="controller",
     )
     return controller
