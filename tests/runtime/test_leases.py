@@ -347,7 +347,7 @@ async def test_a_lease_takes_the_controller_off_the_path_until_another_session_c
         # bob runs on device 0: alice's lease ends; her calls still come right
         await _within(bob.fetch(bob.run(STEP, 0, [np.zeros(2, np.float32)])), "bob's run")
         await _until(
-            lambda: _not_held(alice, 0), "the lease taken back once another session ran there"
+            lambda: _held_by(alice, 0), "the lease taken back once another session ran there"
         )
         y = x
         for _ in range(5):  # each is refused by the host (its lease ended), and goes again
@@ -389,7 +389,8 @@ async def test_sessions_share_a_device_under_leases_until_a_gang_over_several_co
         np.testing.assert_array_equal(await _within(bob.fetch(y), "bob"), np.full(2, 18.0))
         assert (alice._leases.sent - sent[0], bob._leases.sent - sent[1]) == (8, 8)
 
-        [(ended, _)] = [(i, o) for o, i, _ in (await _status(alice))[0] if o == alice.owner]
+        held = (await alice.controller.lease_status())["held"][0]
+        [ended] = [lease_id for owner, lease_id, _ in held if owner == alice.owner]
         wide = await bob.devices(2)  # a gang over both devices: alice's lease ends
         scalar = Aval((), "float32")
         builder = GraphBuilder()
@@ -405,21 +406,15 @@ async def test_sessions_share_a_device_under_leases_until_a_gang_over_several_co
         assert ended not in alice._leases._in_flight  # (nothing kept of an ended lease)
 
 
-async def _status(handle: Any) -> dict[int, list[tuple[str, int, list[int]]]]:
-    """The leases held, by device."""
-    status = await handle.controller.lease_status()
-    return {int(d): [tuple(h) for h in held] for d, held in status["held"].items()}
-
-
 @_over_processes
 async def test_a_session_that_keeps_running_on_a_shared_device_without_a_lease_ends_its_leases(
     tmp_path: Path,
 ) -> None:
     """bob's client asks for no lease (a session refused one, say): once
-    he has run on device 0 through the controller for ``GRACE_S`` (and
-    ``GRACE_RUNS`` runs), alice's
-    lease there is taken back, and none is granted while he goes on; her
-    calls, refused, come right through the controller."""
+    he has run on device 0 through the controller for ``GRACE_S`` and
+    ``GRACE_RUNS`` runs, alice's lease there is taken back, and none is
+    granted while he goes on; her calls, refused, come right through the
+    controller."""
     async with _two_sessions(tmp_path) as (alice, bob, _):
         await _leased(alice, 0)
         bob._leases = None  # (every call of his through the controller)
@@ -439,14 +434,9 @@ async def test_a_session_that_keeps_running_on_a_shared_device_without_a_lease_e
 
 
 async def _held_by(handle: Any, device: int, *owners: str) -> bool:
-    """Whether exactly ``owners`` hold leases on ``device``."""
+    """Whether exactly ``owners`` hold leases on ``device`` (none: no lease there)."""
     status = await handle.controller.lease_status()
     return sorted(owner for owner, _, _ in status["held"].get(device, [])) == sorted(owners)
-
-
-async def _not_held(handle: Any, device: int) -> bool:
-    status = await handle.controller.lease_status()
-    return device not in status["held"]
 
 
 @_over_processes
@@ -464,7 +454,7 @@ async def test_an_elastic_change_and_the_sessions_end_take_leases_back(tmp_path:
             await bob.move(slice_)  # an elastic change: every lease first
             assert 1 not in (await bob.controller.lease_status())["held"]
             await _leased(alice, 1)  # (granted again once it is over)
-        await _until(lambda: _not_held(bob, 1), "the lease taken back when its session ended")
+        await _until(lambda: _held_by(bob, 1), "the lease taken back when its session ended")
 
 
 @_over_processes
@@ -562,7 +552,7 @@ async def test_a_host_killed_under_a_lease_fails_its_runs_and_leaves_the_rest(
         for run in running:
             with pytest.raises(HostLost):
                 await _within(run, "a leased run on a killed host")
-        await _until(lambda: _not_held(alice, 1), "the lease gone with its host")
+        await _until(lambda: _held_by(alice, 1), "the lease gone with its host")
         y = await _within(alice.fetch(alice.run(STEP, 0, [x])), "a run on the other host")
         np.testing.assert_array_equal(y, x + 1)
 
