@@ -429,6 +429,13 @@ class Device(Actor):
                 continue
             gang = program.gangs[step]
             given = gang.given(run.values, run.made)
+            gang_id = f"{run.prefix}/{gang.node}"
+            now = self.alone_now(gang, gang_id, given, run.owner)
+            if now is not None:  # (the lean path, with nothing to wait for)
+                run.ran[step] = self._took(gang, run, gang_id, [], now)
+                self._release([step], release, run)
+                step += 1
+                continue
             if len(gang.devices) > 1:
                 while self._aside:  # (rare: gangs of one device wait aside)
                     await self._ran_aside(*self._aside)
@@ -655,6 +662,13 @@ class Device(Actor):
             early = out.exception() if out.done() else None
             if early is not None:  # failed before pushing
                 await self.pusher.fail(task.push, portable(early, gang_id))
+        return self._took(gang, run, gang_id, held, out)
+
+    def _took(
+        self, gang: PlannedGang, run: _Run, gang_id: str, held: list[str], out: Promise[Any]
+    ) -> tuple[PlannedGang, str, list[str], Promise[Any]]:
+        """A gang of ``run`` took its inputs (``out``: its outputs, or its
+        failure): what it made goes into ``run.made`` for the gangs after it."""
         if isinstance(out, GangOutputs):
             run.made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
             if any(gang.keep):  # outputs of the program: later runs may read them
@@ -761,6 +775,16 @@ class Device(Actor):
         """A planned gang on this device alone, with no barrier, inbox or push
         (:meth:`runs_alone`): its outputs (a ``GangOutputs``), or its error."""
         raise NotImplementedError
+
+    def alone_now(
+        self, gang: PlannedGang, gang_id: str, inputs: Sequence[Any], owner: str
+    ) -> Promise[list[BufferHandle]] | None:
+        """:meth:`run_alone` without a wait, when nothing in it would wait:
+        every input already here, room on the device and in the store, the
+        executable known. None (the gang takes :meth:`run_alone` then, which
+        also says why one fails): a device with no such path (here), or
+        anything out of the ordinary."""
+        return None
 
     async def _run_gang_task(
         self, task: GangTask, inputs: Sequence[Any], owner: str, held: list[str]

@@ -92,6 +92,13 @@ class OwnerLedger:
                 f"in this host's store; its quota is {quota} bytes (free some buffers)"
             )
 
+    def over(self, owner: str, nbytes: int) -> bool:
+        """Whether :meth:`check` would raise (it says why)."""
+        if owner in self._closed:
+            return True
+        quota = self.quotas.get(owner)
+        return quota is not None and self.bytes[owner] + nbytes > quota
+
     def forget(self, owner: str) -> None:
         """The owner's session ended: drop its quota and device time, and
         refuse to store anything more for it (its gangs still running would

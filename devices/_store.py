@@ -157,13 +157,10 @@ class ObjectStore:
         :class:`StoreFull`, so the work fails, lets go of what it held, and
         the rest goes on: every promise settles.
         """
-        cap = self.capacity_bytes
-        if cap is None or (
-            not self._room and self.used_bytes + self.reserved_bytes + nbytes <= cap
-        ):
-            self.reserved_bytes += nbytes  # it fits now: no timer to set
+        if self.reserve_now(nbytes):  # it fits now: no timer to set
             return
-        if nbytes > cap:
+        cap = self.capacity_bytes
+        if cap is not None and nbytes > cap:
             raise AtollError(f"{nbytes} bytes can never fit in store {self.name} ({cap} bytes)")
         with move_on_after(self.clock, self.wait_s) as waited:
             while cap is not None and self.used_bytes + self.reserved_bytes + nbytes > cap:
@@ -174,6 +171,15 @@ class ObjectStore:
                 f"({self.used_bytes} used, {self.reserved_bytes} reserved of {cap})"
             )
         self.reserved_bytes += nbytes
+
+    def reserve_now(self, nbytes: int) -> bool:
+        """:meth:`reserve`, if ``nbytes`` fit now (nobody waits for room
+        before them); False, holding nothing, if they do not."""
+        cap = self.capacity_bytes
+        if cap is not None and (self._room or self.used_bytes + self.reserved_bytes + nbytes > cap):
+            return False
+        self.reserved_bytes += nbytes
+        return True
 
     async def _wait_for_room(self) -> None:
         event = anyio.Event()
@@ -313,6 +319,19 @@ class ObjectStore:
         if failed is not None and buffer_id not in self._entries:
             raise failed.exception() or BufferMissing(buffer_id)
         return self._entry(buffer_id).array
+
+    def readable(self, buffer_id: str, owner: str) -> Any:
+        """The array of ``buffer_id``, maybe still being computed, when session
+        ``owner`` may read it and its computation is not known to have failed;
+        None otherwise (:meth:`get`, :meth:`check_owner` and :meth:`failure`
+        say why). For the paths that must not wait."""
+        entry = self._entries.get(buffer_id)
+        if entry is None or (owner and entry.owner and entry.owner != owner):
+            return None
+        ready = entry.ready
+        if ready is not None and ready.exception() is not None:
+            return None
+        return entry.array
 
     def pending(self, buffer_id: str) -> Promise[None] | None:
         """The promise that buffer ``buffer_id`` exists, while an accelerator

@@ -65,7 +65,15 @@ from .._gang import GangTask
 from .._host import Host
 from .._inflight import WINDOW, InFlight
 from .._jax_kernel import JaxKernel, fn_key
-from .._plan import PUSHED_IN, DeviceProgram, PlannedGang, RunReport, portable, run_key
+from .._plan import (
+    PUSHED_IN,
+    DeviceProgram,
+    PlannedGang,
+    PriorOutput,
+    RunReport,
+    portable,
+    run_key,
+)
 from .._shards import Layout, ShardedHandle
 from .._values import BufferHandle, Computation
 from . import multi as _jax_multi
@@ -136,6 +144,11 @@ class JaxDevice(Device):
         self.meshes = Meshes()
         # executables by kernel object: (kernel, input signature, executable)
         self._by_kernel: dict[int, tuple[Any, Any, Executable]] = {}
+        # what a lean gang needs, by kernel object, once one ran (alone_now): the
+        # kernel, the gang's (mesh shape, axis names), its inputs' (shape, dtype
+        # name), their shardings, the executable
+        self._lean: dict[int, tuple[Any, Any, tuple[tuple[Any, str], ...], list[Any], Executable]]
+        self._lean = {}
         self.inflight = InFlight(_block, _is_ready, WINDOW, f"device{self.device_id}")
         self._last_done = 0.0  # perf_counter time the last gang in flight finished
         self._enqueued: set[str] = set()  # gangs run_shard enqueued; the watcher reports them
@@ -314,6 +327,7 @@ class JaxDevice(Device):
                 mesh, shardings = self._alone_mesh(gang)
                 arrays = [self._on_device(v, s) for v, s in zip(values, shardings, strict=True)]
                 executable = self._for_kernel(kernel, gang.devices, mesh, arrays)
+                self._keep_lean(gang, arrays, shardings, executable)
             else:
                 arrays = [self._on_device(value, self._single) for value in values]
                 executable = self._for_computation(kernel, arrays)
@@ -324,6 +338,88 @@ class JaxDevice(Device):
             return out
         self.computations += 1
         return GangOutputs(outputs)
+
+    def alone_now(
+        self, gang: PlannedGang, gang_id: str, inputs: Sequence[Any], owner: str
+    ) -> Promise[list[BufferHandle]] | None:
+        """:meth:`run_alone` with no wait in it, for a gang whose inputs are
+        all arrays in this host's store (computed or in flight) with the
+        sharding its executable takes, the executable known for their shapes
+        (kept per kernel: :attr:`_lean`), and room on the device and in the
+        store. Most gangs of a run on one device are such, after its first."""
+        kernel = gang.kernel
+        lean = self._lean.get(id(kernel))
+        if (
+            lean is None
+            or gang.push  # (the same kernel, in a gang that is not lean)
+            or len(gang.devices) != 1
+            or lean[0] is not kernel
+            or lean[1] != (gang.mesh_shape, gang.axis_names)
+            or self.inflight.count >= self.inflight.window
+            or len(inputs) != len(lean[2])
+        ):
+            return None
+        _, _, signature, shardings, executable = lean
+        store, here = self.store, self.host_id
+        arrays = []
+        for value, sharding, (shape, dtype) in zip(inputs, shardings, signature, strict=True):
+            if value.__class__ is not BufferHandle:  # a promise, a prior output, a value
+                value = self._handle_now(value)
+                if value is None:
+                    return None
+            if value.host_id != here:
+                return None
+            if value.shape != shape or value.dtype != dtype:
+                return None
+            array = store.readable(value.id, owner)
+            if array is None or not isinstance(array, jax.Array):
+                return None
+            have = array.sharding
+            if have is not sharding and have != sharding:
+                return None
+            arrays.append(array)
+        if store.ledger.over(owner, executable.nbytes) or not store.reserve_now(executable.nbytes):
+            return None
+        try:  # (it gives the bytes back itself if it raises)
+            outputs = self._enqueue_reserved(
+                executable, arrays, owner, kernel.name, LeanGang(gang_id, kernel)
+            )
+        except Exception as exc:
+            return failed(exc)
+        self.computations += 1
+        return GangOutputs(outputs)
+
+    def _handle_now(self, value: Any) -> BufferHandle | None:
+        """The handle an input of :meth:`alone_now` names now: a settled
+        promise's, a prior output's (None: a value, or anything that waits)."""
+        if isinstance(value, PriorOutput):
+            if value.run in self._aside:  # (its gang waits aside)
+                return None
+            try:
+                value = self.earlier(value)
+            except Exception:  # (run_alone says why)
+                return None
+        if isinstance(value, Promise) and value.done() and value.exception() is None:
+            value = value.result()
+        return value if value.__class__ is BufferHandle else None
+
+    def _keep_lean(
+        self,
+        gang: PlannedGang,
+        arrays: Sequence[Any],
+        shardings: Sequence[Any],
+        executable: Executable,
+    ) -> None:
+        """What :meth:`alone_now` needs of ``gang``'s kernel (on this device,
+        in the gang's mesh), once it ran with ``arrays``."""
+        kernel, mesh = gang.kernel, (gang.mesh_shape, gang.axis_names)
+        signature = tuple((tuple(a.shape), str(a.dtype)) for a in arrays)
+        kept = self._lean.get(id(kernel))
+        if kept is not None and kept[0] is kernel and kept[1] == mesh and kept[2] == signature:
+            return
+        self._lean[id(kernel)] = (kernel, mesh, signature, list(shardings), executable)
+        while len(self._lean) > _KERNELS_KEPT:
+            del self._lean[next(iter(self._lean))]
 
     async def _alone_input(self, value: Any, owner: str) -> Any:
         """An input of the lean path: an array here, a value, or what a handle,
@@ -430,6 +526,18 @@ class JaxDevice(Device):
             await self.inflight.room()
         self.store.ledger.check(owner, nbytes)
         await self.store.reserve(nbytes)
+        return self._enqueue_reserved(compiled, arrays, owner, name, task)
+
+    def _enqueue_reserved(
+        self,
+        compiled: Executable,
+        arrays: Sequence[Any],
+        owner: str,
+        name: str,
+        task: GangTask | LeanGang | None,
+    ) -> list[BufferHandle]:
+        """:meth:`_enqueue`, once its outputs' bytes are reserved in the store."""
+        nbytes = compiled.nbytes
         enqueued = time.perf_counter()
         try:  # the session may have ended while this waited; from here on, no await
             self.store.ledger.check_open(owner)

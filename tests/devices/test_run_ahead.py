@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import atoll
-from atoll.devices import Computation
+from atoll.devices import Computation, NotYours
 from atoll.devices._inflight import InFlight
 from atoll.devices.jax import JaxDevice
 from atoll.kernel import config
@@ -173,9 +173,12 @@ def broken(x: Any) -> Any:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("fuse", ["1", "0"])
 async def test_a_failing_computation_fails_its_readers_not_independent_work(
-    anyio_backend: str,
+    anyio_backend: str, fuse: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("ATOLL_FUSE", fuse)  # unfused: the lean path, with and without a wait
+    config.reset()
     async with atoll.local_cluster(1, 1, 2, device_cls=JaxDevice) as cluster:
         devices = await cluster.devices(1)
         bad = devices.jit(broken, name="broken")
@@ -285,6 +288,50 @@ async def test_consecutive_gangs_fuse_and_give_what_they_give_one_by_one(
                 assert not fused
     np.testing.assert_allclose(results[0], expected(216), rtol=1e-5)
     np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
+
+
+@pytest.mark.timeout(120)
+async def test_unfused_gangs_whose_inputs_are_here_go_without_a_wait(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a kernel ran on a device, its next gangs there whose inputs are
+    all in the store go on the device with no wait in between
+    (``JaxDevice.alone_now``), and give what the awaited path gives; a gang
+    that reads another session's buffer still fails with why."""
+    monkeypatch.setenv("ATOLL_FUSE", "0")
+    config.reset()
+    taken: list[bool] = []
+    alone_now = JaxDevice.alone_now
+
+    def counted(self: JaxDevice, *args: Any) -> Any:
+        out = alone_now(self, *args)
+        taken.append(out is not None)
+        return out
+
+    monkeypatch.setattr(JaxDevice, "alone_now", counted)
+    async with atoll.local_cluster(1, 1, 2, device_cls=JaxDevice) as cluster:
+        devices = await cluster.devices(1)
+        f = devices.jit(step, name="step")
+
+        @atoll.program
+        def program(x: Any, w: Any, f: Any = f) -> Any:
+            for _ in range(16):
+                x = f(x, w)
+            return x
+
+        w = cluster.run(devices.jit(lambda a: a), W).refs
+        x = cluster.run(program, X, w).refs
+        for _ in range(100):
+            x = cluster.run(f, x, w).refs
+        np.testing.assert_allclose(await cluster.fetch(x), expected(116), rtol=1e-5)
+        assert taken.count(True) >= 90, "".join("+" if t else "." for t in taken)
+        other = cluster.client("other")
+        theirs = await other.devices(1)
+        g = theirs.jit(step, name="step")
+        mine = other.run(theirs.jit(lambda a: a), W).refs
+        np.testing.assert_allclose(await other.fetch(other.run(g, mine, mine).refs), np.tanh(W @ W))
+        with pytest.raises(NotYours):  # (g ran: alone_now knows its kernel)
+            await other.fetch(other.run(g, x, mine).refs)
 
 
 class _Kernel:
