@@ -819,6 +819,20 @@ class Device(Actor):
             later.add_done_callback(functools.partial(_settle_with, made, outputs))
         return made
 
+    def _handle_now(self, value: Any) -> BufferHandle | None:
+        """The handle an input of :meth:`alone_now` names now: a settled
+        promise's, a prior output's (None: a value, or anything that waits)."""
+        if isinstance(value, PriorOutput):
+            if value.run in self._aside:  # (its gang waits aside)
+                return None
+            try:
+                value = self.earlier(value)
+            except Exception:  # (run_alone says why)
+                return None
+        if isinstance(value, Promise) and value.done() and value.exception() is None:
+            value = value.result()
+        return value if value.__class__ is BufferHandle else None
+
     async def _lean_input(self, value: Any) -> Any:
         """An input of the lean path (:meth:`run_alone`) as a handle or a
         value: what a ``PriorOutput`` names, a promise's value once it has one."""

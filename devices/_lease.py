@@ -275,10 +275,7 @@ def _next(queue: _Queue) -> None:
     queue.handing = True
     try:
         while queue.waiting and (queue.busy <= 1 or queue.running < DEPTH):
-            lease_id, lease = min(
-                ((i, lease) for i, lease in queue.leases.items() if lease.waiting),
-                key=lambda item: (item[1].pass_, item[0]),
-            )
+            lease_id, lease = _lowest(queue)
             waiting = lease.waiting.popleft()
             queue.waiting -= 1
             waiting.left()
@@ -293,6 +290,18 @@ def _next(queue: _Queue) -> None:
             forward(report, waiting.report)
     finally:
         queue.handing = False
+
+
+def _lowest(queue: _Queue) -> tuple[int, _Lease]:
+    """The lease with a run waiting whose pass is lowest (of equal passes,
+    the oldest lease's); one must wait. (A loop: no key function to call per
+    lease, as ``min`` would, a few times per run.)"""
+    chosen_id, chosen = -1, None
+    for lease_id, lease in queue.leases.items():
+        if lease.waiting and (chosen is None or lease.pass_ < chosen.pass_):
+            chosen_id, chosen = lease_id, lease
+    assert chosen is not None
+    return chosen_id, chosen
 
 
 def _idle(queue: _Queue, lease: _Lease) -> None:

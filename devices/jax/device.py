@@ -65,15 +65,7 @@ from .._gang import GangTask
 from .._host import Host
 from .._inflight import WINDOW, InFlight
 from .._jax_kernel import JaxKernel, fn_key
-from .._plan import (
-    PUSHED_IN,
-    DeviceProgram,
-    PlannedGang,
-    PriorOutput,
-    RunReport,
-    portable,
-    run_key,
-)
+from .._plan import PUSHED_IN, DeviceProgram, PlannedGang, RunReport, portable, run_key
 from .._shards import Layout, ShardedHandle
 from .._values import BufferHandle, Computation
 from . import multi as _jax_multi
@@ -388,20 +380,6 @@ class JaxDevice(Device):
             return failed(exc)
         self.computations += 1
         return GangOutputs(outputs)
-
-    def _handle_now(self, value: Any) -> BufferHandle | None:
-        """The handle an input of :meth:`alone_now` names now: a settled
-        promise's, a prior output's (None: a value, or anything that waits)."""
-        if isinstance(value, PriorOutput):
-            if value.run in self._aside:  # (its gang waits aside)
-                return None
-            try:
-                value = self.earlier(value)
-            except Exception:  # (run_alone says why)
-                return None
-        if isinstance(value, Promise) and value.done() and value.exception() is None:
-            value = value.result()
-        return value if value.__class__ is BufferHandle else None
 
     def _keep_lean(
         self,
