@@ -163,41 +163,6 @@ class SimDevice(Device):
         self.computations += 1
         return self._made_here([out])
 
-    def alone_now(
-        self, gang: PlannedGang, gang_id: str, inputs: Sequence[Any], owner: str
-    ) -> Promise[list[BufferHandle]] | None:
-        """:meth:`run_alone` with no wait in it, for a lean gang whose inputs
-        are all in this host's store, each computed or on a simulated stream
-        here, with room on the stream and in the store."""
-        if len(self._flight) >= WINDOW or not self.runs_alone(gang):
-            return None
-        store = self.store
-        if store.ledger.over(owner, 0):  # (its session ended: run_alone says so)
-            return None
-        handles, arrays = [], []
-        for value in inputs:
-            handle = value if value.__class__ is BufferHandle else self._handle_now(value)
-            if handle is None or handle.host_id != self.host_id:
-                return None
-            if self._elsewhere(handle) is not None:  # (computed here, off a stream)
-                return None
-            array = store.readable(handle.id, owner)
-            if array is None:
-                return None
-            handles.append(handle)
-            arrays.append(array)
-        computation = gang.kernel
-        try:
-            out = np.asarray(computation.fn(*arrays))
-        except Exception as exc:
-            return failed(exc)
-        if store.ledger.over(owner, out.nbytes) or not store.reserve_now(out.nbytes):
-            return None  # (run_alone computes it again, and waits for room, or says why not)
-        task = LeanGang(gang_id, computation)
-        made = self._enqueue_reserved(computation, out, owner, task, self._after(handles))
-        self.computations += 1
-        return self._made_here([made])
-
     async def _alone_input(self, value: Any) -> Any:
         """A lean gang's input once it exists (:meth:`Device._lean_input`);
         one that a device of this host computes on its stream is taken as
@@ -241,17 +206,6 @@ class SimDevice(Device):
         out = np.asarray(computation.fn(*arrays))
         self.store.ledger.check(owner, out.nbytes)  # over its quota: fail, never stall
         await self.store.reserve(out.nbytes)
-        return self._enqueue_reserved(computation, out, owner, task, after)
-
-    def _enqueue_reserved(
-        self,
-        computation: Computation,
-        out: np.ndarray,
-        owner: str,
-        task: GangTask | LeanGang,
-        after: float,
-    ) -> BufferHandle:
-        """:meth:`_enqueue`, once ``out`` is computed and its bytes reserved."""
         seconds = self.cost.compute_time(computation.flops)
         now = self.clock.now()
         self._stream_end = max(now, self._stream_end, after) + seconds

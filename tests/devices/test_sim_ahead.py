@@ -16,7 +16,6 @@ import pytest
 
 import atoll
 from atoll.devices import Computation, CostModel
-from atoll.devices.sim import SimDevice
 from atoll.devices._inflight import WINDOW
 from atoll.kernel import VirtualClock
 
@@ -113,32 +112,3 @@ async def test_a_reader_on_another_device_of_the_host_goes_on_its_stream_at_once
         assert clock.now() - start < 1.0 and not y.done()
         np.testing.assert_array_equal(await cluster.fetch(z), np.full(2, 2, np.float32))
         assert clock.now() - start == pytest.approx(2.0)
-
-
-async def test_a_chain_whose_inputs_are_here_goes_on_the_stream_without_a_wait(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Links of a chain on one device whose input is on its stream go on it
-    with no wait in between (``SimDevice.alone_now``), each spending its
-    device time once, after the one before."""
-    taken: list[bool] = []
-    alone_now = SimDevice.alone_now
-
-    def counted(self: SimDevice, *args: Any) -> Any:
-        out = alone_now(self, *args)
-        taken.append(out is not None)
-        return out
-
-    monkeypatch.setattr(SimDevice, "alone_now", counted)
-    clock = VirtualClock()
-    async with atoll.local_cluster(1, 1, 1, clock=clock, cost=COST) as cluster:
-        x = await cluster.put(np.zeros(4, np.float32), 0)
-        start = clock.now()
-        y: Any = x
-        for _ in range(20):
-            y = cluster.run(_step(0.5), 0, [y])
-        np.testing.assert_array_equal(await cluster.fetch(y), np.full(4, 20, np.float32))
-        assert clock.now() - start == pytest.approx(10.0)
-        [stats] = await cluster.device_stats()
-    assert stats.busy_s == pytest.approx(10.0) and stats.computations == 20
-    assert taken.count(True) >= 15, "".join("+" if t else "." for t in taken)
