@@ -781,9 +781,10 @@ class Device(Actor):
     ) -> Promise[list[BufferHandle]] | None:
         """:meth:`run_alone` without a wait, when nothing in it would wait:
         every input already here, room on the device and in the store, the
-        executable known. None (the gang takes :meth:`run_alone` then, which
-        also says why one fails): a device with no such path (here), or
-        anything out of the ordinary."""
+        executable known. None: a device with no such path (here), or
+        anything out of the ordinary; the gang then takes the awaited way
+        (:meth:`run_alone`, which also says why one fails, or its wait aside,
+        or a gang's task)."""
         return None
 
     async def _run_gang_task(
@@ -818,20 +819,6 @@ class Device(Actor):
         if later is not None:  # (what _after does, with no promise between)
             later.add_done_callback(functools.partial(_settle_with, made, outputs))
         return made
-
-    def _handle_now(self, value: Any) -> BufferHandle | None:
-        """The handle an input of :meth:`alone_now` names now: a settled
-        promise's, a prior output's (None: a value, or anything that waits)."""
-        if isinstance(value, PriorOutput):
-            if value.run in self._aside:  # (its gang waits aside)
-                return None
-            try:
-                value = self.earlier(value)
-            except Exception:  # (run_alone says why)
-                return None
-        if isinstance(value, Promise) and value.done() and value.exception() is None:
-            value = value.result()
-        return value if value.__class__ is BufferHandle else None
 
     async def _lean_input(self, value: Any) -> Any:
         """An input of the lean path (:meth:`run_alone`) as a handle or a

@@ -65,7 +65,15 @@ from .._gang import GangTask
 from .._host import Host
 from .._inflight import WINDOW, InFlight
 from .._jax_kernel import JaxKernel, fn_key
-from .._plan import PUSHED_IN, DeviceProgram, PlannedGang, RunReport, portable, run_key
+from .._plan import (
+    PUSHED_IN,
+    DeviceProgram,
+    PlannedGang,
+    PriorOutput,
+    RunReport,
+    portable,
+    run_key,
+)
 from .._shards import Layout, ShardedHandle
 from .._values import BufferHandle, Computation
 from . import multi as _jax_multi
@@ -137,9 +145,9 @@ class JaxDevice(Device):
         # executables by kernel object: (kernel, input signature, executable)
         self._by_kernel: dict[int, tuple[Any, Any, Executable]] = {}
         # what a lean gang needs, by kernel object, once one ran (alone_now): the
-        # kernel, the gang's (mesh shape, axis names), its inputs' (shape, dtype
-        # name), their shardings, the executable
-        self._lean: dict[int, tuple[Any, Any, tuple[tuple[Any, str], ...], list[Any], Executable]]
+        # kernel, the gang's (mesh shape, axis names), its inputs' (shape,
+        # dtype), their shardings, the executable
+        self._lean: dict[int, tuple[Any, Any, tuple[tuple[Any, Any], ...], list[Any], Executable]]
         self._lean = {}
         self.inflight = InFlight(_block, _is_ready, WINDOW, f"device{self.device_id}")
         self._last_done = 0.0  # perf_counter time the last gang in flight finished
@@ -361,10 +369,10 @@ class JaxDevice(Device):
                     return None
             if value.host_id != here:
                 return None
-            if value.shape != shape or value.dtype != dtype:
-                return None
             array = store.readable(value.id, owner)
             if array is None or not isinstance(array, jax.Array):
+                return None
+            if array.shape != shape or array.dtype != dtype:  # (what it was compiled for)
                 return None
             have = array.sharding
             if have is not sharding and have != sharding:
@@ -381,6 +389,21 @@ class JaxDevice(Device):
         self.computations += 1
         return GangOutputs(outputs)
 
+    def _handle_now(self, value: Any) -> BufferHandle | None:
+        """The handle an input of :meth:`alone_now` names now: a settled
+        promise's, a prior output's (None: a value, a promise not settled or
+        failed, a prior output not kept or waiting aside, a sharded value)."""
+        if isinstance(value, PriorOutput):
+            if value.run in self._aside:  # (its gang waits aside)
+                return None
+            try:
+                value = self.earlier(value)
+            except Exception:  # (run_alone says why)
+                return None
+        if isinstance(value, Promise) and value.done() and value.exception() is None:
+            value = value.result()
+        return value if value.__class__ is BufferHandle else None
+
     def _keep_lean(
         self,
         gang: PlannedGang,
@@ -391,10 +414,7 @@ class JaxDevice(Device):
         """What :meth:`alone_now` needs of ``gang``'s kernel (on this device,
         in the gang's mesh), once it ran with ``arrays``."""
         kernel, mesh = gang.kernel, (gang.mesh_shape, gang.axis_names)
-        signature = tuple((tuple(a.shape), str(a.dtype)) for a in arrays)
-        kept = self._lean.get(id(kernel))
-        if kept is not None and kept[0] is kernel and kept[1] == mesh and kept[2] == signature:
-            return
+        signature = tuple((a.shape, a.dtype) for a in arrays)
         self._lean[id(kernel)] = (kernel, mesh, signature, list(shardings), executable)
         while len(self._lean) > _KERNELS_KEPT:
             del self._lean[next(iter(self._lean))]
