@@ -253,6 +253,25 @@ async def test_the_watcher_reports_in_order_with_errors_and_holds_the_window(
     await inflight.close()
 
 
+async def _program_then_chain(cluster: atoll.Cluster, links: int) -> Any:
+    """A 16-node program of ``step``, then a chain of ``links`` runs of it,
+    on one device: the chain's last output."""
+    devices = await cluster.devices(1)
+    f = devices.jit(step, name="step")
+
+    @atoll.program
+    def program(x: Any, w: Any, f: Any = f) -> Any:
+        for _ in range(16):
+            x = f(x, w)
+        return x
+
+    w = cluster.run(devices.jit(lambda a: a), W).refs
+    x = cluster.run(program, X, w).refs
+    for _ in range(links):
+        x = cluster.run(f, x, w).refs
+    return x
+
+
 @pytest.mark.timeout(120)
 async def test_consecutive_gangs_fuse_and_give_what_they_give_one_by_one(
     anyio_backend: str, monkeypatch: pytest.MonkeyPatch
@@ -264,19 +283,7 @@ async def test_consecutive_gangs_fuse_and_give_what_they_give_one_by_one(
         monkeypatch.setenv("ATOLL_FUSE", fuse)
         config.reset()  # a process reads its settings once
         async with atoll.local_cluster(1, 1, 1, device_cls=JaxDevice) as cluster:
-            devices = await cluster.devices(1)
-            f = devices.jit(step, name="step")
-
-            @atoll.program
-            def program(x: Any, w: Any, f: Any = f) -> Any:
-                for _ in range(16):
-                    x = f(x, w)
-                return x
-
-            w = cluster.run(devices.jit(lambda a: a), W).refs
-            x = cluster.run(program, X, w).refs
-            for _ in range(200):
-                x = cluster.run(f, x, w).refs
+            x = await _program_then_chain(cluster, 200)
             results.append(await cluster.fetch(x))
             device = cluster.system._cells[cluster.device_ref(0).id].instance
             assert isinstance(device, JaxDevice)
@@ -310,19 +317,7 @@ async def test_unfused_gangs_whose_inputs_are_here_go_without_a_wait(
 
     monkeypatch.setattr(JaxDevice, "alone_now", counted)
     async with atoll.local_cluster(1, 1, 2, device_cls=JaxDevice) as cluster:
-        devices = await cluster.devices(1)
-        f = devices.jit(step, name="step")
-
-        @atoll.program
-        def program(x: Any, w: Any, f: Any = f) -> Any:
-            for _ in range(16):
-                x = f(x, w)
-            return x
-
-        w = cluster.run(devices.jit(lambda a: a), W).refs
-        x = cluster.run(program, X, w).refs
-        for _ in range(100):
-            x = cluster.run(f, x, w).refs
+        x = await _program_then_chain(cluster, 100)
         np.testing.assert_allclose(await cluster.fetch(x), expected(116), rtol=1e-5)
         assert taken.count(True) >= 90, "".join("+" if t else "." for t in taken)
         other = cluster.client("other")
