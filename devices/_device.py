@@ -670,7 +670,9 @@ class Device(Actor):
         """A gang of ``run`` took its inputs (``out``: its outputs, or its
         failure): what it made goes into ``run.made`` for the gangs after it."""
         if isinstance(out, GangOutputs):
-            run.made.update(((gang.node, o), h) for o, h in enumerate(out.outputs))
+            made, node = run.made, gang.node
+            for index, handle in enumerate(out.outputs):
+                made[node, index] = handle
             if any(gang.keep):  # outputs of the program: later runs may read them
                 self._keep_earlier(run.epoch, gang.node, out.outputs)
         elif out.done() and out.exception() is not None:  # so do its readers here
@@ -850,8 +852,10 @@ class Device(Actor):
         if out.exception() is None and self.device_id != gang.devices[0]:
             return  # only the leader holds outputs
         for buffer_id in report.record(gang, gang_id, out, held):
-            with suppress(BufferMissing):
+            try:  # noqa: SIM105 (not a context manager per output of every gang)
                 self.store.decref(buffer_id)
+            except BufferMissing:
+                pass
 
     async def leave_barriers(self, task: GangTask) -> None:
         """A shard that fails before running still passes its gang's barriers,

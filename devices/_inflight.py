@@ -96,8 +96,10 @@ class InFlight:
 
     def add(self, outputs: Sequence[Any], done: Done) -> None:
         """Track a gang just enqueued; ``done`` runs on the loop once it finished."""
-        self._entries.append(_Entry(outputs, done))
-        self.peak = max(self.peak, len(self._entries))
+        entries = self._entries
+        entries.append(_Entry(outputs, done))
+        if len(entries) > self.peak:
+            self.peak = len(entries)
         self._settle_ready()
         self._watch()
 
@@ -125,9 +127,15 @@ class InFlight:
     # -- on the loop ---------------------------------------------------------
     def _settle_ready(self) -> None:
         """Report the oldest gangs that are done by now (no waiting)."""
-        entries = self._entries
-        while entries and all(self._ready(output) for output in entries[0].outputs):
-            self._report(entries.popleft())
+        entries, ready = self._entries, self._ready
+        while entries:
+            for output in entries[0].outputs:  # (a loop: no generator per gang)
+                if not ready(output):
+                    break
+            else:
+                self._report(entries.popleft())
+                continue
+            break
         while self._room and len(entries) < self.window:
             self._room.popleft().set()
 

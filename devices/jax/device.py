@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import operator
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -539,7 +540,7 @@ class JaxDevice(Device):
         enqueued = time.perf_counter()
         try:  # the session may have ended while this waited; from here on, no await
             self.store.ledger.check_open(owner)
-            outs = compiled(*arrays)
+            outs = compiled.compiled(*arrays)
         except BaseException:
             self.store.unreserve(nbytes)
             raise
@@ -566,8 +567,10 @@ class JaxDevice(Device):
                 ready, owner, enqueued, began_us, task, (), None, None, time.perf_counter()
             )
             return handles  # it ran inline (small, on a CPU)
-        upstream = [p for a in arrays if (p := self._futures.get(id(a))) is not None]
-        self._futures.update((id(out), ready) for out in outs)
+        futures = self._futures
+        upstream = [p for a in arrays if (p := futures.get(id(a))) is not None]
+        for out in outs:
+            futures[id(out)] = ready
         done = functools.partial(
             self._finished, ready, owner, enqueued, began_us, task, upstream, outs
         )
@@ -749,9 +752,8 @@ def _block(arrays: Sequence[Any]) -> None:
         array.block_until_ready()
 
 
-def _is_ready(array: Any) -> bool:
-    """Whether an output exists (or failed), without waiting."""
-    return bool(array.is_ready())
+# whether an output exists (or failed), without waiting (a C call: no frame per ask)
+_is_ready: Callable[[Any], bool] = operator.methodcaller("is_ready")
 
 
 def _ready(compiled: Any, arrays: Sequence[Any]) -> Any:
