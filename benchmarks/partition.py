@@ -68,6 +68,8 @@ from atoll.partition._solver import solve_bottleneck
 
 __all__ = ["Config", "format_table", "main", "run_bench", "valid_counts"]
 
+Policies = Policy | list[Policy]  # one policy, or the shipped set (Policy.pretrained_set)
+
 PAPER = {"rl_vs_random_pct": 6.11, "rl_vs_sa_pct": 5.85, "finetune_speedup": 20.0}
 
 
@@ -76,7 +78,7 @@ class Config:
     """Sizes of one benchmark run.
 
     ``pretrain_evaluations = 0`` uses the shipped pre-trained policy
-    (``Policy.pretrained()``); more trains a fresh one on the synthetic set.
+    (``Policy.pretrained_set()``); more trains a fresh one on the synthetic set.
     """
 
     chiplets: tuple[int, ...] = (4, 8)
@@ -162,7 +164,7 @@ def _validity(g: OpGraph, cfg: Config, log: list[str]) -> list[Row]:
     return rows
 
 
-def _bert(count: int, cfg: Config, policy: Policy, log: list[str]) -> list[Row]:
+def _bert(count: int, cfg: Config, policy: Policies, log: list[str]) -> list[Row]:
     """Every method on BERT-base at ``count`` chiplets (the BERT-calibrated defaults)."""
     g, chips = bert_graph(), Chiplets(count)
     rows: list[Row] = []
@@ -206,7 +208,7 @@ def _hinted_solver(
     g: OpGraph,
     chips: Chiplets,
     case: str,
-    policy: Policy,
+    policy: Policies,
     plain: Partition,
     limit_s: float,
     log: list[str],
@@ -239,7 +241,7 @@ def _best_by(part: Partition, wall_s: float) -> float:
 
 
 def _heldout_pair(
-    name: str, count: int, cfg: Config, policy: Policy, log: list[str]
+    name: str, count: int, cfg: Config, policy: Policies, log: list[str]
 ) -> tuple[list[Row], Partition]:
     """RL, random search and SA on one held-out graph at every budget; returns the
     rows and RL's best at the largest budget (for the solver gap)."""
@@ -284,14 +286,14 @@ def _heldout_case(name: str, count: int, cfg: Config) -> str:
     return f"heldout{ring}_{name}_c{count}"
 
 
-def _heldout(name: str, count: int, cfg: Config, policy: Policy, log: list[str]) -> list[Row]:
+def _heldout(name: str, count: int, cfg: Config, policy: Policies, log: list[str]) -> list[Row]:
     """One held-out graph at one chiplet count: every budget, then the gap to the solver."""
     rows, rl = _heldout_pair(name, count, cfg, policy, log)
     return rows + _solver_gap(name, count, rl, cfg, policy, log)
 
 
 def _solver_gap(
-    name: str, count: int, rl_part: Partition, cfg: Config, policy: Policy, log: list[str]
+    name: str, count: int, rl_part: Partition, cfg: Config, policy: Policies, log: list[str]
 ) -> list[Row]:
     """CP-SAT alone and the DP against RL at its largest budget (unseeded) and RL as
     shipped (seeded by a short CP-SAT run) at ``seeded_budget``, over
@@ -326,7 +328,7 @@ def _ablation(
     chips: Chiplets,
     case: str,
     cfg: Config,
-    policy: Policy,
+    policy: Policies,
     solved: Partition,
     rl: Partition,
     log: list[str],
@@ -355,7 +357,7 @@ def _over_seeds(
     chips: Chiplets,
     seeds: Sequence[int],
     cfg: Config,
-    policy: Policy,
+    policy: Policies,
     prefix: str,
     solver_tp: float,
     **options: Any,
@@ -399,7 +401,7 @@ Curve = tuple[list[float], list[float]]
 
 
 def _transfer(
-    name: str, count: int, seed: int, cfg: Config, policy: Policy, log: list[str]
+    name: str, count: int, seed: int, cfg: Config, policy: Policies, log: list[str]
 ) -> tuple[list[Row], dict[str, Curve]]:
     """Wall time for the fine-tuned policy to reach what training from scratch reaches.
 
@@ -534,7 +536,7 @@ def _timed(name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> Section:
     return Section(name, rows, log, wall, cpu, curves)
 
 
-def _jobs(cfg: Config, policy: Policy) -> list[Job]:
+def _jobs(cfg: Config, policy: Policies) -> list[Job]:
     """Every section, the longest first (they are handed out in this order)."""
     heldout = sorted(  # a rough cost: nodes x chiplets, twice more at 8 (slower repairs)
         ((n, c) for n in cfg.heldout for c in cfg.heldout_chiplets),
@@ -609,12 +611,12 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def _policy(cfg: Config, policy_path: Path | None, log: list[str]) -> Policy:
-    """The policy under test: a file, the shipped one, or one pre-trained here."""
+def _policy(cfg: Config, policy_path: Path | None, log: list[str]) -> Policies:
+    """The policy under test: a file, the shipped set, or one pre-trained here."""
     if policy_path is not None:
         return Policy.load(policy_path)
     if cfg.pretrain_evaluations == 0:
-        return Policy.pretrained()
+        return Policy.pretrained_set()
     policy = Policy(seed=0)
     cases = synthetic_cases(cfg.pretrain_graphs, seed=0)
     train = pretrain(policy, cases, cfg.pretrain_evaluations, seed=0)

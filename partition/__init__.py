@@ -4,9 +4,10 @@ Place the operations of a computation graph onto a chain or a ring of chiplets
 (or the devices of a pipeline) for the highest throughput. Every method
 returns only valid partitions, because every candidate goes through the same
 repair (an LP, then CP-SAT). A bare chiplet count means ``Chiplets.default_for``
-the graph, and ``method="rl"`` fine-tunes the pre-trained policy shipped with atoll
-(``Policy.pretrained()``). The policy trains on ``synthetic_cases`` only; the
-held-out architectures in ``_heldout.py`` test it. See ``docs/partition.md``
+the graph, and ``method="rl"`` fine-tunes the better (on this graph) of the two
+pre-trained policies shipped with atoll (``Policy.pretrained_set()``). The
+policies train on ``synthetic_cases`` only; the held-out architectures in
+``_heldout.py`` test them. See ``docs/partition.md``
 for the constraints, the cost model and the methods.
 
 >>> from atoll.partition import bert_graph, search

@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ._cost import IntArray
+from ._cost import IntArray, throughput
+from ._dp import dp_split
+from ._errors import RepairTimeout
 from ._graph import OpGraph
 from ._hardware import Chiplets
 from ._policy import Params, Policy, encode, logits
@@ -42,7 +44,9 @@ def solver_labels(
 ) -> list[IntArray]:
     """The best partition CP-SAT finds for each case within ``deterministic_s``
     of its deterministic time (so the labels do not depend on the machine's
-    load, and training stays reproducible).
+    load, and training stays reproducible); the best contiguous split where
+    CP-SAT found no partition in that time or a slower one (a long unrolled
+    RNN, say).
 
     ``progress(done, total, ratio)`` gets the running share of cases proved
     optimal.
@@ -50,14 +54,32 @@ def solver_labels(
     labels: list[IntArray] = []
     proved = 0
     for i, (graph, chips) in enumerate(cases):
-        assignment, stats = solve_bottleneck(
-            graph, chips, 3600.0, seed, deterministic_s=deterministic_s
-        )
-        labels.append(np.asarray(assignment, dtype=np.int64))
-        proved += bool(stats["optimal"])
+        label, optimal = _label(graph, chips, deterministic_s, seed)
+        labels.append(label)
+        proved += optimal
         if progress is not None:
             progress(i + 1, len(cases), proved / (i + 1))
     return labels
+
+
+def _label(
+    graph: OpGraph, chips: Chiplets, deterministic_s: float, seed: int
+) -> tuple[IntArray, bool]:
+    """CP-SAT's best partition, or the DP's split where CP-SAT found none in
+    its time or a slower one; and whether CP-SAT proved it optimal."""
+    try:
+        found, stats = solve_bottleneck(graph, chips, 3600.0, seed, deterministic_s=deterministic_s)
+    except RepairTimeout:
+        split = dp_split(graph, chips)
+        if split is None:
+            raise
+        return split, False
+    found = np.asarray(found, dtype=np.int64)
+    if not stats["optimal"]:
+        split = dp_split(graph, chips)
+        if split is not None and throughput(graph, chips, split) > throughput(graph, chips, found):
+            return split, False
+    return found, bool(stats["optimal"])
 
 
 def _ce_loss(p: Params, enc: tuple[Any, ...], label: Any) -> tuple[Any, Any]:

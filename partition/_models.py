@@ -2,8 +2,9 @@
 
 Only shapes are used (``jax.ShapeDtypeStruct``): no weight is ever allocated.
 ``bert`` is BERT-base (12 layers, hidden 768, 12 heads, sequence 128); the
-synthetic generator draws MLPs, CNN-like chains and transformers of other
-depths and widths for pre-training the policy.
+synthetic generator draws MLPs, CNN-like chains, transformers of other
+depths and widths, weight-tied encoders and unrolled RNNs for pre-training
+the policy.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ __all__ = [
     "mlp_graph",
     "moe_graph",
     "residual_mlp_graph",
+    "rnn_graph",
     "spec",
+    "tied_transformer_graph",
     "transformer_graph",
 ]
 
@@ -101,12 +104,13 @@ def _encoder_params(layers: int, hidden: int, ffn: int, vocab: int, seq: int) ->
     }
 
 
-def _encoder(heads: int) -> Callable[[Params, Any], Any]:
+def _encoder(heads: int, repeat: int = 1) -> Callable[[Params, Any], Any]:
     def encoder(params: Params, ids: Any) -> Any:
         x = params["tok"][ids] + params["pos"][: ids.shape[0]]
         x = layer_norm(x, params["g0"], params["b0"])
         for p in params["layers"]:
-            x = _encoder_layer(p, x, heads)
+            for _ in range(repeat):
+                x = _encoder_layer(p, x, heads)
         return x
 
     return encoder
@@ -251,6 +255,46 @@ def cnn_graph(channels: list[int], size: int = 32, residual_every: int = 2) -> O
 
     name = f"cnn_{len(params)}x{max(channels)}"
     return from_jax(cnn, params, spec(8, size, size, channels[0]), weight_argnums=(0,), name=name)
+
+
+def tied_transformer_graph(
+    layers: int, hidden: int, heads: int, seq: int = 64, vocab: int = 8000
+) -> OpGraph:
+    """An ALBERT-style encoder: one layer's weights applied ``layers`` times.
+
+    :func:`from_jax` counts a weight on its first reader, so the first layer
+    holds every weight and the others none: the shape of any weight-tied model.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    params = _encoder_params(1, hidden, 4 * hidden, vocab, seq)
+    struct: Any = jax.ShapeDtypeStruct
+    name = f"tied_l{layers}_h{hidden}_s{seq}"
+    encoder = _encoder(heads, repeat=layers)
+    return from_jax(encoder, params, struct((seq,), jnp.int32), weight_argnums=(0,), name=name)
+
+
+def rnn_graph(steps: int, hidden: int, layers: int = 1, batch: int = 32) -> OpGraph:
+    """Stacked Elman RNNs (``h = tanh(x Wx + h Wh + b)``) unrolled over ``steps``, a
+    linear read-out at every step: the recurrent weights are shared by every step."""
+    import jax.numpy as jnp
+
+    cells = [(spec(hidden, hidden), spec(hidden, hidden), spec(hidden)) for _ in range(layers)]
+    params = {"cells": cells, "out": spec(hidden, hidden)}
+
+    def rnn(p: Params, xs: Any) -> Any:
+        hs = [jnp.zeros((xs.shape[0], hidden), xs.dtype) for _ in p["cells"]]
+        outs = []
+        for t in range(xs.shape[1]):
+            x = xs[:, t]
+            for i, (wx, wh, b) in enumerate(p["cells"]):
+                hs[i] = x = jnp.tanh(x @ wx + hs[i] @ wh + b)
+            outs.append(x @ p["out"])
+        return jnp.stack(outs, axis=1)
+
+    name = f"rnn_{layers}x{steps}x{hidden}"
+    return from_jax(rnn, params, spec(batch, steps, hidden), weight_argnums=(0,), name=name)
 
 
 def residual_mlp_graph(blocks: int, width: int, batch: int = 256) -> OpGraph:

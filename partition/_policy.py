@@ -28,7 +28,7 @@ from ._dp import cut_traffic
 from ._graph import OpGraph
 from ._hardware import Chiplets
 
-__all__ = ["Encoded", "Policy", "encode", "init_params", "logits"]
+__all__ = ["PRETRAINED", "PRETRAINED_SET", "Encoded", "Policy", "encode", "init_params", "logits"]
 
 Params = dict[str, Any]
 KINDS = (("matmul", "conv"), ("attention",), ("norm", "softmax", "reduce"), ("add",))
@@ -37,6 +37,9 @@ NODE_FEATURES = 9 + SPECTRAL + len(KINDS)
 PAIR_FEATURES = 6
 PAD = 32
 PRETRAINED = "pretrained.npz"  # package data: see Policy.pretrained and docs/partition.md
+# the shipped set: the policy above (the default training families), then one trained
+# with the weight-sharing families too (``partition-train --families all``)
+PRETRAINED_SET = (PRETRAINED, "pretrained_shared.npz")
 
 
 @dataclass(frozen=True)
@@ -220,21 +223,29 @@ class Policy:
         return policy
 
     @classmethod
-    def pretrained(cls) -> Policy:
-        """A fresh copy of the policy shipped with atoll, pre-trained on the synthetic set.
+    def pretrained(cls, name: str = PRETRAINED) -> Policy:
+        """A fresh copy of the policy shipped with atoll, pre-trained on the synthetic set
+        (``name``: another of :data:`PRETRAINED_SET`).
 
         ``atoll partition-train`` rebuilds it; ``docs/partition.md`` gives the
         command. Raises ``FileNotFoundError`` when the package data is missing.
         """
         from importlib import resources
 
-        ref = resources.files(__package__ or "atoll.partition") / PRETRAINED
+        ref = resources.files(__package__ or "atoll.partition") / name
         if not ref.is_file():
-            raise FileNotFoundError(
-                f"the pre-trained partition policy {PRETRAINED} is not installed"
-            )
+            raise FileNotFoundError(f"the pre-trained partition policy {name} is not installed")
         with resources.as_file(ref) as path:
             return cls.load(path)
+
+    @classmethod
+    def pretrained_set(cls) -> list[Policy]:
+        """Fresh copies of every policy shipped (:data:`PRETRAINED_SET`): the one
+        trained on the default families first, then one trained with the
+        weight-sharing families too. Each is a different draw of what a graph
+        never seen looks like: ``search`` scores the greedy assignment of each
+        and fine-tunes the best (``docs/partition.md``, The policy)."""
+        return [cls.pretrained(name) for name in PRETRAINED_SET]
 
     def logits(self, enc: Encoded) -> NDArray[np.float64]:
         """Logits ``(n, count)`` for the real nodes of an encoded graph."""

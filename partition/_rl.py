@@ -223,12 +223,16 @@ def finetune(
     imitate: bool = False,
     local: int = 0,
     patience: int | None = None,
+    rivals: Sequence[Policy] = (),
 ) -> TrainLog:
     """Train ``policy`` on one graph until the tracker's budget is spent.
 
     The first evaluation is the policy's greedy (argmax) assignment, so a
-    pre-trained policy is scored on what it already knows; a ``hint`` (e.g. the
-    DP's split) is the second, counted in the budget like any other. With
+    pre-trained policy is scored on what it already knows; with ``rivals``
+    (other pre-trained policies) each one's greedy assignment comes next, and
+    ``policy`` takes the parameters of the one whose assignment scored best
+    (the first of equals) before it trains. A ``hint`` (e.g. the DP's split)
+    is evaluated after them, counted in the budget like any other. With
     ``imitate`` each update also credits the best valid assignment found so far
     with its reward (self-imitation; tried, no better, off by default).
     Sampling heats up while a batch's rewards are all equal (see
@@ -242,7 +246,7 @@ def finetune(
     """
     enc, adam, log = encode(tracker.graph, tracker.chiplets), Adam(lr), TrainLog()
     start = time.perf_counter()
-    tracker.evaluate(np.argmax(policy.logits(enc), axis=-1).astype(np.int64))
+    _take_best_greedy(policy, rivals, enc, tracker)
     if hint is not None and tracker.left > 0:
         tracker.evaluate(hint)
 
@@ -261,6 +265,23 @@ def finetune(
             walker.adapt(sampled, walker.walk(tracker, rng, stall.stalled))
         log.add(len(tracker.history), tracker.best_tp, rewards, start)
     return log
+
+
+def _take_best_greedy(
+    policy: Policy, rivals: Sequence[Policy], enc: Encoded, tracker: Tracker
+) -> None:
+    """Evaluate the greedy assignment of ``policy`` and of each rival (while
+    the budget lasts); ``policy`` takes the parameters of the best."""
+    best_tp, best = -1.0, policy
+    for candidate in (policy, *rivals):
+        if tracker.left <= 0:
+            break
+        tp = tracker.evaluate(np.argmax(candidate.logits(enc), axis=-1).astype(np.int64))[1]
+        if tp > best_tp:
+            best_tp, best = tp, candidate
+    if best is not policy:
+        policy.params = {k: v.copy() for k, v in best.params.items()}
+        policy.trained_evaluations = best.trained_evaluations
 
 
 class _Stall:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ def search(
     chiplets: Chiplets | int,
     method: str = "rl",
     budget: int | None = None,
-    policy: Policy | None = None,
+    policy: Policy | Sequence[Policy] | None = None,
     seed: int = 0,
     *,
     progress: Progress | None = None,
@@ -58,10 +58,12 @@ def search(
     ``sa`` and ``random`` (None: :func:`default_budget`, 64, more on graphs
     of more than 256 ops). ``solver`` runs CP-SAT on the bottleneck for
     ``time_limit_s`` instead, and ``dp`` is a single exact split of the
-    topological order. ``rl`` fine-tunes ``policy`` (a copy of the shipped
-    pre-trained one, :meth:`Policy.pretrained`, when None) on this graph; the
-    policy object is trained in place. With ``rl_hint`` its second evaluation
-    is the DP's split (the solver's hint); with ``rl_imitate`` every update
+    topological order. ``rl`` fine-tunes ``policy`` on this graph, in place.
+    Given several, it evaluates the greedy assignment of each and trains
+    the first, with the parameters of the one that scored best; None means
+    copies of the shipped set (:meth:`Policy.pretrained_set`). With
+    ``rl_hint`` the DP's split (the solver's hint) is evaluated after those
+    greedy assignments; with ``rl_imitate`` every update
     also credits the best partition found so far (self-imitation); with
     ``rl_local`` each batch of 8 samples is followed by an annealed walk of at
     least that many local moves from the best partition so far, longer while
@@ -103,8 +105,10 @@ def search(
     elif method == "sa":
         simulated_annealing(tracker, rng)
     elif method == "rl":
-        pol = policy if policy is not None else Policy.pretrained()
-        tune = functools.partial(finetune, pol, rng=rng, hint=hint, imitate=rl_imitate)
+        pols = Policy.pretrained_set() if policy is None else _policies(policy)
+        tune = functools.partial(
+            finetune, pols[0], rng=rng, hint=hint, imitate=rl_imitate, rivals=pols[1:]
+        )
         windows = rl_solver_s > 0 and rl_lns > 0  # they take what fine-tuning leaves
         tuned = functools.partial(tune, local=rl_local, patience=PATIENCE if windows else None)
         _rl_search(tracker, tuned, rl_solver_s, seed, rl_lns, rl_background)
@@ -132,6 +136,13 @@ def search(
         history=tuple(tracker.history),
         extra=extra,
     )
+
+
+def _policies(policy: Policy | Sequence[Policy]) -> list[Policy]:
+    pols = [policy] if isinstance(policy, Policy) else list(policy)
+    if not pols:
+        raise ValueError("policy: give a Policy, a sequence of them, or None (the shipped set)")
+    return pols
 
 
 def default_budget(graph: OpGraph) -> int:
@@ -211,14 +222,14 @@ def _rl_search(
         lns_polish(tracker, rng, seed, background=whole)
 
 
-def policy_hint(policy: Policy | None, repairer: Repairer) -> IntArray | None:
+def policy_hint(policy: Policy | Sequence[Policy] | None, repairer: Repairer) -> IntArray | None:
     """The policy's greedy (argmax) assignment, repaired: the solver's hint
     (None when its repair times out, and falls back to a known partition:
     the solver then starts without one).
 
-    ``policy`` None means the shipped pre-trained one.
+    ``policy`` None means the shipped pre-trained one; of several, the first.
     """
-    pol = policy if policy is not None else Policy.pretrained()
+    pol = _policies(policy)[0] if policy is not None else Policy.pretrained()
     enc = encode(repairer.graph, repairer.chiplets)
     fallbacks = repairer.fallbacks
     try:

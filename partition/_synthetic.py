@@ -1,15 +1,25 @@
 """Synthetic training graphs for pre-training the policy.
 
-Each case is a graph from one of six families and a chiplet module scaled to
+Each case is a graph from one of the families and a chiplet module scaled to
 it, so that memory binds and links matter on every case, whatever its absolute
-size. The families: MLPs, pre-norm residual MLPs, CNN-like chains of 3x3
-convolutions with residual adds, branchy inception-style CNNs (parallel 1x1,
-3x3 and 5x5 branches, concatenated), transformer encoders of other depths and
-widths than BERT-base, and mixture-of-experts encoders (a router and parallel
-expert MLPs). The held-out graphs of :mod:`._heldout` are never drawn here.
+size. The default families (:data:`FAMILIES`, the first shipped policy's): MLPs,
+pre-norm residual MLPs, CNN-like chains of 3x3 convolutions with residual adds,
+branchy inception-style CNNs (parallel 1x1, 3x3 and 5x5 branches,
+concatenated), transformer encoders of other depths and widths than BERT-base,
+and mixture-of-experts encoders (a router and parallel expert MLPs).
+:data:`SHARED_FAMILIES` adds two with weights shared across the graph, on
+request: ALBERT-style encoders (one layer's weights applied at every layer) and
+stacked Elman RNNs unrolled in time. :func:`from_jax` counts a shared weight on
+its first reader, so in those every weight sits at the graph's start, and
+CP-SAT's partitions of a stacked RNN spread each step over several chiplets,
+far from a contiguous split (49% and 12% faster than the DP's on two of three
+cases tried, the DP's own split on the third). The held-out graphs of
+:mod:`._heldout` are never drawn here.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -24,18 +34,26 @@ from ._models import (
     mlp_graph,
     moe_graph,
     residual_mlp_graph,
+    rnn_graph,
+    tied_transformer_graph,
     transformer_graph,
 )
 
-__all__ = ["scaled_chiplets", "synthetic_cases", "synthetic_graph"]
+__all__ = ["FAMILIES", "SHARED_FAMILIES", "scaled_chiplets", "synthetic_cases", "synthetic_graph"]
 
 
 FAMILIES = ("mlp", "cnn", "transformer", "resmlp", "inception", "moe")
+SHARED_FAMILIES = ("tied", "rnn")
 
 
-def synthetic_graph(rng: np.random.Generator) -> OpGraph:
-    """One random graph from one of :data:`FAMILIES`, of random depth and width."""
-    family = FAMILIES[int(rng.integers(len(FAMILIES)))]
+def synthetic_graph(rng: np.random.Generator, families: Sequence[str] = FAMILIES) -> OpGraph:
+    """One random graph from one of ``families`` (of :data:`FAMILIES` and
+    :data:`SHARED_FAMILIES`), of random depth and width."""
+    unknown = set(families) - set(FAMILIES + SHARED_FAMILIES)
+    if unknown or not families:
+        known = ", ".join(FAMILIES + SHARED_FAMILIES)
+        raise ValueError(f"unknown graph families {sorted(unknown)} (or none); choose from {known}")
+    family = families[int(rng.integers(len(families)))]
     if family == "mlp":
         widths = [int(rng.choice([256, 512, 1024, 2048])) for _ in range(int(rng.integers(12, 49)))]
         return mlp_graph(widths, batch=int(rng.choice([64, 256])))
@@ -46,8 +64,15 @@ def synthetic_graph(rng: np.random.Generator) -> OpGraph:
         return residual_mlp_graph(int(rng.integers(6, 25)), int(rng.choice([256, 512, 1024])))
     if family == "inception":
         return inception_graph(int(rng.integers(3, 9)), int(rng.choice([64, 128, 256])))
+    if family == "rnn":
+        steps, layers = int(rng.integers(6, 25)), int(rng.integers(1, 4))
+        width, batch = int(rng.choice([256, 512, 1024])), int(rng.choice([16, 64]))
+        return rnn_graph(steps, width, layers, batch)
     heads = int(rng.choice([2, 4, 8]))
     hidden = heads * int(rng.choice([32, 64]))
+    if family == "tied":
+        layers, seq = int(rng.integers(4, 17)), int(rng.choice([32, 64, 128]))
+        return tied_transformer_graph(layers, hidden, heads, seq, int(rng.choice([1000, 8000])))
     if family == "moe":
         return moe_graph(int(rng.integers(2, 5)), hidden, int(rng.choice([2, 4, 8])))
     return transformer_graph(
@@ -89,16 +114,16 @@ def _default_or_none(graph: OpGraph, count: int, topology: str) -> Chiplets | No
 
 
 def synthetic_cases(
-    count: int, seed: int = 0, ring_share: float = 0.2
+    count: int, seed: int = 0, ring_share: float = 0.2, families: Sequence[str] = FAMILIES
 ) -> list[tuple[OpGraph, Chiplets]]:
-    """``count`` random (graph, chiplets) cases with 2 to 8 chiplets: half on
-    :meth:`Chiplets.default_for`, half on :func:`scaled_chiplets` of random slack
-    and link share; about ``ring_share`` of those with 3 or more chiplets are
-    rings, the rest chains."""
+    """``count`` random (graph, chiplets) cases with 2 to 8 chiplets, graphs of
+    ``families``: half on :meth:`Chiplets.default_for`, half on
+    :func:`scaled_chiplets` of random slack and link share; about
+    ``ring_share`` of those with 3 or more chiplets are rings, the rest chains."""
     rng = np.random.default_rng(seed)
     cases: list[tuple[OpGraph, Chiplets]] = []
     while len(cases) < count:
-        g = synthetic_graph(rng)
+        g = synthetic_graph(rng, families)
         chips = int(rng.choice([2, 3, 4, 6, 8]))
         slack = float(rng.uniform(1.15, 1.8))
         share = float(rng.uniform(0.1, 0.6))

@@ -27,6 +27,7 @@ from ._policy import Policy
 from ._progress import ProgressBar
 from ._rl import TrainLog
 from ._search import METHODS, search
+from ._synthetic import FAMILIES, SHARED_FAMILIES, synthetic_cases
 
 __all__ = ["add_commands", "format_partition", "load_graph_arg", "run"]
 
@@ -96,10 +97,32 @@ def add_commands(subparsers: Any) -> None:
         default=1.0,
         help="CP-SAT deterministic seconds per imitation label",
     )
+    t.add_argument(
+        "--families",
+        type=_families,
+        default=None,
+        help="comma-separated graph families of the set (default: "
+        + ",".join(FAMILIES)
+        + "; 'all' adds "
+        + ",".join(SHARED_FAMILIES)
+        + ")",
+    )
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--policy", type=Path, help="start from this .npz policy")
     t.add_argument("--save", type=Path, required=True, help="write the policy (.npz)")
     t.add_argument("--curve", type=Path, help="write a PNG of the training curve")
+
+
+def _families(text: str) -> tuple[str, ...]:
+    """``--families``: names from FAMILIES and SHARED_FAMILIES, or ``all``."""
+    names = FAMILIES + SHARED_FAMILIES if text == "all" else tuple(text.split(","))
+    unknown = sorted(set(names) - set(FAMILIES + SHARED_FAMILIES))
+    if unknown or not text:
+        raise argparse.ArgumentTypeError(
+            f"unknown families {unknown}; choose from {', '.join(FAMILIES + SHARED_FAMILIES)}"
+            " or all"
+        )
+    return names
 
 
 _RETURNS = (
@@ -184,7 +207,7 @@ def _chiplets(graph: OpGraph, args: argparse.Namespace) -> Chiplets:
 def _run_search(
     graph: OpGraph,
     chips: Chiplets,
-    policy: Policy | None,
+    policy: list[Policy] | None,
     args: argparse.Namespace,
     bar: ProgressBar,
 ) -> Partition:
@@ -214,9 +237,9 @@ def _partition(args: argparse.Namespace) -> int:
 
         save_graph(graph, args.save_graph)
     chips = _chiplets(graph, args)
-    policy = Policy.load(args.policy) if args.policy else None
+    policy: list[Policy] | None = [Policy.load(args.policy)] if args.policy else None
     if args.method == "rl" and policy is None:
-        policy = Policy.pretrained()
+        policy = Policy.pretrained_set()  # the first is trained, from the best of them
     bar = ProgressBar(f"{args.method:>6}")
     try:
         part = _run_search(graph, chips, policy, args, bar)
@@ -227,7 +250,7 @@ def _partition(args: argparse.Namespace) -> int:
         print(f"atoll partition: error: {e}", file=sys.stderr)
         return 2
     if args.save_policy and policy is not None:
-        policy.save(args.save_policy)
+        policy[0].save(args.save_policy)
     if args.json:
         print(
             json.dumps(
@@ -257,10 +280,9 @@ def _partition(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from ._rl import pretrain
-    from ._synthetic import synthetic_cases
 
     policy = Policy.load(args.policy) if args.policy else Policy(seed=args.seed)
-    cases = synthetic_cases(args.graphs, args.seed)
+    cases = synthetic_cases(args.graphs, args.seed, families=args.families or FAMILIES)
     start = time.perf_counter()
     if args.imitation_steps > 0:
         log = _imitate(policy, cases, args)

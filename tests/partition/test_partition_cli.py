@@ -54,6 +54,12 @@ def test_partition_json_graph_with_picture_and_curve(
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_unknown_training_families_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        run_cli(["partition-train", "--families", "mlp,gru", "--save", "x.npz"])
+    assert exc.value.code == 2 and "unknown families ['gru']" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_pretrain_save_load_finetune_from_cli(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -66,6 +72,8 @@ def test_pretrain_save_load_finetune_from_cli(
             "16",
             "--graphs",
             "2",
+            "--families",
+            "all",
             "--save",
             str(ckpt),
             "--curve",

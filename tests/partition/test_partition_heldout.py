@@ -12,8 +12,11 @@ import numpy as np
 import pytest
 
 from atoll import partition as P
-from atoll.partition import _heldout, _synthetic
-from atoll.partition._policy import PRETRAINED, init_params
+from atoll.partition import _heldout, _policy, _synthetic
+from atoll.partition._baselines import Tracker
+from atoll.partition._models import rnn_graph, tied_transformer_graph, transformer_graph
+from atoll.partition._policy import PRETRAINED, PRETRAINED_SET, init_params
+from atoll.partition._repair import Repairer
 
 
 def test_heldout_set_is_real_architectures_apart_from_training() -> None:
@@ -24,7 +27,7 @@ def test_heldout_set_is_real_architectures_apart_from_training() -> None:
         assert g.name == name and 25 <= len(g) <= 300
         assert g.total_flops > 1e9 and g.total_weight_bytes > 1e5
     # training draws from its own families, none of them held out
-    assert not set(names) & set(_synthetic.FAMILIES)
+    assert not set(names) & set(_synthetic.FAMILIES + _synthetic.SHARED_FAMILIES)
     assert "from ._heldout" not in Path(_synthetic.__file__).read_text()
     trained = {g.name.split("_")[0] for g, _ in P.synthetic_cases(12, seed=0)}
     assert not trained & set(names) and "bert" not in trained
@@ -33,7 +36,28 @@ def test_heldout_set_is_real_architectures_apart_from_training() -> None:
 def test_synthetic_set_spans_the_new_families() -> None:
     rng = np.random.default_rng(1)
     seen = {_synthetic.synthetic_graph(rng).name.split("_")[0] for _ in range(30)}
-    assert {"mlp", "cnn", "transformer", "resmlp", "inception", "moe"} <= seen
+    assert seen == set(_synthetic.FAMILIES)  # the shipped policy's set: no shared weights
+    every = _synthetic.FAMILIES + _synthetic.SHARED_FAMILIES
+    seen = {_synthetic.synthetic_graph(rng, every).name.split("_")[0] for _ in range(40)}
+    assert seen == set(every)
+    cases = P.synthetic_cases(4, seed=0, families=_synthetic.SHARED_FAMILIES)
+    assert {g.name.split("_")[0] for g, _ in cases} <= set(_synthetic.SHARED_FAMILIES)
+    with pytest.raises(ValueError, match="families"):
+        _synthetic.synthetic_graph(rng, ("gru",))  # a held-out graph is no family
+
+
+def test_weight_tied_families_hold_every_weight_on_the_first_reader() -> None:
+    tied = tied_transformer_graph(6, 128, 4, 32, 1000)
+    untied = transformer_graph(6, 128, 4, 32, 1000)
+    assert len(tied) == len(untied)  # the same computation, six layers
+    assert np.flatnonzero(tied.array("weights")).max() < 2 * len(tied) / 6  # the first layer's
+    assert np.flatnonzero(untied.array("weights")).max() > 5 * len(untied) / 6
+    assert tied.total_weight_bytes < untied.total_weight_bytes / 3
+    rnn = rnn_graph(steps=10, hidden=64, layers=2, batch=4)
+    elements = 2 * (2 * 64 * 64 + 64) + 64 * 64  # two cells and the read-out, bf16
+    assert rnn.total_weight_bytes == 2 * elements
+    assert np.flatnonzero(rnn.array("weights")).max() < len(rnn) / 10  # all read at step 0
+    assert rnn.total_flops >= 10 * 3 * 2 * 4 * 64 * 64  # each step: three products of 4 x 64
 
 
 @pytest.mark.parametrize("name", ["mixer", "densenet", "t5"])
@@ -101,11 +125,40 @@ def test_pretrained_policy_ships_and_loads() -> None:
     assert P.Policy.pretrained() is not policy  # a fresh copy each time: fine-tuning is in place
 
 
+def test_the_shipped_set_is_two_different_policies() -> None:
+    first, shared = P.Policy.pretrained_set()
+    assert set(first.params) == set(shared.params) == set(init_params())
+    assert any(not np.allclose(first.params[k], shared.params[k]) for k in first.params)
+    for k in first.params:  # the first of the set is the one Policy.pretrained() gives
+        np.testing.assert_array_equal(first.params[k], P.Policy.pretrained().params[k])
+
+
+@pytest.mark.parametrize("count", [4, 8])
+def test_fine_tuning_starts_from_the_best_greedy_assignment_of_the_set(count: int) -> None:
+    g = _heldout.heldout_graph("gru")
+    chips = P.Chiplets.default_for(g, count)
+    fresh, shipped = P.Policy(seed=3), P.Policy.pretrained()
+    enc = _policy.encode(g, chips)
+    repair = Repairer(g, chips)
+    scores = [
+        P.throughput(g, chips, repair(np.argmax(p.logits(enc), axis=-1))) for p in (fresh, shipped)
+    ]
+    assert scores[0] != scores[1]  # else the test could not tell which one was taken
+    winner = (fresh, shipped)[int(np.argmax(scores))]
+    kept = {k: v.copy() for k, v in winner.params.items()}
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=2)  # the two greedy ones only
+    P.finetune(fresh, tracker, np.random.default_rng(0), rivals=[shipped])
+    assert len(tracker.history) == 2 and tracker.best_tp == pytest.approx(max(scores))
+    for k, v in kept.items():
+        np.testing.assert_array_equal(fresh.params[k], v)
+
+
 def test_pyproject_ships_the_checkpoint_in_the_wheel() -> None:
     root = Path(P.__file__).resolve().parents[1]
     data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
     patterns = data["package-data"]["atoll.partition"]
-    assert any(Path(PRETRAINED).match(p) for p in patterns)
+    for name in (PRETRAINED, *PRETRAINED_SET):
+        assert any(Path(name).match(p) for p in patterns)
 
 
 def test_training_is_reproducible_with_a_seed() -> None:

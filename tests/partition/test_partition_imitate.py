@@ -10,6 +10,7 @@ import pytest
 
 from atoll import partition as P
 from atoll.partition import _heldout, _imitate, _policy, _solver
+from atoll.partition._models import rnn_graph
 
 
 @pytest.fixture(scope="module")
@@ -25,6 +26,17 @@ def test_solver_labels_are_valid_and_reproducible(
     for (g, chips), a, b in zip(cases, first, again, strict=True):
         assert P.is_valid(g, chips, a)
         np.testing.assert_array_equal(a, b)
+
+
+def test_a_case_the_solver_cannot_solve_in_its_time_is_labelled_with_the_dp_split() -> None:
+    g = rnn_graph(22, 256, 3, 16)  # too large for CP-SAT to find a partition in 0.001 s
+    chips = P.Chiplets.default_for(g, 6)
+    with pytest.raises(P.RepairTimeout):
+        _solver.solve_bottleneck(g, chips, 3600.0, 0, None, deterministic_s=0.001)
+    (label,) = _imitate.solver_labels([(g, chips)], deterministic_s=0.001)
+    split = P.dp_split(g, chips)
+    assert split is not None and P.is_valid(g, chips, label)
+    assert P.throughput(g, chips, label) >= P.throughput(g, chips, split)
 
 
 @pytest.mark.slow

@@ -24,6 +24,7 @@ def test_the_tiny_large_run_gives_every_method_a_gap_to_its_reference(
     assert rows["tiny_c4_rl_to_1pct_s"] is not None
     assert rows["tiny_c4_rl_vs_best_baseline"] >= 1.0
     assert rows["tiny_c4_transfer_scratch_best"] > 0 and rows["tiny_c4_transfer_scratch_s"] >= 0
+    assert rows["tiny_c4_transfer_tuned_best"] > 0  # scratch's best where it got there
     assert "tiny_c4_transfer_speedup" in rows and "tiny_c4_transfer_speedup_1pct" in rows
 
 
