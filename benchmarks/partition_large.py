@@ -182,7 +182,7 @@ def run_case(
 def run_transfer(case: Case, budget: int, seed: int = 1, log: list[str] | None = None) -> list[Row]:
     """The paper's transfer on a large graph: the policy alone (no DP hint, no
     solver, no local moves) trained from scratch for ``budget`` evaluations,
-    then the shipped pre-trained policy fine-tuned until it reaches scratch's
+    then the shipped pre-trained set fine-tuned until it reaches scratch's
     best. Rows: scratch's best and when it first got there, the fine-tuned
     policy's best (scratch's, where it stopped there), when it got there
     (strictly, and to within 1%), and the ratios."""

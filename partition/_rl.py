@@ -271,12 +271,17 @@ def _take_best_greedy(
     policy: Policy, rivals: Sequence[Policy], enc: Encoded, tracker: Tracker
 ) -> None:
     """Evaluate the greedy assignment of ``policy`` and of each rival (while
-    the budget lasts); ``policy`` takes the parameters of the best."""
+    the budget lasts); ``policy`` takes the parameters of the best. A repair
+    that ran out of time returns a partition known already, not the policy's:
+    it does not count."""
     best_tp, best = -1.0, policy
     for candidate in (policy, *rivals):
         if tracker.left <= 0:
             break
+        fallbacks = tracker.repairer.fallbacks
         tp = tracker.evaluate(np.argmax(candidate.logits(enc), axis=-1).astype(np.int64))[1]
+        if tracker.repairer.fallbacks > fallbacks:
+            continue
         if tp > best_tp:
             best_tp, best = tp, candidate
     if best is not policy:

@@ -199,9 +199,11 @@ def _rl_search(
     policy's result as the solver's hint); fine-tuning stops short of the
     budget to leave room for the polishes. ``solver_s = 0``: fine-tuning alone.
     """
-    solver = solver_s > 0 and tracker.budget > 2  # greedy and the DP's split come too
+    solver = solver_s > 0 and tracker.budget > 2  # a greedy assignment comes too
     reserve = 1 + int(lns_share * tracker.budget) if solver else 0
-    reserve = min(reserve, tracker.budget - 2)  # seed and greedy before it
+    # the seed and the first greedy assignment before it; at small budgets the
+    # set's other greedy assignments and the DP's split may find no room
+    reserve = max(0, min(reserve, tracker.budget - 2))
     if solver:
         start, _ = solver_step(tracker.graph, tracker.chiplets, solver_s, seed=seed)
         if start is not None:

@@ -75,7 +75,7 @@ def add_commands(subparsers: Any) -> None:
         "(results then repeat run to run)",
     )
     p.add_argument(
-        "--policy", type=Path, help="load this .npz policy (default: the shipped pre-trained one)"
+        "--policy", type=Path, help="load this .npz policy (default: the better of the shipped set)"
     )
     p.add_argument("--save-policy", type=Path, help="save the fine-tuned policy (.npz)")
     p.add_argument("--picture", type=Path, help="write a PNG of the partition")

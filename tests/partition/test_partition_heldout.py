@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import tomllib
+import types
 from importlib import resources
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from atoll import partition as P
-from atoll.partition import _heldout, _policy, _synthetic
+from atoll.partition import _heldout, _policy, _rl, _synthetic
 from atoll.partition._baselines import Tracker
 from atoll.partition._models import rnn_graph, tied_transformer_graph, transformer_graph
 from atoll.partition._policy import PRETRAINED, PRETRAINED_SET, init_params
@@ -153,6 +154,42 @@ def test_fine_tuning_starts_from_the_best_greedy_assignment_of_the_set(count: in
         np.testing.assert_array_equal(fresh.params[k], v)
 
 
+class _FallingBack:
+    """What ``_take_best_greedy`` reads of a tracker: each evaluation scores the
+    next of ``scores``; the ones in ``fell_back`` are a repair that ran out of
+    time and returned a partition known already."""
+
+    def __init__(self, scores: list[float], fell_back: set[int]) -> None:
+        self.scores, self.fell_back = scores, fell_back
+        self.history: list[float] = []
+        self.repairer = types.SimpleNamespace(fallbacks=0)
+
+    @property
+    def left(self) -> int:
+        return len(self.scores) - len(self.history)
+
+    def evaluate(self, candidate: object) -> tuple[object, float]:
+        i = len(self.history)
+        self.history.append(self.scores[i])
+        self.repairer.fallbacks += i in self.fell_back
+        return candidate, self.scores[i]
+
+
+def test_a_greedy_assignment_whose_repair_fell_back_is_not_chosen() -> None:
+    g = _heldout.heldout_graph("gru")
+    enc = _policy.encode(g, P.Chiplets.default_for(g, 4))
+    first, rival = P.Policy(seed=1), P.Policy(seed=2)
+    own = {k: v.copy() for k, v in first.params.items()}
+    tracker = _FallingBack([10.0, 50.0], fell_back={1})  # the rival "scores" a known partition
+    _rl._take_best_greedy(first, [rival], enc, tracker)  # type: ignore[arg-type]
+    assert all(np.array_equal(first.params[k], v) for k, v in own.items())
+    tracker = _FallingBack([10.0, 50.0], fell_back=set())  # its own repair: it is taken
+    _rl._take_best_greedy(first, [rival], enc, tracker)  # type: ignore[arg-type]
+    assert all(np.array_equal(first.params[k], v) for k, v in rival.params.items())
+    one = P.search(g, 4, "rl", budget=1)  # a budget of one is one evaluation
+    assert one.evaluations == 1
+
+
 def test_pyproject_ships_the_checkpoint_in_the_wheel() -> None:
     root = Path(P.__file__).resolve().parents[1]
     data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
@@ -173,9 +210,9 @@ def test_training_is_reproducible_with_a_seed() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_pretrained_rl_beats_random_on_a_heldout_graph() -> None:
-    """Fixed seed, equal budget, a graph the policy never saw: RL (the shipped policy,
-    fine-tuned) returns a valid partition better than random search's, with and without
-    the DP's split as its second evaluation."""
+    """Fixed seed, equal budget, a graph the policies never saw: RL (the shipped set,
+    the better one fine-tuned) returns a valid partition better than random search's,
+    with and without the DP's split among its first evaluations."""
     g = _heldout.heldout_graph("t5")
     chips = P.Chiplets.default_for(g, 4)
     rnd = P.search(g, chips, "random", budget=24, seed=0)
