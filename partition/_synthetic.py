@@ -39,20 +39,33 @@ from ._models import (
     transformer_graph,
 )
 
-__all__ = ["FAMILIES", "SHARED_FAMILIES", "scaled_chiplets", "synthetic_cases", "synthetic_graph"]
+__all__ = [
+    "FAMILIES",
+    "SHARED_FAMILIES",
+    "check_families",
+    "scaled_chiplets",
+    "synthetic_cases",
+    "synthetic_graph",
+]
 
 
 FAMILIES = ("mlp", "cnn", "transformer", "resmlp", "inception", "moe")
 SHARED_FAMILIES = ("tied", "rnn")
 
 
+def check_families(families: Sequence[str]) -> tuple[str, ...]:
+    """``families`` as a tuple; ``ValueError`` naming the unknown ones (or none given)."""
+    unknown = sorted(set(families) - set(FAMILIES + SHARED_FAMILIES))
+    if unknown or not families:
+        known = ", ".join(FAMILIES + SHARED_FAMILIES)
+        raise ValueError(f"unknown graph families {unknown} (or none); choose from {known}")
+    return tuple(families)
+
+
 def synthetic_graph(rng: np.random.Generator, families: Sequence[str] = FAMILIES) -> OpGraph:
     """One random graph from one of ``families`` (of :data:`FAMILIES` and
     :data:`SHARED_FAMILIES`), of random depth and width."""
-    unknown = set(families) - set(FAMILIES + SHARED_FAMILIES)
-    if unknown or not families:
-        known = ", ".join(FAMILIES + SHARED_FAMILIES)
-        raise ValueError(f"unknown graph families {sorted(unknown)} (or none); choose from {known}")
+    families = check_families(families)
     family = families[int(rng.integers(len(families)))]
     if family == "mlp":
         widths = [int(rng.choice([256, 512, 1024, 2048])) for _ in range(int(rng.integers(12, 49)))]

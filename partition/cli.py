@@ -27,7 +27,7 @@ from ._policy import Policy
 from ._progress import ProgressBar
 from ._rl import TrainLog
 from ._search import METHODS, search
-from ._synthetic import FAMILIES, SHARED_FAMILIES, synthetic_cases
+from ._synthetic import FAMILIES, SHARED_FAMILIES, check_families, synthetic_cases
 
 __all__ = ["add_commands", "format_partition", "load_graph_arg", "run"]
 
@@ -115,14 +115,10 @@ def add_commands(subparsers: Any) -> None:
 
 def _families(text: str) -> tuple[str, ...]:
     """``--families``: names from FAMILIES and SHARED_FAMILIES, or ``all``."""
-    names = FAMILIES + SHARED_FAMILIES if text == "all" else tuple(text.split(","))
-    unknown = sorted(set(names) - set(FAMILIES + SHARED_FAMILIES))
-    if unknown or not text:
-        raise argparse.ArgumentTypeError(
-            f"unknown families {unknown}; choose from {', '.join(FAMILIES + SHARED_FAMILIES)}"
-            " or all"
-        )
-    return names
+    try:
+        return check_families(FAMILIES + SHARED_FAMILIES if text == "all" else text.split(","))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} or all") from None
 
 
 _RETURNS = (

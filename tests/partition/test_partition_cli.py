@@ -57,7 +57,7 @@ def test_partition_json_graph_with_picture_and_curve(
 def test_unknown_training_families_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         run_cli(["partition-train", "--families", "mlp,gru", "--save", "x.npz"])
-    assert exc.value.code == 2 and "unknown families ['gru']" in capsys.readouterr().err
+    assert exc.value.code == 2 and "unknown graph families ['gru']" in capsys.readouterr().err
 
 
 @pytest.mark.slow
