@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 
 import numpy as np
 import pytest
@@ -121,6 +122,31 @@ def test_stuck_windows_get_more_time_then_kicks(monkeypatch: pytest.MonkeyPatch)
     assert set(proved) == {0.5} and len(proved) == per_round  # no second round
 
 
+def test_a_window_step_that_finds_nothing_counts_and_stops_the_growth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A window whose CP-SAT run returns nothing in its time is one evaluation
+    like any step, and no larger window is tried at that time."""
+    g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
+    asked: list[tuple[float, int, int]] = []  # (solver time, chiplets freed, evaluations)
+
+    def too_big(graph, chiplets, step_s, hint, seed, keep, focus):  # type: ignore[no-untyped-def]
+        size = len(set(hint[~keep].tolist()))
+        asked.append((step_s, size, len(tracker.history)))
+        return (None, False) if size >= 5 else (hint.copy(), False)
+
+    monkeypatch.setattr(_lns, "solver_step", too_big)
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=80)
+    tracker.evaluate(np.minimum(np.arange(len(g)) // 10, 5))
+    _lns.lns_polish(tracker, np.random.default_rng(0))
+    assert len(tracker.history) == 80
+    counts = [n for _, _, n in asked]
+    assert all(b > a for a, b in itertools.pairwise(counts))  # each step counted
+    for t in (0.5, 1.0, 2.0):
+        sizes = {n for s, n, _ in asked if s == t}
+        assert 5 in sizes and 6 not in sizes  # 5 found nothing: 6 is not tried
+
+
 def test_windows_proved_optimal_are_not_tried_again_with_more_time(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -182,6 +208,30 @@ def test_the_hinted_stage_times_are_the_cost_models() -> None:
         bm = _solver.bottleneck_model(g, chips, start)
         times = P.stage_times(g, chips, start)
         np.testing.assert_allclose(np.array(bm.hinted) * bm.unit, times, rtol=1e-3)
+
+
+@pytest.mark.parametrize("topology", ["chain", "ring"])
+def test_a_windows_model_routes_only_tensors_with_a_free_node(topology: str) -> None:
+    g = _heldout.heldout_graph("wavenet")
+    chips = P.Chiplets.default_for(g, 8, topology=topology)
+    start = Repairer(g, chips)(np.arange(len(g)) * 8 // len(g))
+    window = (7, 0, 1) if topology == "ring" else (3, 4, 5)  # on a ring, across the wrap
+    keep = ~np.isin(start, window)
+    bounds = _cpmodel.chip_bounds(g, chips, start, keep)
+    assert bounds is not None
+    bm = _solver.bottleneck_model(g, chips, start, bounds)
+    whole = _solver.bottleneck_model(g, chips, start)
+    # the pinned tensors are constants on the links: the model grows with the window
+    assert len(bm.sm.model.proto.variables) < len(whole.sm.model.proto.variables) / 2
+    np.testing.assert_allclose(
+        np.array(bm.hinted) * bm.unit, P.stage_times(g, chips, start), rtol=1e-3
+    )
+    new, stats = _solver.solve_bottleneck(
+        g, chips, 60.0, hint=start, deterministic_s=2.0, keep=keep
+    )
+    np.testing.assert_array_equal(new[keep], start[keep])
+    # the model's bottleneck is the cost model's slowest stage, to its rounding
+    assert stats["objective_s"] == pytest.approx(P.stage_times(g, chips, new).max(), rel=1e-3)
 
 
 @pytest.mark.parametrize("topology", ["chain", "ring"])
