@@ -225,17 +225,23 @@ def _rl_search(
 
 
 def policy_hint(policy: Policy | Sequence[Policy] | None, repairer: Repairer) -> IntArray | None:
-    """The policy's greedy (argmax) assignment, repaired: the solver's hint
-    (None when its repair times out, and falls back to a known partition:
-    the solver then starts without one).
-
-    ``policy`` None means the shipped pre-trained one; of several, the first.
-    """
-    pol = _policies(policy)[0] if policy is not None else Policy.pretrained()
+    """The policy's greedy (argmax) assignment, repaired: the solver's hint.
+    Of several policies (None means the shipped set, as for ``rl``), the
+    greedy assignment whose repaired partition scores best. None when every
+    repair times out and falls back to a known partition (a fallback is not
+    the policy's): the solver then starts without one."""
+    pols = Policy.pretrained_set() if policy is None else _policies(policy)
     enc = encode(repairer.graph, repairer.chiplets)
-    fallbacks = repairer.fallbacks
-    try:
-        hint = repairer(np.argmax(pol.logits(enc), axis=-1).astype(np.int64))
-    except RepairTimeout:
-        return None
-    return None if repairer.fallbacks > fallbacks else hint  # a fallback is not the policy's
+    best: tuple[float, IntArray] | None = None
+    for pol in pols:
+        fallbacks = repairer.fallbacks
+        try:
+            hint = repairer(np.argmax(pol.logits(enc), axis=-1).astype(np.int64))
+        except RepairTimeout:
+            continue
+        if repairer.fallbacks > fallbacks:
+            continue
+        value = valid_throughput(repairer.graph, repairer.chiplets, hint)
+        if best is None or value > best[0]:
+            best = (value, hint)
+    return None if best is None else best[1]

@@ -77,6 +77,26 @@ def test_policy_handles_any_size_and_count(tmp_path: Path) -> None:
         assert lg.shape == (len(g), chips.count) and np.isfinite(lg).all()
 
 
+def test_the_solvers_hint_is_the_best_greedy_assignment_of_the_set() -> None:
+    from atoll.partition._cost import valid_throughput
+    from atoll.partition._policy import encode
+    from atoll.partition._repair import Repairer
+    from atoll.partition._search import policy_hint
+
+    g, chips = P.synthetic_cases(1, seed=4)[0]
+    pols = [P.Policy(seed=s) for s in range(4)]
+    values = []
+    for pol in pols:
+        greedy = np.argmax(pol.logits(encode(g, chips)), axis=-1).astype(np.int64)
+        values.append(valid_throughput(g, chips, Repairer(g, chips)(greedy)))
+    assert len(set(values)) > 1  # the set disagrees, so the choice is tested
+    for order in (pols, pols[::-1]):
+        hint = policy_hint(order, Repairer(g, chips))
+        assert hint is not None and valid_throughput(g, chips, hint) == max(values)
+    shipped = policy_hint(None, Repairer(g, chips))  # None: the shipped set
+    assert shipped is not None and P.is_valid(g, chips, shipped.tolist())
+
+
 @pytest.mark.slow
 def test_checkpoint_save_load_and_finetune(tmp_path: Path) -> None:
     cases = P.synthetic_cases(2, seed=0)
