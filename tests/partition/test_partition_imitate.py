@@ -39,6 +39,26 @@ def test_a_case_the_solver_cannot_solve_in_its_time_is_labelled_with_the_dp_spli
     assert P.throughput(g, chips, label) >= P.throughput(g, chips, split)
 
 
+@pytest.mark.parametrize("proved", [False, True])
+def test_an_unproved_solver_partition_slower_than_the_dp_split_is_not_the_label(
+    monkeypatch: pytest.MonkeyPatch, proved: bool
+) -> None:
+    g = P.bert_graph()
+    chips = P.Chiplets.default_for(g, 4)
+    split = P.dp_split(g, chips)
+    assert split is not None
+    slow = P.repair(g, chips, [0] * len(g))  # valid, and slower than the split
+    assert P.throughput(g, chips, slow) < P.throughput(g, chips, split)
+
+    def found(*args: object, **kwargs: object) -> tuple[np.ndarray, dict[str, object]]:
+        return np.asarray(slow, dtype=np.int64), {"optimal": proved}
+
+    monkeypatch.setattr(_imitate, "solve_bottleneck", found)
+    (label,) = _imitate.solver_labels([(g, chips)], deterministic_s=0.5)
+    # proved optimal, CP-SAT's partition stands (here a stub's); else the faster split
+    np.testing.assert_array_equal(label, slow if proved else split)
+
+
 @pytest.mark.slow
 def test_imitation_moves_the_policy_towards_the_labels(
     cases: list[tuple[P.OpGraph, P.Chiplets]],
