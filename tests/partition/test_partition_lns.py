@@ -126,7 +126,8 @@ def test_a_window_step_that_finds_nothing_counts_and_stops_the_growth(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A window whose CP-SAT run returns nothing in its time is one evaluation
-    like any step, and no larger window is tried at that time."""
+    like any step, and no window with as many free nodes is tried at that
+    time (here the whole chain, one chiplet wider)."""
     g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
     asked: list[tuple[float, int, int]] = []  # (solver time, chiplets freed, evaluations)
 
