@@ -17,16 +17,16 @@ throughput stays), and the next window the other.
 
 Every step is one evaluation of the search's budget. When every window next
 to the slowest stage has been tried since the last improvement, the windows
-grow by one chiplet; a window of every chiplet is the whole problem. A step
+grow by one chiplet; a window of every chiplet is the whole problem. Once
+that is tried too, the partition is a local optimum of every window at this
+much solver time: the windows start again at 3 chiplets with twice the time
+each, up to 2 deterministic seconds (back to 0.5 after an improvement),
+skipping those CP-SAT proved optimal, which more time cannot improve. A step
 whose CP-SAT run returns nothing in its time (a model too large to take
 even the current partition, which it is given whole) counts all the same,
 and from then on windows with as many free nodes are skipped at that time:
 on a 1,000-op GRU at 8 chiplets 70 such steps took 35 s of a 304 s call,
-uncounted, before 2026-12-07. Once
-that is tried too, the partition is a local optimum of every window at this
-much solver time: the windows start again at 3 chiplets with twice the time
-each, up to 2 deterministic seconds (back to 0.5 after an improvement),
-skipping those CP-SAT proved optimal, which more time cannot improve.
+uncounted, before 2026-12-07.
 When no window improves even at 2 seconds, the rest of the budget goes to
 kicks (an iterated local search): a few random moves off the best
 partition's slowest stage, one evaluation, then a short descent from there
