@@ -172,8 +172,8 @@ class _Walk:
         return [w for w in near if w not in skip and int(per_chip[list(w)].sum()) < limit]
 
     def found_nothing(self, current: IntArray, window: tuple[int, ...], step_s: float) -> None:
-        """A window's run returned nothing: no window as large at ``step_s`` from
-        now on, and the step counts in the budget all the same."""
+        """A window's run returned nothing: no window with as many free nodes at
+        ``step_s`` from now on, and the step counts in the budget all the same."""
         free = int(np.isin(current, window).sum())
         self.too_big[step_s] = min(self.too_big.get(step_s, free), free)
         self.tracker.evaluate(current)
