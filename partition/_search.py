@@ -16,13 +16,13 @@ from ._dp import dp_split
 from ._errors import InfeasibleError, RepairTimeout
 from ._graph import OpGraph
 from ._hardware import Chiplets
-from ._lns import lns_polish
+from ._lns import Overtime, lns_polish
 from ._policy import Policy, encode
 from ._repair import Repairer
 from ._rl import finetune
 from ._solver import solve_bottleneck, solver_step
 
-__all__ = ["METHODS", "default_budget", "policy_hint", "search"]
+__all__ = ["METHODS", "default_budget", "default_seconds", "policy_hint", "search"]
 
 METHODS = ("rl", "sa", "random", "solver", "dp")
 # RL as shipped ends fine-tuning once this many evaluations pass without a
@@ -30,6 +30,7 @@ METHODS = ("rl", "sa", "random", "solver", "dp")
 # windows: on a 1,000-op GRU fine-tuning spent 260 s (two thirds of the
 # search) repairing samples for a 5% gain, the windows then 130 s for 73%
 PATIENCE = 24
+SECONDS_PER_OP = 0.3  # how long the plain call may stretch its default budget
 
 
 def search(
@@ -55,14 +56,16 @@ def search(
     """Partition ``graph`` onto ``chiplets`` with ``method``; the result is always valid.
 
     ``budget`` is the number of evaluated (repaired) partitions for ``rl``,
-    ``sa`` and ``random`` (None: :func:`default_budget`, 64, more on graphs
-    of more than 256 ops). ``solver`` runs CP-SAT on the bottleneck for
+    ``sa`` and ``random`` (None: :func:`default_budget`, 64, more on graphs of
+    more than 192 ops; for ``rl`` it then stretches while the solver's windows
+    still gain, up to :func:`default_seconds`, see :class:`._lns.Overtime`; a
+    budget given is exact). ``solver`` runs CP-SAT on the bottleneck for
     ``time_limit_s`` instead, and ``dp`` is a single exact split of the
     topological order. ``rl`` fine-tunes ``policy`` on this graph, in place.
-    Given several, it evaluates the greedy assignment of each and trains
-    the first, with the parameters of the one that scored best; None means
-    copies of the shipped set (:meth:`Policy.pretrained_set`). With
-    ``rl_hint`` the DP's split (the solver's hint) is evaluated after those
+    Given several, it evaluates the greedy assignment of each and trains the
+    first, with the parameters of the one that scored best; None means copies
+    of the shipped set (:meth:`Policy.pretrained_set`). With ``rl_hint`` the
+    DP's split (the solver's hint) is evaluated after those
     greedy assignments; with ``rl_imitate`` every update
     also credits the best partition found so far (self-imitation); with
     ``rl_local`` each batch of 8 samples is followed by an annealed walk of at
@@ -89,6 +92,11 @@ def search(
     chips = Chiplets.default_for(graph, chiplets) if isinstance(chiplets, int) else chiplets
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    overtime = None
+    if budget is None and stop_at is None:
+        # gains come in bursts: with a patience of 24 a WaveNet on a ring of 32 (steps
+        # of 0.4 s) stopped 56 evaluations past its budget, up 3.7% in its last 30 s
+        overtime = Overtime(default_seconds(graph), max(PATIENCE, default_budget(graph) // 4))
     budget = default_budget(graph) if budget is None else budget
     if budget < 1:
         raise ValueError(f"budget must be at least 1, got {budget}")
@@ -111,7 +119,7 @@ def search(
         )
         windows = rl_solver_s > 0 and rl_lns > 0  # they take what fine-tuning leaves
         tuned = functools.partial(tune, local=rl_local, patience=PATIENCE if windows else None)
-        _rl_search(tracker, tuned, rl_solver_s, seed, rl_lns, rl_background)
+        _rl_search(tracker, tuned, rl_solver_s, seed, rl_lns, rl_background, overtime)
     elif method == "solver":
         start_from = policy_hint(policy, repairer) if solver_hint else None
         assignment, extra = _solver(repairer, time_limit_s, seed, start_from)
@@ -157,6 +165,15 @@ def default_budget(graph: OpGraph) -> int:
     return max(64, min(n // 3, 333_000 // n))
 
 
+def default_seconds(graph: OpGraph) -> float:
+    """How long RL as shipped may run on past its default budget while its
+    windows still gain: :data:`SECONDS_PER_OP` a node (5 minutes at 1,000
+    ops, 15 at 3,000). On a WaveNet of 1,000 ops on a ring of 32 chiplets
+    the default budget's evaluations took 94 to 99 s, and its best had
+    risen 8% in the last 30 (``docs/partition.md``)."""
+    return SECONDS_PER_OP * max(len(graph), 1)
+
+
 def _solver(
     repairer: Repairer, time_limit_s: float, seed: int, hint: IntArray | None
 ) -> tuple[IntArray, dict[str, Any]]:
@@ -187,13 +204,15 @@ def _rl_search(
     seed: int,
     lns_share: float = 0.0,
     background: bool = False,
+    overtime: Overtime | None = None,
 ) -> None:
     """RL as shipped: the solver's seed, fine-tuning (``tune``), then the solver's
     polish, each solver run ``solver_s`` deterministic seconds and one evaluation,
     then the large-neighbourhood polish (:func:`._lns.lns_polish`) on
     ``lns_share`` of the budget; with ``background``, and a spare core, beside
     a whole-graph CP-SAT solve from the polished partition
-    (:class:`._background.BackgroundSolve`) whose finds the windows take.
+    (:class:`._background.BackgroundSolve`) whose finds the windows take;
+    with an ``overtime``, the windows may run past the budget.
 
     The polish is CP-SAT started from the best partition fine-tuning found (the
     policy's result as the solver's hint); fine-tuning stops short of the
@@ -218,10 +237,10 @@ def _rl_search(
     tracker.evaluate(polished if polished is not None else best)
     rng, cores = np.random.default_rng(seed), spare_cores() if background else 0
     if cores == 0 or tracker.left <= 1:
-        lns_polish(tracker, rng, seed)
+        lns_polish(tracker, rng, seed, overtime=overtime)
         return
     with BackgroundSolve(tracker.graph, tracker.chiplets, tracker.best, seed, cores) as whole:
-        lns_polish(tracker, rng, seed, background=whole)
+        lns_polish(tracker, rng, seed, background=whole, overtime=overtime)
 
 
 def policy_hint(policy: Policy | Sequence[Policy] | None, repairer: Repairer) -> IntArray | None:

@@ -335,3 +335,64 @@ def test_a_windows_model_prices_each_stage_as_the_cost_model(topology: str) -> N
         assert solver.solve(bm.sm.model) == cp_model.OPTIMAL
         at_hint = [solver.value(stage) for stage in bm.stages]
         assert at_hint == bm.hinted
+
+
+def test_an_overtime_grants_while_the_best_still_rises() -> None:
+    g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=4)
+    later = _lns.Overtime(until_s=3600.0, patience=2)
+    tracker.history = [1.0, 2.0]
+    assert later.grants(tracker)  # no more than its patience yet
+    tracker.history = [1.0, 2.0, 2.0, 2.0]
+    assert not later.grants(tracker)  # flat over the last two
+    tracker.history = [1.0, 2.0, 2.0, 2.0 * (1 + _lns.GAIN) * 1.001]
+    assert later.grants(tracker)
+    tracker.history = [1.0, 2.0, 2.0, 2.0 * (1 + _lns.GAIN) * 0.999]
+    assert not later.grants(tracker)  # below the gain that keeps it going
+    tracker.history = [1.0, 2.0, 3.0, 4.0]
+    assert not _lns.Overtime(until_s=0.0, patience=2).grants(tracker)  # out of time
+
+
+def test_an_overtime_runs_the_windows_past_the_budget_while_they_gain() -> None:
+    g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
+    poor = np.minimum(np.arange(len(g)) // 6, 5)
+    runs = {}
+    for name, overtime in [("none", None), ("spent", _lns.Overtime(0.0, 4))]:
+        runs[name] = Tracker(g, chips, Repairer(g, chips), budget=3)
+        runs[name].evaluate(poor)
+        _lns.lns_polish(runs[name], np.random.default_rng(0), overtime=overtime)
+        assert len(runs[name].history) == 3  # exact: no time for more
+    out = io.StringIO()  # a bar sees its total only at the end: one line, ended once
+    longer = Tracker(g, chips, Repairer(g, chips), budget=3, progress=ProgressBar("", out))
+    longer.evaluate(poor)
+    _lns.lns_polish(longer, np.random.default_rng(0), overtime=_lns.Overtime(3600.0, 4))
+    assert out.getvalue().count("\n") == 1 and out.getvalue().endswith("\n")
+    best = longer.history
+    assert len(best) > 3 and best[-1] > runs["none"].best_tp
+    assert longer.budget == len(best)  # the budget grew with each evaluation granted
+    # it ended on a stall: asked with one evaluation in hand, it was refused after
+    # 4 without a gain (the next to last) and granted one before (a gain in the 4)
+    assert best[-2] <= best[-6] * (1 + _lns.GAIN) and best[-3] > best[-7] * (1 + _lns.GAIN)
+
+
+def test_only_the_default_budget_gets_an_overtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    from atoll.partition import _search
+
+    got: list[_lns.Overtime | None] = []
+
+    def rl(tracker, tune, solver_s, seed, share, background, overtime):  # type: ignore[no-untyped-def]
+        got.append(overtime)
+        tracker.evaluate(np.zeros(len(tracker.graph), dtype=np.int64))
+
+    monkeypatch.setattr(_search, "_rl_search", rl)
+    g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
+    P.search(g, chips)
+    P.search(g, chips, budget=10)
+    P.search(g, chips, stop_at=1.0)
+    assert got[1:] == [None, None]
+    assert _search.default_budget(g) == 64  # a quarter is less than fine-tuning's patience
+    assert got[0] == _lns.Overtime(_search.default_seconds(g), _search.PATIENCE)
+    assert _search.default_seconds(g) == pytest.approx(0.3 * len(g))
+    big = _chain(1000)  # a quarter of the default budget (333) is the patience
+    P.search(big, chips)
+    assert got[-1] == _lns.Overtime(300.0, 83)
