@@ -10,9 +10,9 @@ graph on ``Chiplets.default_for`` at a chiplet count and topology. Every
 method runs on it:
 
 - ``rl``: RL as shipped, the plain call ``search(graph, chiplets)``;
-- ``sa`` and ``random`` at RL's evaluations (an equal budget: the plain
-  call's ``default_budget``, 64 up to 192 ops, 333 at 1,000 ops, 111 at
-  3,000, and the overtime it took past it while its windows gained);
+- ``sa`` and ``random`` at RL's budget (an equal budget: the plain call's
+  ``default_budget``, 64 up to 192 ops, 333 at 1,000 ops, 111 at 3,000, or
+  the evaluations RL took past it in overtime while its windows gained);
 - ``solver``: CP-SAT on the bottleneck for as long as RL took (an equal time).
 
 Each gets its throughput, its wall time, and its gap to the case's
@@ -156,8 +156,8 @@ def run_case(
     log.append(f"  {case.name}: {len(graph)} ops, {chips.count} chiplets ({chips.topology})")
     parts: dict[str, Partition] = {}
     parts["rl"] = search(graph, chips)  # as shipped: the plain call
-    overtime = max(parts["rl"].evaluations, default_budget(graph))  # RL stops early on a proof
-    equal = overtime if budget is None else budget
+    rl_budget = max(parts["rl"].evaluations, default_budget(graph))  # RL stops early on a proof
+    equal = rl_budget if budget is None else budget
     for method in ("sa", "random"):
         if method in methods:
             parts[method] = search(graph, chips, method, equal)
