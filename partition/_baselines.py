@@ -21,7 +21,9 @@ from ._hardware import Chiplets
 from ._repair import Repairer
 
 __all__ = [
+    "STALLED",
     "Progress",
+    "Stall",
     "Tracker",
     "accept",
     "anneal_temperature",
@@ -32,6 +34,7 @@ __all__ = [
 ]
 
 Progress = Callable[[int, int, float], None]
+STALLED = 0.005  # a gain of the best below this share does not reset a patience
 
 
 def score(
@@ -106,6 +109,26 @@ class Tracker:
         if self.progress is not None:
             self.progress(len(self.history), self.budget, self.best_tp)
         return fixed, tp
+
+
+class Stall:
+    """Whether a search's best has stopped rising: ``patience`` evaluations
+    without a gain of :data:`STALLED` (never, without a patience), counted
+    from the evaluation that made the last such gain, whenever it is asked
+    (fine-tuning after a batch or during a walk; the solver's windows at the
+    end of their budget, :class:`._lns.Overtime`)."""
+
+    def __init__(self, tracker: Tracker, patience: int | None) -> None:
+        self._tracker, self._patience = tracker, patience
+        self._mark, self._at = tracker.best_tp, len(tracker.history)
+
+    def stalled(self) -> bool:
+        t = self._tracker
+        if t.best_tp > self._mark * (1 + STALLED):  # gains since: the last one counts
+            for i in range(self._at, len(t.history)):
+                if t.history[i] > self._mark * (1 + STALLED):
+                    self._mark, self._at = t.history[i], i + 1
+        return self._patience is not None and len(t.history) - self._at >= self._patience
 
 
 def random_search(t: Tracker, rng: np.random.Generator) -> None:

@@ -55,7 +55,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._background import BackgroundSolve
-from ._baselines import Tracker, _bottleneck_neighbour
+from ._baselines import Stall, Tracker, _bottleneck_neighbour
 from ._cost import IntArray, stage_times
 from ._solver import solver_step
 
@@ -65,27 +65,21 @@ WINDOW_S = 0.5  # deterministic seconds of CP-SAT per window
 MAX_WINDOW_S = 2.0  # doubled up to this when every window is stuck
 FIRST_WINDOW = 3  # chiplets freed by the first windows
 KICK = (2, 6)  # the fewest and most random moves of a kick
-GAIN = 0.005  # the rise of the best that keeps an overtime going
 
 
 @dataclass(frozen=True)
 class Overtime:
     """Evaluations past the budget, granted one at a time (:meth:`_Walk.more`)
-    while the best rose by :data:`GAIN` within the last ``patience``
-    evaluations and the search (from its tracker's start) has run less than
-    ``until_s`` seconds."""
+    while the windows' best has not stalled (:class:`._baselines.Stall`, the
+    rule fine-tuning ends on, with ``patience``) and the search (from its
+    tracker's start) has run less than ``until_s`` seconds."""
 
     until_s: float
     patience: int
 
-    def grants(self, tracker: Tracker) -> bool:
+    def grants(self, tracker: Tracker, stall: Stall) -> bool:
         """Whether ``tracker``, on its budget's last evaluation, gets one more."""
-        if time.perf_counter() - tracker.started >= self.until_s:
-            return False
-        best = tracker.history  # the best so far, after each evaluation
-        if len(best) <= self.patience:
-            return True
-        return best[-1] > best[-1 - self.patience] * (1 + GAIN)
+        return time.perf_counter() - tracker.started < self.until_s and not stall.stalled()
 
 
 def windows(count: int, slow: int, size: int, ring: bool = False) -> list[tuple[int, ...]]:
@@ -190,6 +184,10 @@ class _Walk:
     background: BackgroundSolve | None
     overtime: Overtime | None = None
     too_big: dict[float, int] = field(default_factory=dict)
+    stall: Stall = field(init=False)  # the overtime's, counted from the polish's start
+
+    def __post_init__(self) -> None:
+        self.stall = Stall(self.tracker, None if self.overtime is None else self.overtime.patience)
 
     def more(self) -> bool:
         """Whether another step may run. An overtime is asked on the budget's
@@ -197,7 +195,7 @@ class _Walk:
         ends it. So a progress bar sees its total only when the search ends."""
         t = self.tracker
         if t.left <= 1 and self.overtime is not None:
-            if self.overtime.grants(t):
+            if self.overtime.grants(t, self.stall):
                 t.budget = t.held + len(t.history) + 2
             else:
                 self.overtime = None

@@ -22,6 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ._baselines import (
+    Stall,
     Tracker,
     _local_neighbour,
     accept,
@@ -40,7 +41,6 @@ __all__ = ["Adam", "LocalWalk", "TrainLog", "finetune", "pretrain"]
 ENTROPY = 1e-3  # weight of the entropy bonus (1e-2 was tried: no better on BERT)
 MAX_TEMPERATURE = 16.0  # sampling temperature cap while fine-tuning is stuck
 MAX_LOCAL = 64  # the most local moves after one batch (see LocalWalk)
-STALLED = 0.005  # a gain of the best below this share does not reset a patience
 
 
 @dataclass
@@ -241,7 +241,7 @@ def finetune(
     so far, whose length adapts to how well it pays (:class:`LocalWalk`): a
     local search beside the policy, within the same budget. With ``patience``
     it stops early, leaving the rest of the budget, once that many
-    evaluations have passed without raising the best by :data:`STALLED`
+    evaluations have passed without raising the best by :data:`._baselines.STALLED`
     (RL as shipped then hands the rest to the solver's windows).
     """
     enc, adam, log = encode(tracker.graph, tracker.chiplets), Adam(lr), TrainLog()
@@ -254,7 +254,7 @@ def finetune(
         return tracker.evaluate(candidate)[1]
 
     temp, walker = 1.0, LocalWalk(floor=local, steps=max(tracker.left, 1))
-    stall = _Stall(tracker, patience)
+    stall = Stall(tracker, patience)
     while tracker.left > 0 and not stall.stalled():
         best = (tracker.best, tracker.best_tp) if imitate and tracker.best is not None else None
         k, before = min(batch, tracker.left), tracker.best_tp
@@ -287,25 +287,6 @@ def _take_best_greedy(
     if best is not policy:
         policy.params = {k: v.copy() for k, v in best.params.items()}
         policy.trained_evaluations = best.trained_evaluations
-
-
-class _Stall:
-    """Whether a search's best has stopped rising: ``patience`` evaluations
-    without a gain of :data:`STALLED` (never, without a patience), counted
-    from the evaluation that made the last such gain, whenever it is asked
-    (after a batch, or during a walk)."""
-
-    def __init__(self, tracker: Tracker, patience: int | None) -> None:
-        self._tracker, self._patience = tracker, patience
-        self._mark, self._at = tracker.best_tp, len(tracker.history)
-
-    def stalled(self) -> bool:
-        t = self._tracker
-        if t.best_tp > self._mark * (1 + STALLED):  # gains since: the last one counts
-            for i in range(self._at, len(t.history)):
-                if t.history[i] > self._mark * (1 + STALLED):
-                    self._mark, self._at = t.history[i], i + 1
-        return self._patience is not None and len(t.history) - self._at >= self._patience
 
 
 def _next_temperature(temp: float, rewards: NDArray[np.float64]) -> float:

@@ -93,11 +93,12 @@ def search(
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
     overtime = None
-    if budget is None and stop_at is None:
+    if budget is None:
+        budget = default_budget(graph)
         # gains come in bursts: with a patience of 24 a WaveNet on a ring of 32 (steps
         # of 0.4 s) stopped 56 evaluations past its budget, up 3.7% in its last 30 s
-        overtime = Overtime(default_seconds(graph), max(PATIENCE, default_budget(graph) // 4))
-    budget = default_budget(graph) if budget is None else budget
+        if stop_at is None:
+            overtime = Overtime(default_seconds(graph), max(PATIENCE, budget // 4))
     if budget < 1:
         raise ValueError(f"budget must be at least 1, got {budget}")
     if not 0.0 <= rl_lns <= 1.0:

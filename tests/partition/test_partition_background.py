@@ -106,7 +106,7 @@ def test_fine_tuning_that_stalls_leaves_the_rest_of_the_budget() -> None:
 
 
 class _History:
-    """What ``_Stall`` reads of a tracker: its best-so-far history."""
+    """What ``Stall`` reads of a tracker: its best-so-far history."""
 
     def __init__(self) -> None:
         self.history: list[float] = []
@@ -120,11 +120,11 @@ def test_patience_counts_from_the_evaluation_that_gained() -> None:
     """Asked after a batch, the patience still counts from the evaluation
     that raised the best, not from the question (on a 1,000-op GRU the late
     count cost 13 evaluations of fine-tuning, 1.4 s each)."""
-    from atoll.partition._rl import _Stall
+    from atoll.partition._baselines import Stall
 
     t = _History()
     t.history += [100.0, 100.0]
-    stall = _Stall(t, 8)  # type: ignore[arg-type]
+    stall = Stall(t, 8)  # type: ignore[arg-type]
     t.history += [100.0, 102.0, 102.0, 102.0, 102.1]  # the gain at evaluation 4
     assert not stall.stalled()
     t.history += [102.1] * 4  # 8 evaluations since the gain (11 in all)

@@ -10,7 +10,7 @@ import pytest
 
 from atoll import partition as P
 from atoll.partition import _cpmodel, _heldout, _lns, _solver
-from atoll.partition._baselines import Tracker
+from atoll.partition._baselines import STALLED, Stall, Tracker
 from atoll.partition._progress import ProgressBar
 from atoll.partition._repair import Repairer
 
@@ -337,20 +337,20 @@ def test_a_windows_model_prices_each_stage_as_the_cost_model(topology: str) -> N
         assert at_hint == bm.hinted
 
 
-def test_an_overtime_grants_while_the_best_still_rises() -> None:
+def test_an_overtime_grants_until_the_best_stalls_or_time_runs_out() -> None:
     g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
     tracker = Tracker(g, chips, Repairer(g, chips), budget=4)
     later = _lns.Overtime(until_s=3600.0, patience=2)
-    tracker.history = [1.0, 2.0]
-    assert later.grants(tracker)  # no more than its patience yet
-    tracker.history = [1.0, 2.0, 2.0, 2.0]
-    assert not later.grants(tracker)  # flat over the last two
-    tracker.history = [1.0, 2.0, 2.0, 2.0 * (1 + _lns.GAIN) * 1.001]
-    assert later.grants(tracker)
-    tracker.history = [1.0, 2.0, 2.0, 2.0 * (1 + _lns.GAIN) * 0.999]
-    assert not later.grants(tracker)  # below the gain that keeps it going
-    tracker.history = [1.0, 2.0, 3.0, 4.0]
-    assert not _lns.Overtime(until_s=0.0, patience=2).grants(tracker)  # out of time
+    tracker.history = [2.0]
+    stall = Stall(tracker, later.patience)  # the windows' start
+    tracker.history += [2.0]
+    assert later.grants(tracker, stall)  # one without a gain: under its patience
+    tracker.history += [2.0 * (1 + STALLED) * 1.001]
+    assert later.grants(tracker, stall)  # a gain: the count starts again
+    tracker.history += [tracker.history[-1] * 1.001] * 2
+    assert not later.grants(tracker, stall)  # two that rose less than STALLED
+    tracker.history = [2.0]
+    assert not _lns.Overtime(until_s=0.0, patience=2).grants(tracker, Stall(tracker, 2))
 
 
 def test_an_overtime_runs_the_windows_past_the_budget_while_they_gain() -> None:
@@ -371,8 +371,8 @@ def test_an_overtime_runs_the_windows_past_the_budget_while_they_gain() -> None:
     assert len(best) > 3 and best[-1] > runs["none"].best_tp
     assert longer.budget == len(best)  # the budget grew with each evaluation granted
     # it ended on a stall: asked with one evaluation in hand, it was refused after
-    # 4 without a gain (the next to last) and granted one before (a gain in the 4)
-    assert best[-2] <= best[-6] * (1 + _lns.GAIN) and best[-3] > best[-7] * (1 + _lns.GAIN)
+    # 4 without a gain (the next to last), then took the one in hand
+    assert best[-2] <= best[-6] * (1 + STALLED)
 
 
 def test_only_the_default_budget_gets_an_overtime(monkeypatch: pytest.MonkeyPatch) -> None:
