@@ -183,6 +183,62 @@ def _uniform(n: int = 60) -> P.OpGraph:
     return P.OpGraph.build("uniform", nodes, [(i, i + 1, 1e3) for i in range(n - 1)])
 
 
+def test_a_band_reaches_from_the_slowest_stage_to_slack_no_window_holds() -> None:
+    band = _lns.BAND
+    times = np.array([5.0, 4.9, 4.9, 4.9, 4.9, 1.0, 4.9, 4.9])
+    assert _lns.bands(times, 0) == [(band, 0, 5)]
+    assert _lns.bands(times, 7) == []  # slack two chiplets off: a window of 4 holds both
+    assert _lns.bands(np.array([5.0, 1.0, 5, 5, 5, 1]), 0) == []  # slack next door
+    both = np.array([1.0, 5, 5, 5, 5, 5, 5, 5, 5, 1])
+    assert _lns.bands(both, 5) == [(band, 0, 5), (band, 5, 9)]
+    assert _lns.chiplets_of((band, 5, 9)) == (5, 6, 7, 8, 9)
+    assert _lns.chiplets_of((2, 3, 4)) == (2, 3, 4)
+
+
+def test_bands_come_with_the_first_windows_on_long_chains_only() -> None:
+    """Slack at the far end of the chain: a band from the slowest stage (0)
+    joins the first windows from BAND_CHIPLETS chiplets on; on 8, where the
+    growing windows reach it, none does."""
+    for count in (8, _lns.BAND_CHIPLETS):
+        per_chip = [7] + [5] * (count - 2) + [1]  # the middle ones above the mean
+        g, chips = _uniform(sum(per_chip)), P.Chiplets(count, link_bytes_per_s=1e15)
+        start = np.repeat(np.arange(count), per_chip)
+        tracker = Tracker(g, chips, Repairer(g, chips), budget=10)
+        walk = _lns._Walk(tracker, np.random.default_rng(0), 0, None)
+        times = P.stage_times(g, chips, start)
+        assert _lns.bands(times, 0) == [(_lns.BAND, 0, count - 1)]
+        todo = walk.todo(start, times, _lns.FIRST_WINDOW, _lns.WINDOW_S, set())
+        assert ((_lns.BAND, 0, count - 1) in todo) == (count >= _lns.BAND_CHIPLETS)
+        assert not any(w[0] == _lns.BAND for w in walk.todo(start, times, 4, 0.5, set()))
+
+
+def test_a_band_frees_the_nodes_at_each_boundary_inside_it() -> None:
+    current = np.repeat(np.arange(6), 10)
+    free = _lns.freed((_lns.BAND, 1, 4), current, 12)  # 3 boundaries: 2 nodes a side
+    assert np.flatnonzero(free).tolist() == [18, 19, 20, 21, 28, 29, 30, 31, 38, 39, 40, 41]
+    np.testing.assert_array_equal(_lns.freed((1, 2), current, 12), np.isin(current, (1, 2)))
+
+
+def test_a_band_step_moves_load_to_slack_that_no_first_window_reaches() -> None:
+    """Stages of 12, 11, 11, 11, 10 and 5 nodes: no window of 3 next to the
+    slowest (stage 0) can gain (34 nodes on 3 chiplets need one of 12); the
+    band from it to stage 5 passes nodes across each boundary and balances."""
+    g, chips = _uniform(), P.Chiplets(6, link_bytes_per_s=1e15)
+    start = np.repeat(np.arange(6), [12, 11, 11, 11, 10, 5])
+    times = P.stage_times(g, chips, start)
+    assert int(np.argmax(times)) == 0
+    for window in _lns.windows(6, 0, 3):
+        keep = ~np.isin(start, window)
+        new, _ = _solver.solver_step(g, chips, 1.0, start, 0, keep, window)
+        assert new is not None and P.stage_times(g, chips, new).max() == pytest.approx(times.max())
+    (band,) = _lns.bands(times, 0)
+    assert band == (_lns.BAND, 0, 5)
+    free = _lns.freed(band, start, 60)
+    new, _ = _solver.solver_step(g, chips, 1.0, start, 0, ~free, _lns.chiplets_of(band))
+    assert new is not None and P.is_valid(g, chips, new)
+    assert np.bincount(new, minlength=6).tolist() == [10] * 6
+
+
 def test_a_window_shortens_its_own_stages_when_another_ties_for_slowest() -> None:
     """Stages 0 and 4 tie for the slowest; a window on chiplets 3 to 5 cannot
     change stage 0, so the throughput cannot rise, but with ``focus`` CP-SAT
