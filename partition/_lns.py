@@ -17,13 +17,14 @@ throughput stays), and the next window the other.
 
 Where the slack lies further off than a window of 4 chiplets reaches, so
 that the slowest stage's neighbours are nearly as slow, the first windows
-come with *bands* (:func:`bands`): the chiplets from the slowest stage to
-the nearest one faster than the mean, with only the nodes at each boundary
-between two of them free, so that one step passes load along the whole
-span. On a 1,000-op WaveNet on a ring of 32 the windows alone ended 11%
-short of the best known, nine chiplets 11 to 85% faster than the slowest
-and the other 23 within 7% of it; with bands (2026-12-07) 31 of 38 band steps
-gained, and it ended 1% past the best known.
+(on 9 chiplets or more, :data:`BAND_CHIPLETS`) come with *bands*
+(:func:`bands`): the chiplets from the slowest stage to the nearest one
+faster than the mean, with only the nodes at each boundary between two of
+them free, so that one step passes load along the whole span. On a
+1,000-op WaveNet on a ring of 32 the windows alone ended 11% short of the
+best known, nine chiplets 11 to 85% faster than the slowest and the other
+23 within 7% of it; with bands (2026-12-07) 31 of 38 band steps gained,
+and it ended 1% past the best known.
 
 Every step is one evaluation of the search's budget. When every window next
 to the slowest stage has been tried since the last improvement, the windows
