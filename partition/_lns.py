@@ -24,7 +24,7 @@ them free, so that one step passes load along the whole span. On a
 1,000-op WaveNet on a ring of 32 the windows alone ended 11% short of the
 best known, nine chiplets 11 to 85% faster than the slowest and the other
 23 within 7% of it; with bands (2026-12-07) 31 of 38 band steps gained,
-and it ended 1% past the best known.
+and it ended 14% higher, 0.5% short of the best known made with them.
 
 Every step is one evaluation of the search's budget. When every window next
 to the slowest stage has been tried since the last improvement, the windows
