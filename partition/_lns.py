@@ -25,6 +25,12 @@ them free, so that one step passes load along the whole span. On a
 best known, nine chiplets 11 to 85% faster than the slowest and the other
 23 within 7% of it; with bands (2026-12-07) 31 of 38 band steps gained,
 and it ended 14% higher, 0.5% short of the best known made with them.
+The next windows (of 4 chiplets) come with *wide* bands: from the stage
+behind the slowest, so that both its boundaries are free, to the nearest
+stage faster than the mean and to the fastest. On a 1,000-op GRU on a
+ring of 16 the bands alone stuck with one chiplet 70% faster than the
+rest, beyond a nearer one 17% faster, and a stage tied for the slowest
+pinned behind the slowest.
 
 Every step is one evaluation of the search's budget. When every window next
 to the slowest stage has been tried since the last improvement, the windows
@@ -47,12 +53,13 @@ core (:mod:`._background`): after each step the windows take what it found
 when that is faster than where they stand. The polish stops early, leaving
 the rest of the budget, only when CP-SAT proves the whole problem optimal
 (in a window of every chiplet, or in that solve).
-The plain call's default budget may stretch (:class:`Overtime`): while the
-windows still gain, one evaluation past it at a time, up to a time that
-grows with the graph. An evaluation's cost varies by graph and topology (a
-window step of a 1,000-op WaveNet on a ring of 32 took 0.4 s on average,
-of a 1,000-op GRU on a ring of 16 0.8 s), so a count alone ended some
-searches while they still gained fast, with time to spare.
+The plain call's windows run on a clock (:class:`Overtime`): they end at a
+time that grows with the graph, and until then its default budget may
+stretch while they still gain, one evaluation past it at a time. An
+evaluation's cost varies by graph and topology (a window step of a
+1,000-op WaveNet on a ring of 32 took 0.4 s on average, of a 1,000-op GRU
+on a ring of 16 0.8 to 3 s), so a count alone ended some searches while
+they still gained fast, with time to spare, and ran others well past it.
 Each step is one blocking CP-SAT call on the caller's thread; the solve
 beside them runs in a thread of its own.
 """
@@ -73,6 +80,7 @@ from ._solver import solver_step
 __all__ = [
     "BAND",
     "BAND_CHIPLETS",
+    "BAND_SIDE",
     "MAX_WINDOW_S",
     "WINDOW_S",
     "Overtime",
@@ -91,21 +99,29 @@ BAND = -1  # a band's key is (BAND, first chiplet, last chiplet); a window's, it
 # the fewest chiplets given bands: on 8, a window of 4 is half the chain, the growing windows
 # reach any slack, and with bands a 1,000-op GRU ended 1.2 and 1.5% lower (seeds 0 and 1)
 BAND_CHIPLETS = 9
+# the fewest nodes a band frees each side of a boundary: a band over 30 chiplets of a
+# WaveNet on a ring of 32 freed one a side, and its walk stuck, one chiplet 73% faster
+BAND_SIDE = 3
 
 
 @dataclass(frozen=True)
 class Overtime:
-    """Evaluations past the budget, granted one at a time (:meth:`_Walk.more`)
-    while the windows' best has not stalled (:class:`._baselines.Stall`, the
-    rule fine-tuning ends on, with ``patience``) and the search (from its
-    tracker's start) has run less than ``until_s`` seconds."""
+    """The plain call's clock on its windows: they end once the search (from its
+    tracker's start) has run ``until_s`` seconds, within the budget or past it;
+    past it, evaluations are granted one at a time (:meth:`_Walk.more`) while
+    the windows' best has not stalled (:class:`._baselines.Stall`, the rule
+    fine-tuning ends on, with ``patience``) and that time is not up."""
 
     until_s: float
     patience: int
 
+    def expired(self, tracker: Tracker) -> bool:
+        """Whether ``tracker``'s search has run its ``until_s`` seconds."""
+        return time.perf_counter() - tracker.started >= self.until_s
+
     def grants(self, tracker: Tracker, stall: Stall) -> bool:
         """Whether ``tracker``, on its budget's last evaluation, gets one more."""
-        return time.perf_counter() - tracker.started < self.until_s and not stall.stalled()
+        return not self.expired(tracker) and not stall.stalled()
 
 
 def windows(count: int, slow: int, size: int, ring: bool = False) -> list[tuple[int, ...]]:
@@ -125,21 +141,29 @@ def windows(count: int, slow: int, size: int, ring: bool = False) -> list[tuple[
     ]
 
 
-def bands(times: NDArray[np.float64], slow: int) -> list[tuple[int, ...]]:
+def bands(times: NDArray[np.float64], slow: int, wide: bool = False) -> list[tuple[int, ...]]:
     """The bands of the slowest stage ``slow`` (see :func:`freed`): in each
     direction along the chiplets' order (a ring's too: it does not wrap, as the
     flow does not), the span from it to the nearest stage faster than the
-    mean, where that one is too far for a window of :data:`FIRST_WINDOW` + 1
-    chiplets to hold both. A window can only move load between neighbours of
-    the slowest stage, all of them nearly as slow where the slack is far off."""
+    mean. ``wide``: from the stage behind it (so that both its boundaries
+    are free), to that stage and to the fastest stage that way. Each only
+    where that stage is too far for a window of :data:`FIRST_WINDOW` + 1
+    chiplets to hold both. A window can only move load between neighbours
+    of the slowest stage, all of them nearly as slow where the slack is far
+    off; the nearest slack may be too little, where the most lies at the
+    chain's end; and a stage tied for the slowest behind it, pinned, can
+    hold the throughput where it is."""
     out: list[tuple[int, ...]] = []
     mean, count = float(times.mean()), len(times)
     for step in (-1, 1):
-        k = slow + step
-        while 0 <= k < count and times[k] >= mean:
-            k += step
-        if 0 <= k < count and abs(k - slow) > FIRST_WINDOW:
-            out.append((BAND, min(slow, k), max(slow, k)))
+        side = list(range(slow + step, count if step > 0 else -1, step))
+        ends = [k for k in side if times[k] < mean][:1]
+        if wide and side:
+            ends = list(dict.fromkeys([*ends, side[int(np.argmin(times[side]))]]))
+        back = min(max(slow - step, 0), count - 1) if wide else slow
+        for k in ends:
+            if abs(k - slow) > FIRST_WINDOW:
+                out.append((BAND, min(back, k), max(back, k)))
     return out
 
 
@@ -147,12 +171,13 @@ def freed(key: tuple[int, ...], current: IntArray, free: int) -> NDArray[np.bool
     """The nodes a step on ``key`` frees: a window's, every node on its chiplets;
     a band's, at each boundary between two of its chiplets, the last nodes (in
     the graph's topological order) of the one and the first of the other,
-    about ``free`` in all. The rest stay pinned, so those can only pass load
-    along the band, a few nodes a boundary, from the slowest stage to slack."""
+    about ``free`` in all, and at least :data:`BAND_SIDE` a side. The rest
+    stay pinned, so those can only pass load along the band, a few nodes a
+    boundary, from the slowest stage to slack."""
     if key[0] != BAND:
         return np.isin(current, key)
     lo, hi = key[1], key[2]
-    per_side = max(1, free // (2 * (hi - lo)))
+    per_side = max(BAND_SIDE, free // (2 * (hi - lo)))
     out = np.zeros(len(current), dtype=bool)
     for chip in range(lo, hi + 1):
         on = np.flatnonzero(current == chip)
@@ -178,7 +203,8 @@ def lns_polish(
 ) -> None:
     """Improve ``tracker.best`` window by window until the budget is spent or the
     whole problem is proved optimal (see the module's docstring); with an
-    ``overtime``, the spent budget grows while it grants more.
+    ``overtime``, the spent budget grows while it grants more, and the
+    polish ends when its time is up.
 
     First a descent from the best, with windows of every size and, when
     stuck, more time per window up to :data:`MAX_WINDOW_S`. Then, while
@@ -254,20 +280,24 @@ class _Walk:
     overtime: Overtime | None = None
     too_big: dict[float, int] = field(default_factory=dict)
     stall: Stall = field(init=False)  # the overtime's, counted from the polish's start
+    granting: bool = True  # until the overtime's first refusal
 
     def __post_init__(self) -> None:
         self.stall = Stall(self.tracker, None if self.overtime is None else self.overtime.patience)
 
     def more(self) -> bool:
-        """Whether another step may run. An overtime is asked on the budget's
-        last evaluation, and one it grants keeps one in hand; its first refusal
-        ends it. So a progress bar sees its total only when the search ends."""
-        t = self.tracker
-        if t.left <= 1 and self.overtime is not None:
-            if self.overtime.grants(t, self.stall):
+        """Whether another step may run: not once an overtime's time is up. An
+        overtime is asked on the budget's last evaluation, and one it grants
+        keeps one in hand; its first refusal ends its grants. So a progress bar
+        sees its total only when the search ends (or is ended early)."""
+        t, overtime = self.tracker, self.overtime
+        if overtime is not None and overtime.expired(t):
+            return False
+        if t.left <= 1 and overtime is not None and self.granting:
+            if overtime.grants(t, self.stall):
                 t.budget = t.held + len(t.history) + 2
             else:
-                self.overtime = None
+                self.granting = False
         return t.left > 0
 
     @property
@@ -291,8 +321,10 @@ class _Walk:
         limit = self.too_big.get(step_s, len(current) + 1)
         near = windows(chips.count, slow, size, chips.topology == "ring")
         out = [w for w in near if w not in skip and int(per_chip[list(w)].sum()) < limit]
-        if size == FIRST_WINDOW and chips.count >= BAND_CHIPLETS and self.band_nodes < limit:
-            out += [b for b in bands(times, slow) if b not in skip]
+        if size in (FIRST_WINDOW, FIRST_WINDOW + 1) and chips.count >= BAND_CHIPLETS:
+            wide = size > FIRST_WINDOW
+            if self.band_nodes < limit:
+                out += [b for b in bands(times, slow, wide) if b not in skip]
         return out
 
     def found_nothing(self, current: IntArray, free: NDArray[np.bool_], step_s: float) -> None:

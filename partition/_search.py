@@ -30,7 +30,7 @@ METHODS = ("rl", "sa", "random", "solver", "dp")
 # windows: on a 1,000-op GRU fine-tuning spent 260 s (two thirds of the
 # search) repairing samples for a 5% gain, the windows then 130 s for 73%
 PATIENCE = 24
-SECONDS_PER_OP = 0.3  # how long the plain call may stretch its default budget
+SECONDS_PER_OP = 0.3  # when the plain call's windows end, per node of the graph
 
 
 def search(
@@ -57,13 +57,14 @@ def search(
 
     ``budget`` is the number of evaluated (repaired) partitions for ``rl``,
     ``sa`` and ``random`` (None: :func:`default_budget`, 64, more on graphs of
-    more than 192 ops; for ``rl`` it then stretches while the solver's windows
-    still gain, up to :func:`default_seconds`, see :class:`._lns.Overtime`; a
-    budget given is exact). ``solver`` runs CP-SAT on the bottleneck for
-    ``time_limit_s`` instead, and ``dp`` is a single exact split of the
-    topological order. ``rl`` fine-tunes ``policy`` on this graph, in place.
-    Given several, it evaluates the greedy assignment of each and trains the
-    first, with the parameters of the one that scored best; None means copies
+    more than 192 ops; for ``rl`` the solver's windows then end at
+    :func:`default_seconds`, and until then the budget stretches while they
+    still gain, see :class:`._lns.Overtime`; a budget given is exact).
+    ``solver`` runs CP-SAT on the bottleneck for ``time_limit_s`` instead,
+    and ``dp`` is a single exact split of the topological order.
+    ``rl`` fine-tunes ``policy`` on this graph, in place. Given several, it
+    evaluates the greedy assignment of each and trains the first, with the
+    parameters of the one that scored best; None means copies
     of the shipped set (:meth:`Policy.pretrained_set`). With ``rl_hint`` the
     DP's split (the solver's hint) is evaluated after those
     greedy assignments; with ``rl_imitate`` every update
@@ -167,11 +168,12 @@ def default_budget(graph: OpGraph) -> int:
 
 
 def default_seconds(graph: OpGraph) -> float:
-    """How long RL as shipped may run on past its default budget while its
-    windows still gain: :data:`SECONDS_PER_OP` a node (5 minutes at 1,000
-    ops, 15 at 3,000). On a WaveNet of 1,000 ops on a ring of 32 chiplets
-    the default budget's evaluations took 94 to 99 s, and its best had
-    risen 8% in the last 30 (``docs/partition.md``)."""
+    """When the plain call's windows end, within its default budget or past it
+    while they still gain: :data:`SECONDS_PER_OP` a node (5 minutes at
+    1,000 ops, 15 at 3,000). On a WaveNet of 1,000 ops on a ring of 32
+    chiplets the default budget's evaluations took 94 to 99 s, and its best
+    had risen 8% in the last 30; on a GRU of 1,000 ops on a ring of 16 they
+    took 407 s (``docs/partition.md``)."""
     return SECONDS_PER_OP * max(len(graph), 1)
 
 

@@ -26,7 +26,7 @@ from ._models import builtin_graph, builtin_names
 from ._policy import Policy
 from ._progress import ProgressBar
 from ._rl import TrainLog
-from ._search import METHODS, search
+from ._search import METHODS, SECONDS_PER_OP, search
 from ._synthetic import FAMILIES, SHARED_FAMILIES, check_families, synthetic_cases
 
 __all__ = ["add_commands", "format_partition", "load_graph_arg", "run"]
@@ -46,7 +46,8 @@ def add_commands(subparsers: Any) -> None:
         default=None,
         help=(
             "evaluated partitions (default: 64, more on graphs past 192 ops: default_budget;"
-            " rl then runs on past it while its windows still gain, up to 0.3 s a node)"
+            f" rl's windows then end at {SECONDS_PER_OP:g} s a node, running on past the"
+            " budget while they still gain)"
         ),
     )
     p.add_argument("--seed", type=int, default=0)

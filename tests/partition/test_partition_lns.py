@@ -191,14 +191,21 @@ def test_a_band_reaches_from_the_slowest_stage_to_slack_no_window_holds() -> Non
     assert _lns.bands(np.array([5.0, 1.0, 5, 5, 5, 1]), 0) == []  # slack next door
     both = np.array([1.0, 5, 5, 5, 5, 5, 5, 5, 5, 1])
     assert _lns.bands(both, 5) == [(band, 0, 5), (band, 5, 9)]
+    assert _lns.bands(both, 5, wide=True) == [(band, 0, 6), (band, 4, 9)]  # 5's two boundaries
+    more_past = np.array([5.0, 4.9, 4.9, 4.9, 4.9, 3.0, 4.9, 4.9, 4.9, 1.0])
+    assert _lns.bands(more_past, 0) == [(band, 0, 5)]  # the nearest slack
+    assert _lns.bands(more_past, 0, wide=True) == [(band, 0, 5), (band, 0, 9)]  # and the most
+    assert _lns.bands(times, 0, wide=True) == [(band, 0, 5)]  # the most is the nearest
     assert _lns.chiplets_of((band, 5, 9)) == (5, 6, 7, 8, 9)
     assert _lns.chiplets_of((2, 3, 4)) == (2, 3, 4)
 
 
-def test_bands_come_with_the_first_windows_on_long_chains_only() -> None:
+def test_bands_come_with_the_first_two_window_sizes_on_long_chains_only() -> None:
     """Slack at the far end of the chain: a band from the slowest stage (0)
     joins the first windows from BAND_CHIPLETS chiplets on; on 8, where the
-    growing windows reach it, none does."""
+    growing windows reach it, none does. The next windows get wide bands
+    (here the same, as stage 0 has no stage behind it); with slack nearer
+    too, one to the farther (and larger) slack as well."""
     for count in (8, _lns.BAND_CHIPLETS):
         per_chip = [7] + [5] * (count - 2) + [1]  # the middle ones above the mean
         g, chips = _uniform(sum(per_chip)), P.Chiplets(count, link_bytes_per_s=1e15)
@@ -208,15 +215,31 @@ def test_bands_come_with_the_first_windows_on_long_chains_only() -> None:
         times = P.stage_times(g, chips, start)
         assert _lns.bands(times, 0) == [(_lns.BAND, 0, count - 1)]
         todo = walk.todo(start, times, _lns.FIRST_WINDOW, _lns.WINDOW_S, set())
-        assert ((_lns.BAND, 0, count - 1) in todo) == (count >= _lns.BAND_CHIPLETS)
+        on = count >= _lns.BAND_CHIPLETS
+        assert ((_lns.BAND, 0, count - 1) in todo) == on
         later = walk.todo(start, times, _lns.FIRST_WINDOW + 1, _lns.WINDOW_S, set())
-        assert not any(w[0] == _lns.BAND for w in later)  # only with the first windows
+        assert [w for w in later if w[0] == _lns.BAND] == (
+            [(_lns.BAND, 0, count - 1)] if on else []
+        )
+        per_chip[5] = 3  # nearer slack: a band to it first, to the most with the next windows
+        start = np.repeat(np.arange(count), per_chip)
+        g = _uniform(sum(per_chip))
+        tracker = Tracker(g, chips, Repairer(g, chips), budget=10)
+        walk = _lns._Walk(tracker, np.random.default_rng(0), 0, None)
+        times = P.stage_times(g, chips, start)
+        first = walk.todo(start, times, _lns.FIRST_WINDOW, _lns.WINDOW_S, set())
+        later = walk.todo(start, times, _lns.FIRST_WINDOW + 1, _lns.WINDOW_S, set())
+        assert [w for w in first if w[0] == _lns.BAND] == ([(_lns.BAND, 0, 5)] if on else [])
+        wide = [(_lns.BAND, 0, 5), (_lns.BAND, 0, count - 1)] if on else []
+        assert [w for w in later if w[0] == _lns.BAND] == wide
 
 
 def test_a_band_frees_the_nodes_at_each_boundary_inside_it() -> None:
     current = np.repeat(np.arange(6), 10)
-    free = _lns.freed((_lns.BAND, 1, 4), current, 12)  # 3 boundaries: 2 nodes a side
-    assert np.flatnonzero(free).tolist() == [18, 19, 20, 21, 28, 29, 30, 31, 38, 39, 40, 41]
+    free = _lns.freed((_lns.BAND, 1, 4), current, 24)  # 3 boundaries: 4 nodes a side
+    assert np.flatnonzero(free).tolist() == [16 + i + 10 * k for k in range(3) for i in range(8)]
+    fewest = _lns.freed((_lns.BAND, 1, 4), current, 6)  # one a side asked: BAND_SIDE given
+    assert int(fewest.sum()) == 3 * 2 * _lns.BAND_SIDE
     np.testing.assert_array_equal(_lns.freed((1, 2), current, 12), np.isin(current, (1, 2)))
 
 
@@ -418,7 +441,8 @@ def test_an_overtime_runs_the_windows_past_the_budget_while_they_gain() -> None:
         runs[name] = Tracker(g, chips, Repairer(g, chips), budget=3)
         runs[name].evaluate(poor)
         _lns.lns_polish(runs[name], np.random.default_rng(0), overtime=overtime)
-        assert len(runs[name].history) == 3  # exact: no time for more
+    assert len(runs["none"].history) == 3  # exact
+    assert runs["spent"].history == [runs["spent"].history[0]]  # its time was up: no step
     out = io.StringIO()  # a bar sees its total only at the end: one line, ended once
     longer = Tracker(g, chips, Repairer(g, chips), budget=3, progress=ProgressBar("", out))
     longer.evaluate(poor)
@@ -430,6 +454,19 @@ def test_an_overtime_runs_the_windows_past_the_budget_while_they_gain() -> None:
     # it ended on a stall: asked with one evaluation in hand, it was refused after
     # 4 without a gain (the next to last), then took the one in hand
     assert best[-2] <= best[-6] * (1 + STALLED)
+
+
+def test_an_overtime_ends_the_windows_within_the_budget_when_its_time_is_up() -> None:
+    g, chips = _chain(), P.Chiplets(6, link_bytes_per_s=5e10)
+
+    def clock(done: int, total: int, best: float) -> None:
+        if done == 3:  # a deterministic clock: the time is up on the third evaluation
+            tracker.started -= 3600.0
+
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=50, progress=clock)
+    tracker.evaluate(np.minimum(np.arange(len(g)) // 6, 5))
+    _lns.lns_polish(tracker, np.random.default_rng(0), overtime=_lns.Overtime(3600.0, 4))
+    assert len(tracker.history) == 3 and tracker.left > 0
 
 
 def test_only_the_default_budget_gets_an_overtime(monkeypatch: pytest.MonkeyPatch) -> None:
