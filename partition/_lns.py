@@ -315,17 +315,15 @@ class _Walk:
     ) -> list[tuple[int, ...]]:
         """The windows of ``size`` chiplets next to the slowest stage (with the
         first windows, on :data:`BAND_CHIPLETS` or more, its :func:`bands` too;
-        with the next, its wide bands) not in ``skip`` and small enough to try
-        at ``step_s``."""
+        with the next, its wide bands) not in ``skip`` and freeing few enough
+        nodes (:func:`freed`) to try at ``step_s``."""
         chips, slow = self.tracker.chiplets, int(np.argmax(times))
-        per_chip = np.bincount(current, minlength=chips.count)
         limit = self.too_big.get(step_s, len(current) + 1)
-        near = windows(chips.count, slow, size, chips.topology == "ring")
-        out = [w for w in near if w not in skip and int(per_chip[list(w)].sum()) < limit]
-        banded = size in (FIRST_WINDOW, FIRST_WINDOW + 1) and chips.count >= BAND_CHIPLETS
-        if banded and self.band_nodes < limit:
-            out += [b for b in bands(times, slow, size > FIRST_WINDOW) if b not in skip]
-        return out
+        keys = windows(chips.count, slow, size, chips.topology == "ring")
+        if size in (FIRST_WINDOW, FIRST_WINDOW + 1) and chips.count >= BAND_CHIPLETS:
+            keys += bands(times, slow, wide=size > FIRST_WINDOW)
+        small = [k for k in keys if int(freed(k, current, self.band_nodes).sum()) < limit]
+        return [k for k in small if k not in skip]
 
     def found_nothing(self, current: IntArray, free: NDArray[np.bool_], step_s: float) -> None:
         """A step's run returned nothing: no step with as many ``free`` nodes at
