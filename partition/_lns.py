@@ -32,6 +32,19 @@ ring of 16 the bands alone stuck with one chiplet 70% faster than the
 rest, beyond a nearer one 17% faster, and a stage tied for the slowest
 pinned behind the slowest.
 
+While some stage is idle (faster than :data:`IDLE` of the slowest), every
+:data:`RESPLIT_EVERY` window steps and when the first windows are stuck,
+the walk *re-splits* its partition (:mod:`._resplit`, one evaluation): an
+annealed walk over the cuts of the partition's own order, which passes load
+along every boundary a node at a time, where a window or a band must free
+all of them at once. What it finds, when faster, the windows go on from;
+after one that finds nothing the steps to the next double. On the 1,000-op
+GRU on the ring of 16 the windows and bands drained the last chiplet to
+one node and stuck 5.1% short of the best known; with re-splits the plain
+call ended 0.9 to 1.4% short (2026-12-08, three runs). Re-splitting with
+no stage idle too cost the GRU at 8 and the WaveNet on the ring of 32 0.9
+to 2.3% (two seeds each).
+
 Every step is one evaluation of the search's budget. When every window next
 to the slowest stage has been tried since the last improvement, the windows
 grow by one chiplet; a window of every chiplet is the whole problem. Once
@@ -75,13 +88,16 @@ from numpy.typing import NDArray
 from ._background import BackgroundSolve
 from ._baselines import Stall, Tracker, _bottleneck_neighbour
 from ._cost import IntArray, stage_times
+from ._resplit import resplit
 from ._solver import solver_step
 
 __all__ = [
     "BAND",
     "BAND_CHIPLETS",
     "BAND_SIDE",
+    "IDLE",
     "MAX_WINDOW_S",
+    "RESPLIT_EVERY",
     "WINDOW_S",
     "Overtime",
     "bands",
@@ -102,6 +118,11 @@ BAND_CHIPLETS = 9
 # the fewest nodes a band frees each side of a boundary: a band over 30 chiplets of a
 # WaveNet on a ring of 32 freed one a side, and its walk stuck, one chiplet 73% faster
 BAND_SIDE = 3
+# window steps between re-splits (:func:`._resplit.resplit`): on a 1,000-op GRU on a ring
+# of 16 (seed 0, 300 evaluations from the handover) re-splits only when the first windows
+# were stuck ended at 8,772.2; every 15 window steps too, at 8,885.4
+RESPLIT_EVERY = 15
+IDLE = 0.75  # a stage faster than this share of the slowest is idle: re-splits only then
 
 
 @dataclass(frozen=True)
@@ -279,6 +300,9 @@ class _Walk:
     background: BackgroundSolve | None
     overtime: Overtime | None = None
     too_big: dict[float, int] = field(default_factory=dict)
+    resplit_from: set[bytes] = field(default_factory=set)  # partitions already re-split
+    steps: int = 0  # window steps since the last re-split
+    every: int = RESPLIT_EVERY  # window steps between re-splits
     stall: Stall = field(init=False)  # the overtime's, counted from the polish's start
     granting: bool = True  # until the overtime's first refusal
 
@@ -325,6 +349,33 @@ class _Walk:
         small = [k for k in keys if int(freed(k, current, self.band_nodes).sum()) < limit]
         return [k for k in small if k not in skip]
 
+    def resplit_due(self, current: IntArray, times: NDArray[np.float64], stuck: bool) -> bool:
+        """Whether to re-split ``current`` (stage times ``times``) now: while some
+        stage is idle (:data:`IDLE`), every :attr:`every` window steps and when
+        the first windows are ``stuck``; never twice the same partition."""
+        due = stuck or self.steps >= self.every
+        idle = float(times.min()) < IDLE * float(times.max())
+        return due and idle and current.tobytes() not in self.resplit_from
+
+    def resplit(self, current: IntArray) -> IntArray | None:
+        """A walk over the cuts of ``current``'s own order (:func:`._resplit.resplit`),
+        one evaluation: its partition when that is :func:`_faster`, else None. The
+        steps to the next one double after each that finds nothing, and return to
+        :data:`RESPLIT_EVERY` after one that does."""
+        t = self.tracker
+        self.resplit_from.add(current.tobytes())
+        self.steps = 0
+        found = resplit(t.graph, t.chiplets, current, self.rng)
+        old = stage_times(t.graph, t.chiplets, current)
+        if not _faster(stage_times(t.graph, t.chiplets, found), old):
+            self.every *= 2
+            t.evaluate(current)
+            return None
+        self.every = RESPLIT_EVERY
+        self.resplit_from.add(found.tobytes())
+        taken, _ = t.evaluate(found)
+        return taken
+
     def found_nothing(self, current: IntArray, free: NDArray[np.bool_], step_s: float) -> None:
         """A step's run returned nothing: no step with as many ``free`` nodes at
         ``step_s`` from now on, and the step counts in the budget all the same."""
@@ -358,6 +409,12 @@ def _descend(
         if _proved(background, times):
             return True
         todo = walk.todo(current, times, size, step_s, tried | proved)
+        if walk.resplit_due(current, times, not todo and size == min(FIRST_WINDOW, count)):
+            split = walk.resplit(current)
+            if split is not None:
+                current, times = split, stage_times(graph, chips, split)
+                size, step_s, tried, proved = min(FIRST_WINDOW, count), window_s, set(), set()
+            continue  # (the evaluation may have been the last)
         if not todo:
             if size < top:
                 size += 1
@@ -373,6 +430,7 @@ def _descend(
         focus = sorted({(k + d) % count if ring else k + d for k in span for d in (-1, 0, 1)})
         focus = [k for k in focus if 0 <= k < count]
         new, optimal = solver_step(graph, chips, step_s, current, walk.seed, ~free, focus)
+        walk.steps += 1
         if new is None:  # too many free nodes to take even the current partition in time
             walk.found_nothing(current, free, step_s)
             continue

@@ -11,6 +11,7 @@ import pytest
 from atoll import partition as P
 from atoll.partition import _cpmodel, _heldout, _lns, _solver
 from atoll.partition._baselines import STALLED, Stall, Tracker
+from atoll.partition._cost import IntArray
 from atoll.partition._progress import ProgressBar
 from atoll.partition._repair import Repairer
 
@@ -72,10 +73,14 @@ def test_polish_stops_within_its_budget_and_at_a_local_optimum() -> None:
     tracker = Tracker(g, chips, Repairer(g, chips), budget=1000)
     tracker.evaluate(best)
     _lns.lns_polish(tracker, np.random.default_rng(0))
-    # nothing improves an optimum: every window of every size once, then it stops
+    # nothing improves an optimum: every window of every size once, then it stops (a
+    # re-split of the first windows' partition may even out the stages below the slowest
+    # once, and the windows start again)
     sizes = range(_lns.FIRST_WINDOW, chips.count + 1)
     slow = int(np.argmax(P.stage_times(g, chips, best)))
-    assert len(tracker.history) - 1 <= sum(len(_lns.windows(6, slow, s)) for s in sizes)
+    windows = sum(len(_lns.windows(6, slow, s)) for s in sizes)
+    assert len(tracker.history) - 1 <= 2 * windows + 2
+    assert tracker.best_tp == pytest.approx(P.throughput(g, chips, best))
     small = Tracker(g, chips, Repairer(g, chips), budget=3)
     small.evaluate(np.minimum(np.arange(len(g)) // 6, 5))
     _lns.lns_polish(small, np.random.default_rng(0))
@@ -96,6 +101,7 @@ def test_stuck_windows_get_more_time_then_kicks(monkeypatch: pytest.MonkeyPatch)
         return hint.copy(), False  # the same partition: nothing improves
 
     monkeypatch.setattr(_lns, "solver_step", stuck)
+    monkeypatch.setattr(_lns, "resplit", lambda graph, chiplets, a, rng: a.copy())
     tracker = Tracker(g, chips, Repairer(g, chips), budget=200)
     tracker.evaluate(start)
     _lns.lns_polish(tracker, np.random.default_rng(0))
@@ -120,6 +126,56 @@ def test_stuck_windows_get_more_time_then_kicks(monkeypatch: pytest.MonkeyPatch)
     tracker.evaluate(start)
     _lns.lns_polish(tracker, np.random.default_rng(0))
     assert set(proved) == {0.5} and len(proved) == per_round  # no second round
+
+
+def test_a_walk_resplits_when_the_first_windows_are_stuck_and_every_few_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a stage is idle, a re-split (one evaluation) when the first windows
+    are stuck and every RESPLIT_EVERY window steps, never twice on one
+    partition; the steps to the next double after one that finds nothing and
+    return after one that finds something. What it finds the windows go on
+    from."""
+    g, chips = _uniform(), P.Chiplets(6, link_bytes_per_s=1e15)
+    start = np.repeat(np.arange(6), [12, 11, 11, 11, 10, 5])
+    steps: list[int] = []
+
+    def stuck(graph, chiplets, step_s, hint, seed, keep, focus):  # type: ignore[no-untyped-def]
+        steps.append(0)
+        return hint.copy(), False
+
+    monkeypatch.setattr(_lns, "solver_step", stuck)
+    tracker = Tracker(g, chips, Repairer(g, chips), budget=4)
+    tracker.evaluate(start)
+    _lns.lns_polish(tracker, np.random.default_rng(0))
+    # the two first windows next to stage 0, stuck; the re-split balances the chain
+    assert len(steps) == 2 and len(tracker.history) == 4
+    assert tracker.best is not None and np.bincount(tracker.best).tolist() == [10] * 6
+
+    walk = _lns._Walk(Tracker(g, chips, Repairer(g, chips), 100), np.random.default_rng(0), 0, None)
+    walk.tracker.evaluate(start)
+    monkeypatch.setattr(_lns, "resplit", lambda graph, chiplets, a, rng: a.copy())
+
+    def due(a: IntArray, stuck: bool) -> bool:
+        return walk.resplit_due(a, P.stage_times(g, chips, a), stuck)
+
+    assert not due(start, stuck=False) and due(start, stuck=True)
+    even = np.repeat(np.arange(6), 10)
+    assert not due(even, stuck=True)  # no stage idle: no re-split
+    walk.steps = _lns.RESPLIT_EVERY
+    assert due(start, stuck=False)
+    assert walk.resplit(start) is None and len(walk.tracker.history) == 2
+    assert walk.every == 2 * _lns.RESPLIT_EVERY and walk.steps == 0
+    assert not due(start, stuck=True)  # never twice the same partition
+    other = np.repeat(np.arange(6), [11, 12, 11, 11, 10, 5])
+    walk.steps = 2 * _lns.RESPLIT_EVERY - 1
+    assert not due(other, stuck=False)
+    walk.steps += 1
+    assert due(other, stuck=False)
+    monkeypatch.setattr(_lns, "resplit", lambda graph, chiplets, a, rng: even)
+    found = walk.resplit(other)
+    assert found is not None and np.array_equal(found, even)
+    assert walk.every == _lns.RESPLIT_EVERY and walk.tracker.best_tp == P.throughput(g, chips, even)
 
 
 def test_a_window_step_that_finds_nothing_counts_and_stops_the_growth(
