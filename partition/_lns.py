@@ -41,9 +41,9 @@ all of them at once. What it finds, when faster, the windows go on from;
 after one that finds nothing the steps to the next double. On the 1,000-op
 GRU on the ring of 16 the windows and bands drained the last chiplet to
 one node and stuck 5.1% short of the best known; with re-splits the plain
-call ended 0.9 to 1.4% short (2026-12-08, three runs). Re-splitting with
-no stage idle too cost the GRU at 8 and the WaveNet on the ring of 32 0.9
-to 2.3% (two seeds each).
+call ended 1.4 and 2.6% short (2026-12-08, seeds 0 and 1), and the GRU at
+8, 5.3% short before at seed 1, 1.2%. Re-splits with no stage idle as well
+did better on both rings, 0.9 and 1.0%, but ended the GRU at 8 6.3% short.
 
 Every step is one evaluation of the search's budget. When every window next
 to the slowest stage has been tried since the last improvement, the windows
