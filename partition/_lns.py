@@ -119,8 +119,8 @@ BAND_CHIPLETS = 9
 # WaveNet on a ring of 32 freed one a side, and its walk stuck, one chiplet 73% faster
 BAND_SIDE = 3
 # window steps between re-splits (:func:`._resplit.resplit`): on a 1,000-op GRU on a ring
-# of 16 (seed 0, 300 evaluations from the handover) re-splits only when the first windows
-# were stuck ended at 8,772.2; every 15 window steps too, at 8,885.4
+# of 16 (seed 0, 300 evaluations from the handover, idle stages or not) re-splits only when
+# the first windows were stuck ended at 8,772.2; every 15 window steps too, at 8,885.4
 RESPLIT_EVERY = 15
 IDLE = 0.75  # a stage faster than this share of the slowest is idle: re-splits only then
 
@@ -357,17 +357,17 @@ class _Walk:
         idle = float(times.min()) < IDLE * float(times.max())
         return due and idle and current.tobytes() not in self.resplit_from
 
-    def resplit(self, current: IntArray) -> IntArray | None:
+    def resplit(self, current: IntArray, times: NDArray[np.float64]) -> IntArray | None:
         """A walk over the cuts of ``current``'s own order (:func:`._resplit.resplit`),
-        one evaluation: its partition when that is :func:`_faster`, else None. The
-        steps to the next one double after each that finds nothing, and return to
-        :data:`RESPLIT_EVERY` after one that does."""
+        one evaluation: its partition when that is :func:`_faster` than stage
+        times ``times``, else None. The steps to the next one double after each
+        that finds nothing, and return to :data:`RESPLIT_EVERY` after one that
+        does."""
         t = self.tracker
         self.resplit_from.add(current.tobytes())
         self.steps = 0
         found = resplit(t.graph, t.chiplets, current, self.rng)
-        old = stage_times(t.graph, t.chiplets, current)
-        if not _faster(stage_times(t.graph, t.chiplets, found), old):
+        if not _faster(stage_times(t.graph, t.chiplets, found), times):
             self.every *= 2
             t.evaluate(current)
             return None
@@ -410,7 +410,7 @@ def _descend(
             return True
         todo = walk.todo(current, times, size, step_s, tried | proved)
         if walk.resplit_due(current, times, not todo and size == min(FIRST_WINDOW, count)):
-            split = walk.resplit(current)
+            split = walk.resplit(current, times)
             if split is not None:
                 current, times = split, stage_times(graph, chips, split)
                 size, step_s, tried, proved = min(FIRST_WINDOW, count), window_s, set(), set()

@@ -164,7 +164,8 @@ def test_a_walk_resplits_when_the_first_windows_are_stuck_and_every_few_steps(
     assert not due(even, stuck=True)  # no stage idle: no re-split
     walk.steps = _lns.RESPLIT_EVERY
     assert due(start, stuck=False)
-    assert walk.resplit(start) is None and len(walk.tracker.history) == 2
+    assert walk.resplit(start, P.stage_times(g, chips, start)) is None
+    assert len(walk.tracker.history) == 2
     assert walk.every == 2 * _lns.RESPLIT_EVERY and walk.steps == 0
     assert not due(start, stuck=True)  # never twice the same partition
     other = np.repeat(np.arange(6), [11, 12, 11, 11, 10, 5])
@@ -173,7 +174,7 @@ def test_a_walk_resplits_when_the_first_windows_are_stuck_and_every_few_steps(
     walk.steps += 1
     assert due(other, stuck=False)
     monkeypatch.setattr(_lns, "resplit", lambda graph, chiplets, a, rng: even)
-    found = walk.resplit(other)
+    found = walk.resplit(other, P.stage_times(g, chips, other))
     assert found is not None and np.array_equal(found, even)
     assert walk.every == _lns.RESPLIT_EVERY and walk.tracker.best_tp == P.throughput(g, chips, even)
 
